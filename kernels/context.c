@@ -1,0 +1,47 @@
+#include "kernels/context.h"
+
+#include <stdlib.h>
+
+#include "kernels/cuda/cuda_ops.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+df_status df_ctx_create(const df_ctx_options *opt, df_ctx **out, df_error *err) {
+  *out = NULL;
+  df_ctx_options o = opt ? *opt : (df_ctx_options){.device = DF_DEV_CPU};
+  if (o.num_threads < 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "num_threads", "use 0 for the OpenMP default", "num_threads = %d < 0",
+                   o.num_threads);
+  df_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return DF_FAIL(err, DF_ERR_NOMEM, NULL, NULL, "cannot allocate a context");
+  ctx->device = o.device;
+  ctx->cuda_device = o.cuda_device;
+#ifdef _OPENMP
+  ctx->num_threads = o.num_threads > 0 ? o.num_threads : omp_get_max_threads();
+#else
+  ctx->num_threads = 1;
+#endif
+  if (o.device == DF_DEV_CUDA) {
+    df_status st = df_cuda_ctx_init(o.cuda_device, &ctx->cuda, err);
+    if (st != DF_OK) {
+      free(ctx);
+      return st;
+    }
+  }
+  *out = ctx;
+  return DF_OK;
+}
+
+void df_ctx_destroy(df_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->cuda) df_cuda_ctx_free(ctx->cuda);
+  free(ctx);
+}
+
+df_device df_ctx_device(const df_ctx *ctx) { return ctx->device; }
+
+int df_ctx_num_threads(const df_ctx *ctx) { return ctx->num_threads; }
+
+bool df_cuda_available(void) { return df_cuda_device_count() > 0; }

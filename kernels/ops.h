@@ -1,0 +1,173 @@
+// The op interface: every numerical operation the draft models and the trainer need, forward and
+// backward, over df_tensor views. Model code calls only these; the context decides which backend runs.
+//
+// Conventions
+// - All tensors are contiguous, row-major, fp32 unless stated (indices are i32, flags u8).
+// - Backward ops *write* the input gradient (dx, dq, ...) unless `accumulate_dx` says add; parameter
+//   gradients (dw, db, dtable) are always *added to*, so a caller zeroes the grad buffer once per step.
+// - Every op validates shapes, dtypes and devices first and fails with an error naming the argument;
+//   nothing is written when validation fails.
+// - Shape letters: R rows, D/H feature width, V vocab, B batch, S context, N anchors, bs block size,
+//   nH/nKV query/kv heads, hd head dim.
+#ifndef DF_KERNELS_OPS_H
+#define DF_KERNELS_OPS_H
+
+#include "base/error.h"
+#include "kernels/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Context: the backend (CPU or CUDA) and its handles. Passed down to every op; never global.
+typedef struct df_ctx df_ctx;
+
+typedef struct {
+  df_device device;
+  int num_threads; // CPU worker threads; 0 = OpenMP default
+  int cuda_device; // CUDA ordinal when device == DF_DEV_CUDA
+} df_ctx_options;
+
+df_status df_ctx_create(const df_ctx_options *opt, df_ctx **out, df_error *err);
+void df_ctx_destroy(df_ctx *ctx);
+df_device df_ctx_device(const df_ctx *ctx);
+int df_ctx_num_threads(const df_ctx *ctx);
+// Whether this build can run op on a CUDA device at all (compiled in and a device present).
+bool df_cuda_available(void);
+
+// ---------------------------------------------------------------------------------------------
+// Dense algebra
+
+// c[M,N] = alpha · op(a) · op(b) + beta · c, op = transpose when the flag is set.
+df_status df_matmul(df_ctx *ctx, const df_tensor *a, bool trans_a, const df_tensor *b, bool trans_b, float alpha,
+                    float beta, df_tensor *c, df_error *err);
+
+// y[M,N] = x[M,K] · w[N,K]ᵀ (+ b[N]). x may have any leading dims; they are flattened into M.
+df_status df_linear_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *b, df_tensor *y,
+                            df_error *err);
+
+// dx[M,K] (= or +=) dy · w;  dw[N,K] += dyᵀ · x;  db[N] += Σ_rows dy.  dx, dw, db may each be NULL.
+df_status df_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w, df_tensor *dx,
+                             bool accumulate_dx, df_tensor *dw, df_tensor *db, df_error *err);
+
+// y (+)= alpha · x, elementwise over equal shapes (residual adds, gradient accumulation).
+df_status df_axpy(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm over the last dimension D: y = x · rsqrt(mean(x²) + eps) · w.
+// x is viewed as [R, D] with D = w's length; this covers the per-head q_norm/k_norm too (x [T, nh, hd],
+// w [hd]). rstd [R] is saved for the backward.
+df_status df_rmsnorm_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
+                             df_tensor *rstd, df_error *err);
+// dx (= or +=) ∂/∂x;  dw[D] += ∂/∂w (dw may be NULL).
+df_status df_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
+                              const df_tensor *rstd, df_tensor *dx, bool accumulate_dx, df_tensor *dw, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding, NeoX rotate-half convention. x [T, nh, hd], pos [T] i32 (any positions),
+// inv_freq [hd/2] (df_rope_default_inv_freq or a scaled table), mscale multiplies cos and sin
+// (1 for default RoPE, YaRN's attention factor otherwise). angle = pos · inv_freq[i] in fp32.
+//   y[i]        = x[i]·cos − x[i+hd/2]·sin
+//   y[i+hd/2]   = x[i+hd/2]·cos + x[i]·sin        (i < hd/2)
+// y may alias x; dx may alias dy.
+void df_rope_default_inv_freq(double theta, int head_dim, float *inv_freq);
+df_status df_rope_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *pos, const df_tensor *inv_freq,
+                          float mscale, df_tensor *y, df_error *err);
+df_status df_rope_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *pos, const df_tensor *inv_freq,
+                           float mscale, df_tensor *dx, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU: h = silu(g') · u' with, when limit L > 0, g' = min(g, L) and u' = clamp(u, −L, L);
+// otherwise g' = g, u' = u. g, u, h share one shape. Clamped elements pass no gradient.
+df_status df_swiglu_forward(df_ctx *ctx, const df_tensor *g, const df_tensor *u, float limit, df_tensor *h,
+                            df_error *err);
+df_status df_swiglu_backward(df_ctx *ctx, const df_tensor *dh, const df_tensor *g, const df_tensor *u, float limit,
+                             df_tensor *dg, df_tensor *du, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// Embedding gather: out[T, H] = table[ids[T], :]. An id outside [0, V) is an error naming its index.
+df_status df_embedding_forward(df_ctx *ctx, const df_tensor *table, const df_tensor *ids, df_tensor *out,
+                               df_error *err);
+// dtable[V, H] += scatter of dout by ids (only for a trainable table; the target's is frozen).
+df_status df_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_tensor *ids, df_tensor *dtable,
+                                df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// Block-masked attention (DFlash). Queries are the N·bs block tokens of each sample; keys/values are
+// [context (S rows) ; block tokens (N·bs rows)]. Query (block n, offset o) of sample b sees:
+//   - context key j iff j < anchor[b,n]  (and, with a window W > 0, j ≥ anchor + o − (W − 1));
+//   - block key (n, o′) of its own block: all o′, or o′ ≤ o with a window (causal inside the block);
+//   - nothing if keep[b,n] == 0: its output row is 0.
+// GQA: query head h reads kv head h / (nH / nKV). Memory is O(rows · hd): the Q×KV mask is never built.
+typedef struct {
+  int64_t context_len; // S
+  int64_t block_size;  // bs
+  int64_t window;      // 0: full attention; > 0: sliding window W
+  float scale;         // softmax scale, normally 1/sqrt(hd)
+} df_block_attn_desc;
+
+// q [B, N·bs, nH, hd]; k, v [B, S + N·bs, nKV, hd]; anchors [B, N] i32; keep [B, N] u8;
+// out [B, N·bs, nH, hd]; lse [B, nH, N·bs] (log-sum-exp of the scaled scores; −inf for empty rows).
+df_status df_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q, const df_tensor *k,
+                                const df_tensor *v, const df_tensor *anchors, const df_tensor *keep, df_tensor *out,
+                                df_tensor *lse, df_error *err);
+// dq, dk, dv are written (not accumulated); out and lse come from the forward.
+df_status df_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q, const df_tensor *k,
+                                 const df_tensor *v, const df_tensor *anchors, const df_tensor *keep,
+                                 const df_tensor *out, const df_tensor *lse, const df_tensor *dout, df_tensor *dq,
+                                 df_tensor *dk, df_tensor *dv, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// Fused LM head + cross-entropy. hidden [R, H] · head [V, H]ᵀ gives logits that are produced and
+// consumed in row chunks (at most chunk_rows rows at a time, and in smaller tiles inside), so the
+// [R, V] logits never exist whole.
+//   loss[r]    = −log softmax(logits_r)[labels[r]]        (unweighted; 0 when labels[r] < 0)
+//   correct[r] = argmax(logits_r) == labels[r]            (first maximum wins, as torch.argmax)
+//   dhidden    = grad_scale · weights[r] · ∂loss[r]/∂hidden_r   (written; NULL = forward only)
+// weights may be NULL (all 1). Rows with labels < 0 get loss 0, correct 0 and zero gradient.
+typedef struct {
+  int64_t chunk_rows; // 0: all rows in one chunk
+  float grad_scale;   // e.g. 1/Σw; multiplies dhidden
+} df_lmhead_ce_desc;
+
+df_status df_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden, const df_tensor *head,
+                       const df_tensor *labels, const df_tensor *weights, df_tensor *loss, df_tensor *correct,
+                       df_tensor *dhidden, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// DSpark extras.
+// l1[r] = Σ_v |softmax(p_r)_v − softmax(q_r)_v| for two logit sets p, q [R, V] (q is the teacher).
+df_status df_softmax_l1_forward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_tensor *l1, df_error *err);
+// dp[R, V] = dl1[r] · ∂l1[r]/∂p_r (written). q receives no gradient.
+df_status df_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, const df_tensor *dl1,
+                                 df_tensor *dp, df_error *err);
+// BCE with logits, elementwise over [R]: loss = max(x, 0) − x·t + log(1 + exp(−|x|)).
+df_status df_bce_logits_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, df_tensor *loss, df_error *err);
+// dx = dloss · (sigmoid(x) − t) (written). t receives no gradient.
+df_status df_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, const df_tensor *dloss,
+                                 df_tensor *dx, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer over flat fp32 buffers (the parameter table keeps params, grads, m, v contiguous).
+typedef struct {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step; // 1-based count of this update (bias correction uses it)
+} df_adamw_hparams;
+
+// torch.optim.AdamW semantics: p ← p·(1 − lr·wd); m, v moments; p ← p − lr/(1−β1^t) · m/(√v/√(1−β2^t) + eps).
+df_status df_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df_tensor *m, df_tensor *v,
+                        const df_adamw_hparams *hp, df_error *err);
+
+// norm = sqrt(Σ over all buffers of Σ x²), accumulated in double in a fixed order (deterministic).
+df_status df_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err);
+
+// coef = min(1, max_norm / (norm + 1e−6)); every buffer is scaled by coef when coef < 1.
+df_status df_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm, double *coef,
+                          df_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

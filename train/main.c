@@ -1,0 +1,43 @@
+// draftforge: the command-line entry point. Only main decides to exit; subcommands return a status.
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+
+static const char *usage = "usage: draftforge <command> [args]\n"
+                           "\n"
+                           "commands:\n"
+                           "  train RECIPE.yaml   train a draft model from a recipe        (not implemented yet)\n"
+                           "  step RECIPE.yaml    one micro-step with a gradient dump      (not implemented yet)\n"
+                           "  export CKPT OUT     write an HF directory SGLang serves       (not implemented yet)\n"
+                           "  eval RECIPE.yaml    evaluate a checkpoint                    (not implemented yet)\n"
+                           "  capture ...         capture target hidden states             (not implemented yet)\n"
+                           "  inspect FILE        print a file's tensors or attributes     (not implemented yet)\n"
+                           "  --version           print the version and the backends built in\n";
+
+static int print_version(void) {
+  printf("draftforge %s\n", DF_VERSION);
+#ifdef DF_HAVE_CUDA
+  printf("backends: cpu (OpenBLAS + OpenMP), cuda (%s)\n",
+         df_cuda_available() ? "device present" : "no device visible");
+#else
+  printf("backends: cpu (OpenBLAS + OpenMP); cuda not built\n");
+#endif
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    fputs(usage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return print_version();
+  static const char *planned[] = {"train", "step", "export", "eval", "capture", "inspect"};
+  for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
+    if (!strcmp(argv[1], planned[i])) {
+      fprintf(stderr, "draftforge %s: not implemented yet\n", argv[1]);
+      return 3;
+    }
+  fprintf(stderr, "draftforge: unknown command '%s'\n%s", argv[1], usage);
+  return 2;
+}
