@@ -63,7 +63,7 @@ df_status df_cpu_axpy(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y
   int64_t n = df_numel(x);
   const float *xd = x->data;
   float *yd = y->data;
-#pragma omp parallel for simd num_threads(ctx->num_threads) if (n > 1 << 16)
+#pragma omp parallel for num_threads(ctx->num_threads) if (n > 1 << 16)
   for (int64_t i = 0; i < n; i++) yd[i] += alpha * xd[i];
   return DF_OK;
 }
