@@ -1,6 +1,7 @@
 #include "kernels/context.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_ops.h"
 
@@ -45,3 +46,36 @@ df_device df_ctx_device(const df_ctx *ctx) { return ctx->device; }
 int df_ctx_num_threads(const df_ctx *ctx) { return ctx->num_threads; }
 
 bool df_cuda_available(void) { return df_cuda_device_count() > 0; }
+
+df_status df_buffer_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
+  *out = NULL;
+  if (ctx->device == DF_DEV_CUDA) return df_cuda_alloc(ctx->cuda, bytes, out, err);
+  size_t rounded = (bytes + 63) / 64 * 64;
+  *out = aligned_alloc(64, rounded ? rounded : 64);
+  if (!*out)
+    return DF_FAIL(err, DF_ERR_NOMEM, NULL, "reduce the batch or sequence length", "cannot allocate %zu bytes", bytes);
+  return DF_OK;
+}
+
+void df_buffer_free(df_ctx *ctx, void *p) {
+  if (!p) return;
+  if (ctx->device == DF_DEV_CUDA)
+    df_cuda_free(ctx->cuda, p);
+  else
+    free(p);
+}
+
+df_status df_copy(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df_device src_dev, size_t bytes,
+                  df_error *err) {
+  if (dst_dev == DF_DEV_CPU && src_dev == DF_DEV_CPU) {
+    memmove(dst, src, bytes);
+    return DF_OK;
+  }
+  if (!ctx->cuda)
+    return DF_FAIL(err, DF_ERR_INVALID, "device", "copy through a CUDA context",
+                   "a copy involving CUDA memory needs a CUDA context");
+  int kind = src_dev == DF_DEV_CPU ? 0 : (dst_dev == DF_DEV_CPU ? 1 : 2);
+  return df_cuda_memcpy(ctx->cuda, dst, src, bytes, kind, err);
+}
+
+df_status df_sync(df_ctx *ctx, df_error *err) { return ctx->cuda ? df_cuda_sync(ctx->cuda, err) : DF_OK; }

@@ -36,6 +36,14 @@ int df_ctx_num_threads(const df_ctx *ctx);
 // Whether this build can run op on a CUDA device at all (compiled in and a device present).
 bool df_cuda_available(void);
 
+// Buffers on the context's device (CPU: 64-byte aligned host memory) and copies between devices.
+df_status df_buffer_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err);
+void df_buffer_free(df_ctx *ctx, void *p);
+df_status df_copy(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df_device src_dev, size_t bytes,
+                  df_error *err);
+// Waits for the context's queued work (no-op on the CPU).
+df_status df_sync(df_ctx *ctx, df_error *err);
+
 // ---------------------------------------------------------------------------------------------
 // Dense algebra
 

@@ -13,6 +13,11 @@ extern "C" {
 df_status df_cuda_ctx_init(int device, void **backend, df_error *err);
 void df_cuda_ctx_free(void *backend);
 int df_cuda_device_count(void);
+df_status df_cuda_alloc(void *backend, size_t bytes, void **out, df_error *err);
+void df_cuda_free(void *backend, void *p);
+// kind: 0 host→device, 1 device→host, 2 device→device
+df_status df_cuda_memcpy(void *backend, void *dst, const void *src, size_t bytes, int kind, df_error *err);
+df_status df_cuda_sync(void *backend, df_error *err);
 
 df_status df_cuda_matmul(df_ctx *ctx, const df_tensor *a, bool trans_a, const df_tensor *b, bool trans_b, float alpha,
                          float beta, df_tensor *c, df_error *err);

@@ -66,6 +66,31 @@ extern "C" void df_cuda_ctx_free(void *backend) {
   free(cb);
 }
 
+extern "C" df_status df_cuda_alloc(void *backend, size_t bytes, void **out, df_error *err) {
+  (void)backend;
+  cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+  return e == cudaSuccess ? DF_OK : cuda_fail(err, e, "cudaMalloc");
+}
+
+extern "C" void df_cuda_free(void *backend, void *p) {
+  (void)backend;
+  cudaFree(p);
+}
+
+extern "C" df_status df_cuda_memcpy(void *backend, void *dst, const void *src, size_t bytes, int kind, df_error *err) {
+  static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+  cuda_backend *cb = (cuda_backend *)backend;
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kinds[kind], cb->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cb->stream);
+  return e == cudaSuccess ? DF_OK : cuda_fail(err, e, "cudaMemcpy");
+}
+
+extern "C" df_status df_cuda_sync(void *backend, df_error *err) {
+  cudaError_t e = cudaStreamSynchronize(((cuda_backend *)backend)->stream);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  return e == cudaSuccess ? DF_OK : cuda_fail(err, e, "cudaStreamSynchronize");
+}
+
 static cuda_backend *backend_of(df_ctx *ctx) { return (cuda_backend *)ctx->cuda; }
 
 // Row-major C[M,N] = alpha op(A) op(B) + beta C is column-major Cᵀ = alpha op(B)ᵀ op(A)ᵀ + beta Cᵀ.

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Fresh machine → installed, built, every test run. CI's .ci/run calls exactly this.
+#   1. ASan + UBSan build of the C test suite (CPU), run under CTest;
+#   2. the libFuzzer targets, a bounded time each;
+#   3. the Python tools' tests (pytest);
+#   4. the Release build (-Werror, CUDA backend compiled when nvcc is present), every C test — last, so
+#      the closing lines are CTest's summary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+
+echo "== sanitizer build (ASan + UBSan) =="
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDF_SANITIZE=ON -DDF_WERROR=ON -DDF_CUDA=OFF \
+  -DDF_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j"$(nproc)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j2
+
+echo "== fuzzers =="
+scripts/fuzz.sh "${DF_FUZZ_SECONDS:-30}"
+
+echo "== python tools =="
+if compgen -G "tools/tests/test_*.py" >/dev/null; then
+  /usr/bin/python3 -m pytest -q tools/tests
+fi
+
+echo "== release build and tests =="
+scripts/build.sh
+set +e
+ctest --test-dir build -V -j2 >build/ctest.log 2>&1
+rc=$?
+set -e
+if [ "$rc" -ne 0 ]; then cat build/ctest.log; fi
+grep -E "Synthesis:" build/ctest.log | sed -E 's/^[0-9]+: //'
+sed -n '/tests passed/,$p' build/ctest.log
+exit "$rc"
