@@ -1,0 +1,65 @@
+// Moving a parameter table's flat buffer to and from safetensors: the strict loader (every tensor maps to a
+// parameter, every parameter is filled, shapes agree; all checked before anything is written) and the saver.
+#ifndef DF_MODELING_STRICT_LOAD_H
+#define DF_MODELING_STRICT_LOAD_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "base/error.h"
+#include "modeling/param_table.h"
+#include "modeling/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A prefix rename at the file boundary: a file tensor "<from>rest" loads into parameter "<to>rest".
+typedef struct {
+  const char *from;
+  const char *to;
+} df_rename;
+
+// A custom rename: returns the parameter name for file_name (it may write it into buf), or NULL to keep it.
+typedef const char *(*df_load_map_fn)(void *ctx, const char *file_name, char *buf, size_t bufsize);
+
+typedef struct {
+  // A file tensor that maps to no parameter but whose name ends with one of these is skipped
+  // (e.g. "rotary_emb.inv_freq"); any other unmatched tensor is an error.
+  const char *const *ignore_suffixes;
+  int n_ignore;
+  const df_rename *renames; // tried in order, first matching prefix wins; applied before map
+  int n_renames;
+  df_load_map_fn map;
+  void *map_ctx;
+  FILE *log; // when set, every problem is also written here, one per line (the error message is capped)
+} df_load_options;
+
+typedef struct {
+  int loaded;  // tensors copied into parameters
+  int ignored; // tensors skipped by an ignore suffix
+} df_load_stats;
+
+// Loads m's tensors into flat (laid out by the finalized table p), converting each to fp32. Unmatched
+// tensors, unfilled parameters, shape mismatches, dtypes of another kind (float ↔ int) and two tensors for one
+// parameter are all collected and reported in one error ("… and N more" past the message size); flat is not
+// touched unless everything checks. opt and stats may be NULL.
+df_status df_params_load_strict(const df_params *p, float *flat, const df_st_model *m, const df_load_options *opt,
+                                df_load_stats *stats, df_error *err);
+
+typedef struct {
+  df_st_dtype dtype;           // DF_ST_F32 (default), DF_ST_BF16 or DF_ST_F16 (round to nearest even)
+  bool trainable_only;         // skip frozen entries (gradient dumps)
+  const char *const *metadata; // key, value, key, value, … added to __metadata__ ("format": "pt" always is)
+  int n_metadata;              // number of pairs
+} df_save_options;
+
+// Writes every entry of p from flat under its checkpoint name, atomically. opt may be NULL.
+df_status df_params_save(const df_params *p, const float *flat, const char *path, const df_save_options *opt,
+                         df_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
