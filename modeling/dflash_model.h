@@ -1,0 +1,61 @@
+// The DFlash draft backbone: parameters (SpecForge checkpoint names) in one flat table, HF-style init, and
+// the forward/backward of one micro-batch through the op interface. Owns its activation arena.
+#ifndef DF_MODELING_DFLASH_MODEL_H
+#define DF_MODELING_DFLASH_MODEL_H
+
+#include <stdint.h>
+
+#include "base/error.h"
+#include "kernels/ops.h"
+#include "modeling/draft_config.h"
+#include "modeling/param_table.h"
+#include "modeling/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct df_dflash_model df_dflash_model;
+
+// One micro-batch as the strategy prepared it (CPU pointers; the model copies to its device if needed).
+typedef struct {
+  int64_t B, S, N;             // batch, padded context length, blocks per sample (block size from config)
+  const float *target_hidden;  // (B, S, K·H) raw concatenated target features
+  const float *block_embed;    // (B, N·bs, H) frozen-embedding rows of the block input ids
+  const int32_t *anchors;      // (B, N) block n of sample b covers positions anchor .. anchor+bs−1
+  const uint8_t *keep;         // (B, N) 0 = padding block: sees nothing, outputs 0 from attention
+} df_dflash_batch;
+
+// Builds the parameter table from the config and allocates params and grads (grads zeroed).
+// Table order (also the init order): fc.weight, hidden_norm.weight, then per layer i input_layernorm,
+// self_attn.{q,k,v,o}_proj (weight, then bias iff attention_bias, per projection), self_attn.{q,k}_norm,
+// post_attention_layernorm, mlp.{gate,up,down}_proj, and last norm.weight.
+df_status df_dflash_model_create(const df_draft_config *cfg, df_ctx *ctx, df_dflash_model **out, df_error *err);
+void df_dflash_model_free(df_dflash_model *m);
+
+const df_params *df_dflash_model_params(const df_dflash_model *m);
+float *df_dflash_model_weights(df_dflash_model *m); // flat (df_params_numel) fp32 parameters
+float *df_dflash_model_grads(df_dflash_model *m);   // flat fp32 gradients, same layout
+
+// HF post_init: every 2-D linear weight ~ N(0, initializer_range) drawn in table order, row-major, from
+// df_rng_init(seed, DF_RNG_STREAM_INIT) as (float)(initializer_range · df_rng_normal); biases 0; norms 1.
+df_status df_dflash_model_init(df_dflash_model *m, uint64_t seed, df_error *err);
+// Strict warm start from a safetensors file or HF directory (every parameter filled, nothing extra).
+df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *err);
+
+// Forward of one micro-batch; *out_hidden points at the final-normed hidden states (B, N·bs, H), owned by
+// the model and valid until the next forward. Activations needed by the backward are kept.
+df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *batch, const float **out_hidden,
+                                  df_error *err);
+// Backward of the last forward: d_hidden (B, N·bs, H) → parameter gradients added into the grads buffer.
+df_status df_dflash_model_backward(df_dflash_model *m, const float *d_hidden, df_error *err);
+void df_dflash_model_zero_grads(df_dflash_model *m);
+
+// Bytes of activation memory the last forward needed (printed by the trainer as the budget).
+int64_t df_dflash_model_activation_bytes(const df_dflash_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
