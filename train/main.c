@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "kernels/ops.h"
+#include "train/commands.h"
 
 static const char *usage = "usage: draftforge <command> [args]\n"
                            "\n"
@@ -32,7 +33,8 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return print_version();
-  static const char *planned[] = {"train", "step", "export", "eval", "capture", "inspect"};
+  if (!strcmp(argv[1], "inspect")) return df_cmd_inspect(argc - 2, argv + 2);
+  static const char *planned[] = {"train", "step", "export", "eval", "capture"};
   for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
     if (!strcmp(argv[1], planned[i])) {
       fprintf(stderr, "draftforge %s: not implemented yet\n", argv[1]);

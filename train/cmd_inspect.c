@@ -1,0 +1,88 @@
+// `draftforge inspect FILE`: prints what a file holds — a safetensors file's tensors, a draft or target
+// config's resolved values, or an HDF5 hidden-state shard's (or shard directory's) attributes and samples.
+#include <dirent.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "modeling/draft_config.h"
+#include "modeling/safetensors.h"
+#include "modeling/target_config.h"
+#include "train/commands.h"
+#include "train/hidden_states.h"
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static bool dir_has_suffix(const char *dir, const char *suffix) {
+  DIR *d = opendir(dir);
+  if (!d) return false;
+  bool found = false;
+  for (struct dirent *e; !found && (e = readdir(d));) found = ends_with(e->d_name, suffix);
+  closedir(d);
+  return found;
+}
+
+// A draft config carries dflash_config or block_size; anything else is read as a target config.
+static df_status inspect_json(const char *path, df_error *err) {
+  json_error_t jerr;
+  json_t *doc = json_load_file(path, 0, &jerr);
+  bool draft = doc && (json_object_get(doc, "dflash_config") || json_object_get(doc, "block_size"));
+  json_decref(doc);
+  if (draft) {
+    const df_draft_config *cfg = NULL;
+    DF_TRY(df_draft_config_from_file(path, &cfg, err));
+    df_draft_config_print(cfg, stdout);
+    df_draft_config_free(cfg);
+    return DF_OK;
+  }
+  const df_target_config *cfg = NULL;
+  DF_TRY(df_target_config_from_file(path, &cfg, err));
+  df_target_config_print(cfg, stdout);
+  df_target_config_free(cfg);
+  return DF_OK;
+}
+
+static df_status inspect_path(const char *path, df_error *err) {
+  struct stat st;
+  if (stat(path, &st) != 0) return DF_FAIL(err, DF_ERR_IO, path, "check the path", "cannot open '%s'", path);
+  if (S_ISDIR(st.st_mode)) {
+    if (dir_has_suffix(path, ".h5")) return df_hs_print(path, stdout, err);
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/config.json", path);
+    if (stat(sub, &st) == 0) DF_TRY(inspect_json(sub, err));
+    if (dir_has_suffix(path, ".safetensors") || dir_has_suffix(path, ".index.json")) {
+      df_st_model *m = NULL;
+      DF_TRY(df_st_model_open(path, &m, err));
+      for (int i = 0; i < df_st_model_num_shards(m); i++)
+        DF_TRY(df_st_print(df_st_path(df_st_model_shard(m, i)), stdout, err));
+      df_st_model_close(m);
+    }
+    return DF_OK;
+  }
+  if (ends_with(path, ".safetensors")) return df_st_print(path, stdout, err);
+  if (ends_with(path, ".h5")) return df_hs_print(path, stdout, err);
+  if (ends_with(path, ".json")) return inspect_json(path, err);
+  return DF_FAIL(err, DF_ERR_INVALID, path, "give a .safetensors, .json or .h5 file, or a directory of them",
+                 "cannot tell what kind of file '%s' is", path);
+}
+
+int df_cmd_inspect(int argc, char **argv) {
+  if (argc < 1) {
+    fprintf(stderr, "usage: draftforge inspect FILE [FILE ...]\n");
+    return 2;
+  }
+  int rc = 0;
+  for (int i = 0; i < argc; i++) {
+    df_error err = {0};
+    if (argc > 1) printf("== %s\n", argv[i]);
+    if (inspect_path(argv[i], &err) != DF_OK) {
+      df_error_print(&err);
+      rc = 1;
+    }
+  }
+  return rc;
+}
