@@ -1,0 +1,503 @@
+// CPU block-masked attention (DFlash), flash style. Per (sample b, block n, kv head g) the G = nH/nKV query
+// heads × bs rows form one query tile that walks its visible keys (context [lo, anchor), then its own block)
+// in key tiles with an online softmax; the Q×KV mask and score matrix never exist. Tile GEMMs go to
+// OpenBLAS, which runs single-threaded on the calling thread inside our OpenMP regions.
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/check.h"
+
+// Keys per score tile: the M × 256 scores and the 256-row K/V slices stay in L2.
+enum { KEY_TILE = 256 };
+// Backward work items (sample, kv head, chunk of blocks) aimed for. A constant, not the thread count, so
+// the partition and the summation order of the shared context dk/dv (and so the bits) never depend on it.
+enum { BWD_ITEMS = 16 };
+// Context rows per reduction work item.
+enum { REDUCE_ROWS = 64 };
+
+typedef struct {
+  int64_t B, N, bs, S, nH, nKV, hd;
+  int64_t G;  // query heads per kv head
+  int64_t M;  // query tile rows G·bs; row r is head g·G + r/bs, block offset r%bs
+  int64_t KV; // key rows per sample: S + N·bs
+  int64_t W;  // sliding window, 0 = full
+  int64_t ld; // floats between consecutive key rows of one kv head: nKV·hd
+  float scale;
+} attn_geom;
+
+// One query tile: sample b, block n, kv head g.
+typedef struct {
+  int64_t b, n, g;
+  int64_t a;  // anchor
+  int64_t lo; // first context key any row of the tile sees (the row at offset 0 sees furthest back)
+} qtile;
+
+// A run of at most KEY_TILE keys of one kv head, rows g->ld apart.
+typedef struct {
+  const float *k, *v;
+  float *dk, *dv; // backward: where the run's key gradients accumulate, rows ldd apart
+  int64_t ldd;
+  int64_t j0, n; // first key (context index, or offset inside the block) and count
+  bool block;    // the block's own keys, else context keys
+} krun;
+
+static attn_geom make_geom(const df_block_attn_desc *desc, const df_tensor *q, const df_tensor *k,
+                           const df_tensor *anchors) {
+  attn_geom g = {.B = q->shape[0],
+                 .N = anchors->shape[1],
+                 .bs = desc->block_size,
+                 .S = desc->context_len,
+                 .nH = q->shape[2],
+                 .nKV = k->shape[2],
+                 .hd = q->shape[3],
+                 .W = desc->window,
+                 .scale = desc->scale};
+  g.G = g.nH / g.nKV;
+  g.M = g.G * g.bs;
+  g.KV = g.S + g.N * g.bs;
+  g.ld = g.nKV * g.hd;
+  return g;
+}
+
+static qtile make_qtile(const attn_geom *g, const int32_t *anchors, int64_t b, int64_t n, int64_t kh) {
+  int64_t a = anchors[b * g->N + n];
+  int64_t lo = g->W > 0 ? a - (g->W - 1) : 0;
+  return (qtile){.b = b, .n = n, .g = kh, .a = a, .lo = lo > 0 ? lo : 0};
+}
+
+// Offset of tile row r in a [B, N·bs, nH, hd] tensor.
+static inline int64_t q_off(const attn_geom *g, const qtile *t, int64_t r) {
+  int64_t tok = t->b * g->N * g->bs + t->n * g->bs + r % g->bs;
+  return (tok * g->nH + t->g * g->G + r / g->bs) * g->hd;
+}
+
+// Offset of tile row r in the [B, nH, N·bs] lse.
+static inline int64_t lse_off(const attn_geom *g, const qtile *t, int64_t r) {
+  return (t->b * g->nH + t->g * g->G + r / g->bs) * g->N * g->bs + t->n * g->bs + r % g->bs;
+}
+
+// Offset of key row j (context index, or S + block token) of kv head kh in a [B, S + N·bs, nKV, hd] tensor.
+static inline int64_t k_off(const attn_geom *g, int64_t b, int64_t j, int64_t kh) {
+  return ((b * g->KV + j) * g->nKV + kh) * g->hd;
+}
+
+// exp(x) to ~2 ulp for the softmax's x <= 0; exactly 0 below −87 (masked scores are −inf). Branch-free so
+// the loops calling it vectorize (Cephes polynomial on x − n·ln2, 2^n built in the exponent bits).
+static inline float exp_neg(float x) {
+  float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x); // NaN passes through
+  float n = rintf(xc * 1.44269504088896341f);
+  float r = fmaf(n, -0.693359375f, xc);
+  r = fmaf(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = fmaf(p * r, r, r) + 1.0f;
+  union {
+    int32_t i;
+    float f;
+  } two_n = {.i = ((int32_t)(n == n ? n : 0.0f) + 127) << 23};
+  float y = p * two_n.f;
+  return x < -87.0f ? 0.0f : y;
+}
+
+// Tile rows in packed order: dst[r] = alpha · src row r (q-like tensor).
+static void pack_rows(const attn_geom *g, const qtile *t, const float *src, float alpha, float *dst) {
+  for (int64_t r = 0; r < g->M; r++) {
+    const float *s = src + q_off(g, t, r);
+    float *d = dst + r * g->hd;
+    for (int64_t i = 0; i < g->hd; i++) d[i] = alpha * s[i];
+  }
+}
+
+// Puts −inf on the scores a window hides: context keys before anchor + o − (W−1), block keys after o.
+static void mask_scores(const attn_geom *g, const qtile *t, const krun *kr, float *s) {
+  if (g->W == 0) return;
+  for (int64_t r = 0; r < g->M; r++) {
+    int64_t o = r % g->bs, c0, c1;
+    if (kr->block) {
+      c0 = o + 1 - kr->j0, c1 = kr->n; // hide offsets o′ > o
+    } else {
+      c0 = 0, c1 = t->a + o - (g->W - 1) - kr->j0; // hide context keys before the window
+    }
+    c0 = c0 < 0 ? 0 : c0;
+    c1 = c1 > kr->n ? kr->n : c1;
+    for (int64_t c = c0; c < c1; c++) s[r * kr->n + c] = -INFINITY;
+  }
+}
+
+// s (M × n) = (scale·q) · Kᵀ for one key run, masked.
+static void scores(const attn_geom *g, const qtile *t, const krun *kr, const float *qs, float *s) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->M, (int)kr->n, (int)g->hd, 1.0f, qs, (int)g->hd, kr->k,
+              (int)g->ld, 0.0f, s, (int)kr->n);
+  mask_scores(g, t, kr, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+typedef struct {
+  float *qs;    // (M, hd) scale · q
+  float *acc;   // (M, hd) unnormalised output
+  float *s;     // (M, KEY_TILE) scores, then probabilities
+  float *m, *l; // (M) running max and sum
+} fwd_scratch;
+
+static size_t fwd_scratch_floats(const attn_geom *g) {
+  size_t f = (size_t)(2 * g->M * g->hd + g->M * KEY_TILE + 2 * g->M);
+  return (f + 15) / 16 * 16; // each thread's slice starts on a cache line
+}
+
+static fwd_scratch fwd_scratch_at(const attn_geom *g, float *base) {
+  fwd_scratch w = {.qs = base, .acc = base + g->M * g->hd, .s = base + 2 * g->M * g->hd};
+  w.m = w.s + g->M * KEY_TILE;
+  w.l = w.m + g->M;
+  return w;
+}
+
+// One online-softmax step: s becomes exp(s − m_new), l and acc are rescaled to the new running max.
+static void online_softmax_step(const attn_geom *g, int64_t n, fwd_scratch *w) {
+  for (int64_t r = 0; r < g->M; r++) {
+    float *sr = w->s + r * n, mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t c = 0; c < n; c++) mx = sr[c] > mx ? sr[c] : mx;
+    float mnew = w->m[r] > mx ? w->m[r] : mx;
+    if (mnew == -INFINITY) { // the window hides this whole run from the row
+      memset(sr, 0, sizeof(float) * (size_t)n);
+      continue;
+    }
+    float alpha = exp_neg(w->m[r] - mnew), sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < n; c++) {
+      float p = exp_neg(sr[c] - mnew);
+      sr[c] = p;
+      sum += p;
+    }
+    w->l[r] = w->l[r] * alpha + sum;
+    w->m[r] = mnew;
+    if (alpha != 1.0f)
+      for (int64_t i = 0; i < g->hd; i++) w->acc[r * g->hd + i] *= alpha;
+  }
+}
+
+static void fwd_run(const attn_geom *g, const qtile *t, const krun *kr, fwd_scratch *w) {
+  scores(g, t, kr, w->qs, w->s);
+  online_softmax_step(g, kr->n, w);
+  // acc (M, hd) += P (M, n) · V (n, hd)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g->M, (int)g->hd, (int)kr->n, 1.0f, w->s, (int)kr->n,
+              kr->v, (int)g->ld, 1.0f, w->acc, (int)g->hd);
+}
+
+// out rows = acc / l and lse = m + log l; rows that saw no key get 0 and −inf.
+static void fwd_finish(const attn_geom *g, const qtile *t, const fwd_scratch *w, float *out, float *lse) {
+  for (int64_t r = 0; r < g->M; r++) {
+    float *o = out + q_off(g, t, r);
+    float inv = w->l[r] > 0.0f ? 1.0f / w->l[r] : 0.0f;
+    for (int64_t i = 0; i < g->hd; i++) o[i] = w->acc[r * g->hd + i] * inv;
+    lse[lse_off(g, t, r)] = w->l[r] > 0.0f ? w->m[r] + logf(w->l[r]) : -INFINITY;
+  }
+}
+
+static void fwd_tile(const attn_geom *g, const qtile *t, bool keep, const float *q, const float *k, const float *v,
+                     fwd_scratch *w, float *out, float *lse) {
+  memset(w->acc, 0, sizeof(float) * (size_t)(g->M * g->hd));
+  for (int64_t r = 0; r < g->M; r++) w->m[r] = -INFINITY, w->l[r] = 0.0f;
+  if (keep) {
+    pack_rows(g, t, q, g->scale, w->qs);
+    for (int64_t j0 = t->lo; j0 < t->a; j0 += KEY_TILE) {
+      int64_t off = k_off(g, t->b, j0, t->g);
+      krun kr = {.k = k + off, .v = v + off, .j0 = j0, .n = t->a - j0 < KEY_TILE ? t->a - j0 : KEY_TILE};
+      fwd_run(g, t, &kr, w);
+    }
+    for (int64_t j0 = 0; j0 < g->bs; j0 += KEY_TILE) {
+      int64_t off = k_off(g, t->b, g->S + t->n * g->bs + j0, t->g);
+      krun kr = {
+          .k = k + off, .v = v + off, .j0 = j0, .n = g->bs - j0 < KEY_TILE ? g->bs - j0 : KEY_TILE, .block = true};
+      fwd_run(g, t, &kr, w);
+    }
+  }
+  fwd_finish(g, t, w, out, lse);
+}
+
+df_status df_cpu_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q, const df_tensor *k,
+                                    const df_tensor *v, const df_tensor *anchors, const df_tensor *keep, df_tensor *out,
+                                    df_tensor *lse, df_error *err) {
+  attn_geom g = make_geom(desc, q, k, anchors);
+  int nt = ctx->num_threads;
+  size_t per = fwd_scratch_floats(&g);
+  float *scratch = aligned_alloc(64, sizeof(float) * per * (size_t)nt);
+  if (!scratch)
+    return DF_FAIL(err, DF_ERR_NOMEM, "block_attn_forward", "use fewer threads or smaller heads",
+                   "cannot allocate %zu bytes of attention scratch", sizeof(float) * per * (size_t)nt);
+  const int32_t *an = anchors->data;
+  const uint8_t *kp = keep->data;
+  int64_t items = g.B * g.N * g.nKV;
+#pragma omp parallel num_threads(nt)
+  {
+    omp_set_num_threads(1); // this task's ICV: OpenBLAS stays on this thread even in an inactive (1-thread) region
+    fwd_scratch w = fwd_scratch_at(&g, scratch + per * (size_t)omp_get_thread_num());
+    // Latest blocks first: anchors are sorted, so the heaviest tiles start early and the tail is short.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < items; i++) {
+      int64_t it = items - 1 - i, b = it / (g.N * g.nKV), n = it / g.nKV % g.N;
+      qtile t = make_qtile(&g, an, b, n, it % g.nKV);
+      fwd_tile(&g, &t, kp[b * g.N + n] != 0, q->data, k->data, v->data, &w, out->data, lse->data);
+    }
+  }
+  free(scratch);
+  return DF_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+typedef struct {
+  float *qs, *dout, *dq; // (M, hd) scale · q, dout, unscaled dq
+  float *p, *ds;         // (M, KEY_TILE) probabilities, then dP and dS
+  float *lse, *dsum;     // (M) lse and D = rowsum(dout ∘ out)
+} bwd_scratch;
+
+static size_t bwd_scratch_floats(const attn_geom *g) {
+  size_t f = (size_t)(3 * g->M * g->hd + 2 * g->M * KEY_TILE + 2 * g->M);
+  return (f + 15) / 16 * 16;
+}
+
+static bwd_scratch bwd_scratch_at(const attn_geom *g, float *base) {
+  bwd_scratch w = {.qs = base, .dout = base + g->M * g->hd, .dq = base + 2 * g->M * g->hd};
+  w.p = w.dq + g->M * g->hd;
+  w.ds = w.p + g->M * KEY_TILE;
+  w.lse = w.ds + g->M * KEY_TILE;
+  w.dsum = w.lse + g->M;
+  return w;
+}
+
+// The five tile GEMMs of the flash backward for one key run.
+static void bwd_run(const attn_geom *g, const qtile *t, const krun *kr, bwd_scratch *w) {
+  int M = (int)g->M, n = (int)kr->n, hd = (int)g->hd, ld = (int)g->ld, ldd = (int)kr->ldd;
+  scores(g, t, kr, w->qs, w->p);
+  for (int64_t r = 0; r < g->M; r++) {
+    float *pr = w->p + r * n, L = w->lse[r];
+#pragma omp simd
+    for (int c = 0; c < n; c++) pr[c] = exp_neg(pr[c] - L);
+  }
+  // dP (M, n) = dout (M, hd) · Vᵀ
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, hd, 1.0f, w->dout, hd, kr->v, ld, 0.0f, w->ds, n);
+  for (int64_t r = 0; r < g->M; r++) {
+    float *pr = w->p + r * n, *dr = w->ds + r * n, D = w->dsum[r];
+#pragma omp simd
+    for (int c = 0; c < n; c++) dr[c] = pr[c] * (dr[c] - D);
+  }
+  // dq (M, hd) += dS · K;  dK (n, hd) += dSᵀ · (scale·q);  dV (n, hd) += Pᵀ · dout
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, n, 1.0f, w->ds, n, kr->k, ld, 1.0f, w->dq, hd);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, M, 1.0f, w->ds, n, w->qs, hd, 1.0f, kr->dk, ldd);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, M, 1.0f, w->p, n, w->dout, hd, 1.0f, kr->dv, ldd);
+}
+
+// Where a work item accumulates context-key gradients: rows [row0, ...) of dk/dv, ld floats apart.
+typedef struct {
+  float *dk, *dv;
+  int64_t row0, ld;
+} ctx_grad;
+
+typedef struct {
+  const float *q, *k, *v, *out, *lse, *dout;
+  float *dq, *dk, *dv;
+} bwd_io;
+
+static void bwd_tile(const attn_geom *g, const qtile *t, const bwd_io *io, const ctx_grad *cg, bwd_scratch *w) {
+  pack_rows(g, t, io->q, g->scale, w->qs);
+  pack_rows(g, t, io->dout, 1.0f, w->dout);
+  memset(w->dq, 0, sizeof(float) * (size_t)(g->M * g->hd));
+  for (int64_t r = 0; r < g->M; r++) {
+    const float *o = io->out + q_off(g, t, r), *d = w->dout + r * g->hd;
+    double s = 0.0;
+    for (int64_t i = 0; i < g->hd; i++) s += (double)o[i] * d[i];
+    w->dsum[r] = (float)s;
+    w->lse[r] = io->lse[lse_off(g, t, r)];
+  }
+  for (int64_t j0 = t->lo; j0 < t->a; j0 += KEY_TILE) {
+    int64_t off = k_off(g, t->b, j0, t->g), goff = (j0 - cg->row0) * cg->ld;
+    krun kr = {.k = io->k + off,
+               .v = io->v + off,
+               .dk = cg->dk + goff,
+               .dv = cg->dv + goff,
+               .ldd = cg->ld,
+               .j0 = j0,
+               .n = t->a - j0 < KEY_TILE ? t->a - j0 : KEY_TILE};
+    bwd_run(g, t, &kr, w);
+  }
+  for (int64_t j0 = 0; j0 < g->bs; j0 += KEY_TILE) {
+    int64_t off = k_off(g, t->b, g->S + t->n * g->bs + j0, t->g);
+    krun kr = {.k = io->k + off,
+               .v = io->v + off,
+               .dk = io->dk + off,
+               .dv = io->dv + off,
+               .ldd = g->ld,
+               .j0 = j0,
+               .n = g->bs - j0 < KEY_TILE ? g->bs - j0 : KEY_TILE,
+               .block = true};
+    bwd_run(g, t, &kr, w);
+  }
+  for (int64_t r = 0; r < g->M; r++) {
+    float *d = io->dq + q_off(g, t, r);
+    for (int64_t i = 0; i < g->hd; i++) d[i] = g->scale * w->dq[r * g->hd + i];
+  }
+}
+
+// The backward's fixed partition: each sample's blocks split into P contiguous chunks of about equal work.
+// Chunk 0 of every (sample, kv head) adds its context dk/dv straight into dk/dv; chunk c >= 1 into its own
+// partial rows [lo, hi), which are added afterwards in chunk order.
+typedef struct {
+  int64_t P;
+  int64_t *start;   // [B, P+1] first block of each chunk
+  int64_t *lo, *hi; // [B, P] context rows the chunk's kept blocks see
+  int64_t *off;     // [B, P] float offset of the chunk's partials: per kv head, dk (hi−lo, hd) then dv
+  float *part;
+} bwd_plan;
+
+static void plan_free(bwd_plan *pl) { free(pl->start), free(pl->lo), free(pl->hi), free(pl->off), free(pl->part); }
+
+// The cost of one block in the backward: keys it sees plus a per-block overhead; dropped blocks cost ~nothing.
+static int64_t block_cost(const attn_geom *g, const int32_t *an, const uint8_t *kp, int64_t b, int64_t n) {
+  if (!kp[b * g->N + n]) return 1;
+  qtile t = make_qtile(g, an, b, n, 0);
+  return t.a - t.lo + g->bs + 32;
+}
+
+// Splits sample b's blocks into P contiguous chunks of about equal cost: a block goes to the chunk holding
+// the midpoint of its cost interval.
+static void plan_split(const attn_geom *g, const int32_t *an, const uint8_t *kp, int64_t b, bwd_plan *pl) {
+  int64_t total = 0, cum = 0, c = 0, *start = pl->start + b * (pl->P + 1);
+  for (int64_t n = 0; n < g->N; n++) total += block_cost(g, an, kp, b, n);
+  for (int64_t n = 0; n < g->N; n++) {
+    int64_t w = block_cost(g, an, kp, b, n), chunk = (2 * cum + w) * pl->P / (2 * total);
+    while (c <= chunk && c < pl->P) start[c++] = n;
+    cum += w;
+  }
+  while (c <= pl->P) start[c++] = g->N;
+}
+
+// Chunk c's context rows: the union of what its kept blocks see.
+static void plan_rows(const attn_geom *g, const int32_t *an, const uint8_t *kp, int64_t b, int64_t c, bwd_plan *pl) {
+  int64_t lo = g->S, hi = 0, i = b * pl->P + c;
+  for (int64_t n = pl->start[b * (pl->P + 1) + c]; n < pl->start[b * (pl->P + 1) + c + 1]; n++) {
+    if (!kp[b * g->N + n]) continue;
+    qtile t = make_qtile(g, an, b, n, 0);
+    lo = t.lo < lo ? t.lo : lo;
+    hi = t.a > hi ? t.a : hi;
+  }
+  pl->lo[i] = lo, pl->hi[i] = hi > lo ? hi : lo;
+}
+
+static df_status plan_make(const attn_geom *g, const int32_t *an, const uint8_t *kp, bwd_plan *pl, df_error *err) {
+  int64_t units = g->B * g->nKV > 0 ? g->B * g->nKV : 1, per_sample = (BWD_ITEMS + units - 1) / units;
+  pl->P = per_sample < g->N ? per_sample : (g->N > 0 ? g->N : 1);
+  pl->start = malloc(sizeof(int64_t) * (size_t)(g->B * (pl->P + 1)));
+  pl->lo = malloc(sizeof(int64_t) * (size_t)(g->B * pl->P));
+  pl->hi = malloc(sizeof(int64_t) * (size_t)(g->B * pl->P));
+  pl->off = malloc(sizeof(int64_t) * (size_t)(g->B * pl->P));
+  int64_t total = 0;
+  for (int64_t b = 0; pl->start && pl->lo && pl->hi && pl->off && b < g->B; b++) {
+    plan_split(g, an, kp, b, pl);
+    for (int64_t c = 0; c < pl->P; c++) {
+      int64_t i = b * pl->P + c;
+      plan_rows(g, an, kp, b, c, pl);
+      pl->off[i] = total;
+      if (c > 0) total += 2 * g->nKV * (pl->hi[i] - pl->lo[i]) * g->hd;
+    }
+  }
+  pl->part = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
+  if (pl->start && pl->lo && pl->hi && pl->off && pl->part) return DF_OK;
+  plan_free(pl);
+  return DF_FAIL(err, DF_ERR_NOMEM, "block_attn_backward", "reduce the batch or the number of anchors",
+                 "cannot allocate the attention backward's partial gradients");
+}
+
+// Context gradient target of chunk c of (b, kv head kh).
+static ctx_grad plan_target(const attn_geom *g, const bwd_plan *pl, const bwd_io *io, int64_t b, int64_t kh,
+                            int64_t c) {
+  if (c == 0) {
+    int64_t off = k_off(g, b, 0, kh);
+    return (ctx_grad){.dk = io->dk + off, .dv = io->dv + off, .row0 = 0, .ld = g->ld};
+  }
+  int64_t i = b * pl->P + c, rows = pl->hi[i] - pl->lo[i];
+  float *dk = pl->part + pl->off[i] + 2 * kh * rows * g->hd;
+  return (ctx_grad){.dk = dk, .dv = dk + rows * g->hd, .row0 = pl->lo[i], .ld = g->hd};
+}
+
+// Runs chunk c of (b, kv head kh): all its kept blocks, in block order.
+static void bwd_item(const attn_geom *g, const bwd_plan *pl, const bwd_io *io, const int32_t *an, const uint8_t *kp,
+                     int64_t b, int64_t kh, int64_t c, bwd_scratch *w) {
+  ctx_grad cg = plan_target(g, pl, io, b, kh, c);
+  if (c > 0) {
+    int64_t rows = pl->hi[b * pl->P + c] - pl->lo[b * pl->P + c];
+    memset(cg.dk, 0, sizeof(float) * (size_t)(2 * rows * g->hd));
+  }
+  for (int64_t n = pl->start[b * (pl->P + 1) + c]; n < pl->start[b * (pl->P + 1) + c + 1]; n++) {
+    if (!kp[b * g->N + n]) continue;
+    qtile t = make_qtile(g, an, b, n, kh);
+    bwd_tile(g, &t, io, &cg, w);
+  }
+}
+
+// dk/dv context rows [r0, r1) of (b, kv head kh) += the partials of chunks 1..P−1, in chunk order.
+static void reduce_rows(const attn_geom *g, const bwd_plan *pl, const bwd_io *io, int64_t b, int64_t kh, int64_t r0,
+                        int64_t r1) {
+  for (int64_t c = 1; c < pl->P; c++) {
+    ctx_grad cg = plan_target(g, pl, io, b, kh, c);
+    int64_t i = b * pl->P + c, lo = pl->lo[i] > r0 ? pl->lo[i] : r0, hi = pl->hi[i] < r1 ? pl->hi[i] : r1;
+    for (int64_t j = lo; j < hi; j++) {
+      float *dk = io->dk + k_off(g, b, j, kh), *dv = io->dv + k_off(g, b, j, kh);
+      const float *pk = cg.dk + (j - cg.row0) * g->hd, *pv = cg.dv + (j - cg.row0) * g->hd;
+      for (int64_t x = 0; x < g->hd; x++) dk[x] += pk[x], dv[x] += pv[x];
+    }
+  }
+}
+
+df_status df_cpu_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
+                                     const df_tensor *k, const df_tensor *v, const df_tensor *anchors,
+                                     const df_tensor *keep, const df_tensor *out, const df_tensor *lse,
+                                     const df_tensor *dout, df_tensor *dq, df_tensor *dk, df_tensor *dv,
+                                     df_error *err) {
+  attn_geom g = make_geom(desc, q, k, anchors);
+  const int32_t *an = anchors->data;
+  const uint8_t *kp = keep->data;
+  bwd_plan pl = {0};
+  DF_TRY(plan_make(&g, an, kp, &pl, err));
+  int nt = ctx->num_threads;
+  size_t per = bwd_scratch_floats(&g);
+  float *scratch = aligned_alloc(64, sizeof(float) * per * (size_t)nt);
+  if (!scratch) {
+    plan_free(&pl);
+    return DF_FAIL(err, DF_ERR_NOMEM, "block_attn_backward", "use fewer threads or smaller heads",
+                   "cannot allocate %zu bytes of attention scratch", sizeof(float) * per * (size_t)nt);
+  }
+  bwd_io io = {q->data, k->data, v->data, out->data, lse->data, dout->data, dq->data, dk->data, dv->data};
+  int64_t nq = df_numel(q), nk = df_numel(k), items = g.B * g.nKV * pl.P;
+  int64_t tiles = (g.S + REDUCE_ROWS - 1) / REDUCE_ROWS, nred = g.B * g.nKV * tiles;
+#pragma omp parallel num_threads(nt)
+  {
+    omp_set_num_threads(1); // this task's ICV: OpenBLAS stays on this thread even in an inactive (1-thread) region
+    bwd_scratch w = bwd_scratch_at(&g, scratch + per * (size_t)omp_get_thread_num());
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < nq; i++) io.dq[i] = 0.0f; // rows of dropped blocks stay 0
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < nk; i++) io.dk[i] = 0.0f, io.dv[i] = 0.0f;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < items; i++)
+      bwd_item(&g, &pl, &io, an, kp, i / (g.nKV * pl.P), i / pl.P % g.nKV, i % pl.P, &w);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < nred; i++) {
+      int64_t r0 = i % tiles * REDUCE_ROWS, r1 = r0 + REDUCE_ROWS < g.S ? r0 + REDUCE_ROWS : g.S;
+      reduce_rows(&g, &pl, &io, i / (g.nKV * tiles), i / tiles % g.nKV, r0, r1);
+    }
+  }
+  free(scratch);
+  plan_free(&pl);
+  return DF_OK;
+}
