@@ -1,0 +1,116 @@
+// Dispatch and validation for the losses: fused LM head + cross-entropy, softmax L1 distance, BCE with logits.
+#include <limits.h>
+#include <math.h>
+
+#include "kernels/check.h"
+
+// t holds exactly `rows` elements (any shape: [R], [B, N·bs], ...).
+static df_status check_per_row(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int64_t rows,
+                               df_error *err) {
+  char d[96];
+  DF_TRY(df_check_tensor(ctx, t, name, dt, -1, err));
+  if (df_numel(t) != rows)
+    return DF_FAIL(err, DF_ERR_INVALID, name, "pass one value per row", "tensor '%s' is %s, expected %lld elements",
+                   name, df_tensor_desc(t, d, sizeof d), (long long)rows);
+  return DF_OK;
+}
+
+// BLAS takes int dimensions; a feature width or vocabulary beyond that is a caller mistake.
+static df_status check_int_dim(const df_tensor *t, const char *name, int dim, df_error *err) {
+  char d[96];
+  if (t->shape[dim] < 1 || t->shape[dim] > INT_MAX)
+    return DF_FAIL(err, DF_ERR_INVALID, name, NULL, "tensor '%s' is %s: dim %d must be in [1, INT_MAX]", name,
+                   df_tensor_desc(t, d, sizeof d), dim);
+  return DF_OK;
+}
+
+// t is viewed as [rows, last] and its last dim must be `last`.
+static df_status check_last_dim(const df_tensor *t, const char *name, int64_t last, df_error *err) {
+  char d[96];
+  if (t->ndim < 1)
+    return DF_FAIL(err, DF_ERR_INVALID, name, NULL, "tensor '%s' is %s, expected at least 1 dim", name,
+                   df_tensor_desc(t, d, sizeof d));
+  return df_check_dim(t, name, t->ndim - 1, last, err);
+}
+
+static df_status check_lmhead_desc(const df_lmhead_ce_desc *desc, df_error *err) {
+  if (!desc) return DF_FAIL(err, DF_ERR_INVALID, "desc", "pass a df_lmhead_ce_desc", "desc is NULL");
+  if (desc->chunk_rows < 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "chunk_rows", "use 0 for a single chunk", "chunk_rows = %lld < 0",
+                   (long long)desc->chunk_rows);
+  if (!isfinite(desc->grad_scale))
+    return DF_FAIL(err, DF_ERR_INVALID, "grad_scale", "check the loss normalizer (Σw may be 0)",
+                   "grad_scale = %g is not finite", (double)desc->grad_scale);
+  return DF_OK;
+}
+
+df_status df_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden, const df_tensor *head,
+                       const df_tensor *labels, const df_tensor *weights, df_tensor *loss, df_tensor *correct,
+                       df_tensor *dhidden, df_error *err) {
+  DF_TRY(check_lmhead_desc(desc, err));
+  DF_TRY(df_check_tensor(ctx, head, "head", DF_F32, 2, err));
+  DF_TRY(check_int_dim(head, "head", 0, err));
+  DF_TRY(check_int_dim(head, "head", 1, err));
+  DF_TRY(df_check_tensor(ctx, hidden, "hidden", DF_F32, -1, err));
+  DF_TRY(check_last_dim(hidden, "hidden", head->shape[1], err));
+  int64_t rows = df_rows(hidden);
+  DF_TRY(check_per_row(ctx, labels, "labels", DF_I32, rows, err));
+  if (weights) DF_TRY(check_per_row(ctx, weights, "weights", DF_F32, rows, err));
+  DF_TRY(check_per_row(ctx, loss, "loss", DF_F32, rows, err));
+  DF_TRY(check_per_row(ctx, correct, "correct", DF_U8, rows, err));
+  if (dhidden) {
+    DF_TRY(df_check_tensor(ctx, dhidden, "dhidden", DF_F32, -1, err));
+    DF_TRY(df_check_same_numel(hidden, "hidden", dhidden, "dhidden", err));
+  }
+  // Label values live on the op's device, so each backend range-checks them before writing anything.
+  return DF_DISPATCH(ctx, lmhead_ce, desc, hidden, head, labels, weights, loss, correct, dhidden, err);
+}
+
+// p and q are logit sets of one shape, viewed as [R, V].
+static df_status check_logit_pair(const df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_error *err) {
+  DF_TRY(df_check_tensor(ctx, p, "p", DF_F32, -1, err));
+  DF_TRY(df_check_tensor(ctx, q, "q", DF_F32, -1, err));
+  if (p->ndim < 1 || df_last_dim(p) < 1)
+    return DF_FAIL(err, DF_ERR_INVALID, "p", "pass logits viewed as [R, V] with V >= 1", "tensor 'p' has no vocab");
+  DF_TRY(check_last_dim(q, "q", df_last_dim(p), err));
+  DF_TRY(df_check_same_numel(p, "p", q, "q", err));
+  return DF_OK;
+}
+
+df_status df_softmax_l1_forward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_tensor *l1, df_error *err) {
+  DF_TRY(check_logit_pair(ctx, p, q, err));
+  DF_TRY(check_per_row(ctx, l1, "l1", DF_F32, df_rows(p), err));
+  return DF_DISPATCH(ctx, softmax_l1_forward, p, q, l1, err);
+}
+
+df_status df_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, const df_tensor *dl1,
+                                 df_tensor *dp, df_error *err) {
+  DF_TRY(check_logit_pair(ctx, p, q, err));
+  DF_TRY(check_per_row(ctx, dl1, "dl1", DF_F32, df_rows(p), err));
+  DF_TRY(df_check_tensor(ctx, dp, "dp", DF_F32, -1, err));
+  DF_TRY(df_check_same_numel(p, "p", dp, "dp", err));
+  return DF_DISPATCH(ctx, softmax_l1_backward, p, q, dl1, dp, err);
+}
+
+// x and every per-element companion hold the same number of elements.
+static df_status check_elementwise(const df_ctx *ctx, const df_tensor *x, const df_tensor *t, const char *tn,
+                                   df_error *err) {
+  DF_TRY(df_check_tensor(ctx, t, tn, DF_F32, -1, err));
+  return df_check_same_numel(x, "x", t, tn, err);
+}
+
+df_status df_bce_logits_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, df_tensor *loss, df_error *err) {
+  DF_TRY(df_check_tensor(ctx, x, "x", DF_F32, -1, err));
+  DF_TRY(check_elementwise(ctx, x, t, "t", err));
+  DF_TRY(check_elementwise(ctx, x, loss, "loss", err));
+  return DF_DISPATCH(ctx, bce_logits_forward, x, t, loss, err);
+}
+
+df_status df_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, const df_tensor *dloss,
+                                 df_tensor *dx, df_error *err) {
+  DF_TRY(df_check_tensor(ctx, x, "x", DF_F32, -1, err));
+  DF_TRY(check_elementwise(ctx, x, t, "t", err));
+  DF_TRY(check_elementwise(ctx, x, dloss, "dloss", err));
+  DF_TRY(check_elementwise(ctx, x, dx, "dx", err));
+  return DF_DISPATCH(ctx, bce_logits_backward, x, t, dloss, dx, err);
+}
