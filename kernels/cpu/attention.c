@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/cpu/vexp.h"
 
 // Keys per score tile: the M × 256 scores and the 256-row K/V slices stay in L2.
 enum { KEY_TILE = 256 };
@@ -84,28 +85,6 @@ static inline int64_t k_off(const attn_geom *g, int64_t b, int64_t j, int64_t kh
   return ((b * g->KV + j) * g->nKV + kh) * g->hd;
 }
 
-// exp(x) to ~2 ulp for the softmax's x <= 0; exactly 0 below −87 (masked scores are −inf). Branch-free so
-// the loops calling it vectorize (Cephes polynomial on x − n·ln2, 2^n built in the exponent bits).
-static inline float exp_neg(float x) {
-  float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x); // NaN passes through
-  float n = rintf(xc * 1.44269504088896341f);
-  float r = fmaf(n, -0.693359375f, xc);
-  r = fmaf(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = fmaf(p, r, 1.3981999507e-3f);
-  p = fmaf(p, r, 8.3334519073e-3f);
-  p = fmaf(p, r, 4.1665795894e-2f);
-  p = fmaf(p, r, 1.6666665459e-1f);
-  p = fmaf(p, r, 5.0000001201e-1f);
-  p = fmaf(p * r, r, r) + 1.0f;
-  union {
-    int32_t i;
-    float f;
-  } two_n = {.i = ((int32_t)(n == n ? n : 0.0f) + 127) << 23};
-  float y = p * two_n.f;
-  return x < -87.0f ? 0.0f : y;
-}
-
 // Tile rows in packed order: dst[r] = alpha · src row r (q-like tensor).
 static void pack_rows(const attn_geom *g, const qtile *t, const float *src, float alpha, float *dst) {
   for (int64_t r = 0; r < g->M; r++) {
@@ -171,10 +150,10 @@ static void online_softmax_step(const attn_geom *g, int64_t n, fwd_scratch *w) {
       memset(sr, 0, sizeof(float) * (size_t)n);
       continue;
     }
-    float alpha = exp_neg(w->m[r] - mnew), sum = 0.0f;
+    float alpha = df_exp_nonpos(w->m[r] - mnew), sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t c = 0; c < n; c++) {
-      float p = exp_neg(sr[c] - mnew);
+      float p = df_exp_nonpos(sr[c] - mnew);
       sr[c] = p;
       sum += p;
     }
@@ -283,7 +262,7 @@ static void bwd_run(const attn_geom *g, const qtile *t, const krun *kr, bwd_scra
   for (int64_t r = 0; r < g->M; r++) {
     float *pr = w->p + r * n, L = w->lse[r];
 #pragma omp simd
-    for (int c = 0; c < n; c++) pr[c] = exp_neg(pr[c] - L);
+    for (int c = 0; c < n; c++) pr[c] = df_exp_nonpos(pr[c] - L);
   }
   // dP (M, n) = dout (M, hd) · Vᵀ
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, hd, 1.0f, w->dout, hd, kr->v, ld, 0.0f, w->ds, n);

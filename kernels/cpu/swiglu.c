@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/cpu/vexp.h"
 
 // Below this many elements a call stays on the calling thread.
 #define SWIGLU_PAR_MIN 32768
@@ -15,30 +16,7 @@
 static inline float clamp_hi(float x, float hi) { return x > hi ? hi : x; }
 static inline float clamp_pm(float x, float lim) { return x > lim ? lim : (x < -lim ? -lim : x); }
 
-// e^x to ~1 ulp (Cephes expf): x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial, times 2^n built
-// in the exponent bits. x is clamped to where 2^n stays a normal float; below, e^x is taken as ~1e-38
-// instead of a denormal, which changes silu(x) = x / (1 + e^-x) by less than 1e-36 absolute.
-// A NaN x maps to the upper bound (no UB in the int conversion); silu's own factor x keeps it NaN.
-static inline float exp_poly(float x) {
-  x = x < 88.3f ? x : 88.3f;
-  x = x > -87.3f ? x : -87.3f;
-  // Round to nearest with the 1.5·2^23 shifter: floorf would not vectorize without -ffast-math.
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f; // ln2 split hi/lo
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = ((int32_t)n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + exp_poly(-x)); }
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + df_exp(-x)); }
 
 // One span of the forward: plain loops (outside the OpenMP region) so the compiler vectorizes them.
 static void swiglu_forward_span(const float *g, const float *u, float limit, float *h, int64_t n) {

@@ -1,18 +1,18 @@
-// exp for softmax loops: arguments are logits minus their row max (x <= 0). Plain float arithmetic so that
-// loops calling it vectorize (libm's expf does not without -ffast-math); Cephes expf, ~1 ulp.
+// The CPU kernels' exp: Cephes expf (~1 ulp) in plain float arithmetic, so the loops that call it vectorize
+// (libm's expf stays scalar without -ffast-math, which made softmax and SiLU loops compute-bound).
 #ifndef DF_KERNELS_CPU_VEXP_H
 #define DF_KERNELS_CPU_VEXP_H
 
 #include <stdint.h>
 #include <string.h>
 
-// Below −87 the result is clamped to exp(−87) ≈ 1.6e−38, nothing against the row max's term of 1.
-static inline float df_exp_nonpos(float x) {
-  const float shifter = 12582912.0f; // 1.5·2²³: adding it rounds to an integer held in the low mantissa bits
-  x = x < -87.0f ? -87.0f : x;
-  float j = x * 1.44269504f + shifter;
-  float n = j - shifter;
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f; // x − n·ln2 in two parts
+// e^x for any x: x is clamped to [−87.3, 88.3], where 2^n stays a normal float (below, e^x ≈ 1e−38 instead
+// of a denormal); a NaN x gives NaN. x = n·ln2 + r with |r| ≤ ln2/2; e^r by a degree-7 polynomial.
+static inline float df_exp(float x) {
+  float xc = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+  // Round to nearest with the 1.5·2²³ shifter: floorf/rintf would not vectorize without -ffast-math.
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f; // ln2 split hi/lo
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
@@ -20,12 +20,13 @@ static inline float df_exp_nonpos(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t jb;
-  memcpy(&jb, &j, sizeof jb);
-  int32_t sb = (jb - 0x4B400000 + 127) << 23; // 2^n as float bits
+  int32_t bits = ((int32_t)(n == n ? n : 0.0f) + 127) << 23; // 2^n; NaN kept out of the int conversion
   float scale;
-  memcpy(&scale, &sb, sizeof scale);
+  memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
+
+// For softmax arguments (logit − row max ≤ 0): exactly 0 below −87, so masked (−inf) scores weigh nothing.
+static inline float df_exp_nonpos(float x) { return x < -87.0f ? 0.0f : df_exp(x); }
 
 #endif
