@@ -171,6 +171,8 @@ df_status df_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df
 df_status df_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err);
 
 // coef = min(1, max_norm / (norm + 1e−6)); every buffer is scaled by coef when coef < 1.
+// A NaN/Inf norm (a non-finite gradient) fails with DF_ERR_NUMERIC and touches neither the buffers nor
+// *coef: the trainer skips that step. df_global_norm itself returns such a norm with DF_OK.
 df_status df_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm, double *coef,
                           df_error *err);
 

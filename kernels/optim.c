@@ -1,0 +1,88 @@
+// Dispatch and validation for the optimizer ops: AdamW step, global gradient norm, clip by norm.
+#include <math.h>
+#include <stdio.h>
+
+#include "kernels/check.h"
+
+// Byte ranges of a and b intersect (the CPU kernel declares its buffers restrict).
+static bool overlaps(const df_tensor *a, const df_tensor *b) {
+  const char *pa = a->data, *pb = b->data;
+  size_t na = (size_t)df_numel(a) * df_dtype_size(a->dtype), nb = (size_t)df_numel(b) * df_dtype_size(b->dtype);
+  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+}
+
+static df_status check_adamw_buffers(df_ctx *ctx, const df_tensor *param, const df_tensor *grad, const df_tensor *m,
+                                     const df_tensor *v, df_error *err) {
+  const df_tensor *t[4] = {param, grad, m, v};
+  const char *names[4] = {"param", "grad", "m", "v"};
+  for (int i = 0; i < 4; i++) DF_TRY(df_check_tensor(ctx, t[i], names[i], DF_F32, -1, err));
+  for (int i = 1; i < 4; i++) DF_TRY(df_check_same_numel(param, "param", t[i], names[i], err));
+  for (int i = 1; i < 4; i++)
+    for (int j = 0; j < i; j++)
+      if (overlaps(t[i], t[j]))
+        return DF_FAIL(err, DF_ERR_INVALID, names[i], "give param, grad, m and v separate storage",
+                       "tensor '%s' overlaps '%s'", names[i], names[j]);
+  return DF_OK;
+}
+
+// The ranges torch.optim.AdamW accepts (its ValueErrors), plus a finite, positive eps.
+static df_status check_adamw_hparams(const df_adamw_hparams *hp, df_error *err) {
+  if (!hp) return DF_FAIL(err, DF_ERR_INVALID, "hp", "pass the AdamW hyperparameters", "hp is NULL");
+  if (!(hp->lr >= 0.0f && isfinite(hp->lr)))
+    return DF_FAIL(err, DF_ERR_INVALID, "hp.lr", "the learning rate must be finite and >= 0", "lr = %g", hp->lr);
+  if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f))
+    return DF_FAIL(err, DF_ERR_INVALID, "hp.beta1", "use 0 <= beta1 < 1 (usually 0.9)", "beta1 = %g", hp->beta1);
+  if (!(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
+    return DF_FAIL(err, DF_ERR_INVALID, "hp.beta2", "use 0 <= beta2 < 1 (usually 0.999)", "beta2 = %g", hp->beta2);
+  if (!(hp->eps > 0.0f && isfinite(hp->eps)))
+    return DF_FAIL(err, DF_ERR_INVALID, "hp.eps", "use a small positive eps (usually 1e-8)", "eps = %g", hp->eps);
+  if (!(hp->weight_decay >= 0.0f && isfinite(hp->weight_decay)))
+    return DF_FAIL(err, DF_ERR_INVALID, "hp.weight_decay", "use a finite weight decay >= 0", "weight_decay = %g",
+                   hp->weight_decay);
+  if (hp->step < 1)
+    return DF_FAIL(err, DF_ERR_INVALID, "hp.step", "step counts updates from 1 (bias correction uses it)",
+                   "step = %lld", (long long)hp->step);
+  return DF_OK;
+}
+
+df_status df_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df_tensor *m, df_tensor *v,
+                        const df_adamw_hparams *hp, df_error *err) {
+  DF_TRY(check_adamw_buffers(ctx, param, grad, m, v, err));
+  DF_TRY(check_adamw_hparams(hp, err));
+  return DF_DISPATCH(ctx, adamw_step, param, grad, m, v, hp, err);
+}
+
+// bufs[0..nbufs) are fp32 tensors on ctx's device; each error names "bufs[i]".
+static df_status check_buffer_list(df_ctx *ctx, const df_tensor *bufs, int nbufs, df_error *err) {
+  if (nbufs < 0) return DF_FAIL(err, DF_ERR_INVALID, "nbufs", "pass the number of buffers (>= 0)", "nbufs = %d", nbufs);
+  if (nbufs > 0 && !bufs)
+    return DF_FAIL(err, DF_ERR_INVALID, "bufs", "pass an array of nbufs tensors", "bufs is NULL but nbufs = %d", nbufs);
+  char name[32];
+  for (int i = 0; i < nbufs; i++) {
+    snprintf(name, sizeof name, "bufs[%d]", i);
+    DF_TRY(df_check_tensor(ctx, &bufs[i], name, DF_F32, -1, err));
+  }
+  return DF_OK;
+}
+
+df_status df_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err) {
+  DF_TRY(check_buffer_list(ctx, bufs, nbufs, err));
+  if (!norm) return DF_FAIL(err, DF_ERR_INVALID, "norm", "pass where to store the norm", "norm is NULL");
+  return DF_DISPATCH(ctx, global_norm, bufs, nbufs, norm, err);
+}
+
+df_status df_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm, double *coef,
+                          df_error *err) {
+  DF_TRY(check_buffer_list(ctx, bufs, nbufs, err));
+  if (!coef) return DF_FAIL(err, DF_ERR_INVALID, "coef", "pass where to store the clip coefficient", "coef is NULL");
+  if (!(max_norm > 0.0))
+    return DF_FAIL(err, DF_ERR_INVALID, "max_norm", "use a positive max_norm (recipes use 0.5 or 1.0)", "max_norm = %g",
+                   max_norm);
+  if (norm < 0.0)
+    return DF_FAIL(err, DF_ERR_INVALID, "norm", "pass the result of df_global_norm", "norm = %g < 0", norm);
+  // A NaN/Inf norm means a non-finite gradient somewhere: the step must be skipped, not rescaled.
+  if (!isfinite(norm))
+    return DF_FAIL(err, DF_ERR_NUMERIC, "norm", "skip this optimizer step (zero the gradients and continue)",
+                   "gradient norm is %g; buffers left unchanged", norm);
+  return DF_DISPATCH(ctx, clip_by_norm, bufs, nbufs, norm, max_norm, coef, err);
+}
