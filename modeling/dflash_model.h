@@ -29,7 +29,8 @@ typedef struct {
 // Builds the parameter table from the config and allocates params and grads (grads zeroed).
 // Table order (also the init order): fc.weight, hidden_norm.weight, then per layer i input_layernorm,
 // self_attn.{q,k,v,o}_proj (weight, then bias iff attention_bias, per projection), self_attn.{q,k}_norm,
-// post_attention_layernorm, mlp.{gate,up,down}_proj, and last norm.weight.
+// post_attention_layernorm, mlp.{gate,up,down}_proj, and last norm.weight. cfg is borrowed: it must outlive
+// the model. The MLP is built through modeling/ffn.h.
 df_status df_dflash_model_create(const df_draft_config *cfg, df_ctx *ctx, df_dflash_model **out, df_error *err);
 void df_dflash_model_free(df_dflash_model *m);
 
@@ -44,14 +45,17 @@ df_status df_dflash_model_init(df_dflash_model *m, uint64_t seed, df_error *err)
 df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *err);
 
 // Forward of one micro-batch; *out_hidden points at the final-normed hidden states (B, N·bs, H), owned by
-// the model and valid until the next forward. Activations needed by the backward are kept.
+// the model and valid until the next forward. Activations needed by the backward are kept; the batch is
+// copied, so its arrays may be reused as soon as this returns.
 df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *batch, const float **out_hidden,
                                   df_error *err);
 // Backward of the last forward: d_hidden (B, N·bs, H) → parameter gradients added into the grads buffer.
+// d_hidden lives on the context's device, like out_hidden. Calling it twice adds the gradients twice.
 df_status df_dflash_model_backward(df_dflash_model *m, const float *d_hidden, df_error *err);
 void df_dflash_model_zero_grads(df_dflash_model *m);
 
-// Bytes of activation memory the last forward needed (printed by the trainer as the budget).
+// Bytes of activation memory the last forward needed (printed by the trainer as the budget): the arena laid
+// out for its (B, S, N), i.e. the batch copy, everything the backward keeps, and the backward's scratch.
 int64_t df_dflash_model_activation_bytes(const df_dflash_model *m);
 
 #ifdef __cplusplus

@@ -1,0 +1,494 @@
+// The DFlash draft model: parameter table (SpecForge names, documented order), HF-style init from the
+// draftforge RNG, strict warm start, and forward/backward of one micro-batch. Activations live in one arena
+// laid out per (B, S, N) shape and grown when a larger batch arrives.
+#include "modeling/dflash_model.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "modeling/dflash_layer.h"
+#include "modeling/strict_load.h"
+
+struct df_dflash_model {
+  const df_draft_config *cfg; // borrowed: outlives the model
+  df_ctx *ctx;
+  df_device dev;
+  df_params *params;
+  float *weights, *grads; // (df_params_numel) flat fp32 on dev
+  int64_t numel;
+  int64_t L, H, K, nH, nKV, hd, bs;
+  float eps;
+  dflash_pview fc, hidden_norm, norm; // [H, K·H], [H], [H]
+  dflash_layer *layers;               // [L]
+  float *inv_freq;                    // (hd/2) on dev
+  float mscale;
+
+  // Activation arena, laid out for dims.
+  void *arena;
+  size_t arena_cap, arena_used;
+  int32_t *host_pos; // (T + KV) host staging for the positions
+  int64_t host_pos_cap;
+  dflash_dims dims;
+  bool have_forward;
+  float *th;               // (B, S, K·H) target features
+  float *fc_out;           // (B, S, H) fc(target_hidden)
+  float *ctx_h;            // (B, S, H) hidden_norm(fc_out): the context every layer reads
+  float *ctx_rstd;         // (B·S)
+  float **h;               // [L+1] (B, Q, H) residual stream; h[0] = block embeddings
+  float *out;              // (B, Q, H) norm(h[L])
+  float *out_rstd;         // (B·Q)
+  float *dfc;              // (B, S, H) backward: ∂/∂fc_out
+  int32_t *pos_q, *pos_kv; // (B·Q), (B·(S+Q))
+  int32_t *anchors;        // (B, N)
+  uint8_t *keep;           // (B, N)
+  dflash_layer_acts *acts; // [L]
+  dflash_scratch scr;
+};
+
+// ---- parameter table -----------------------------------------------------------------------------------
+
+static df_status add_top(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
+                         df_error *err) {
+  const df_param_spec spec = {.name = name,
+                              .role = role,
+                              .ndim = ndim,
+                              .shape = (const int64_t[]){d0, d1},
+                              .dtype = DF_F32,
+                              .trainable = true,
+                              .weight_decay = role == DF_ROLE_WEIGHT};
+  return df_params_add(p, &spec, err);
+}
+
+static df_status build_table(df_dflash_model *m, df_error *err) {
+  DF_TRY(df_params_new(&m->params, err));
+  DF_TRY(add_top(m->params, "fc.weight", DF_ROLE_WEIGHT, 2, m->H, m->K * m->H, err));
+  DF_TRY(add_top(m->params, "hidden_norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
+  for (int64_t i = 0; i < m->L; i++) DF_TRY(dflash_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
+  DF_TRY(add_top(m->params, "norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
+  return df_params_finalize(m->params, err);
+}
+
+static df_status bind_top(df_dflash_model *m, const char *name, dflash_pview *v, df_error *err) {
+  DF_TRY(df_params_view_named(m->params, name, m->weights, &v->w, err));
+  DF_TRY(df_params_view_named(m->params, name, m->grads, &v->g, err));
+  v->w.device = v->g.device = m->dev;
+  return DF_OK;
+}
+
+static df_status check_config(const df_draft_config *cfg, df_error *err) {
+  if (cfg->num_hidden_layers < 1 || cfg->hidden_size < 1 || cfg->head_dim < 2 || cfg->head_dim % 2)
+    return DF_FAIL(err, DF_ERR_INVALID, cfg->source, "check num_hidden_layers, hidden_size and head_dim",
+                   "the draft needs >= 1 layer, hidden_size >= 1 and an even head_dim (got %lld, %lld, %lld)",
+                   (long long)cfg->num_hidden_layers, (long long)cfg->hidden_size, (long long)cfg->head_dim);
+  if (cfg->num_key_value_heads < 1 || cfg->num_attention_heads % cfg->num_key_value_heads)
+    return DF_FAIL(err, DF_ERR_INVALID, "num_key_value_heads", "num_attention_heads must be a multiple of it",
+                   "%lld query heads cannot share %lld kv heads", (long long)cfg->num_attention_heads,
+                   (long long)cfg->num_key_value_heads);
+  if (cfg->dflash.num_target_layer_ids < 1)
+    return DF_FAIL(err, DF_ERR_INVALID, "dflash_config.target_layer_ids", "list the target layers fc reads",
+                   "no target layers: fc would have no input");
+  return DF_OK;
+}
+
+static void copy_sizes(df_dflash_model *m, const df_draft_config *cfg) {
+  m->L = cfg->num_hidden_layers;
+  m->H = cfg->hidden_size;
+  m->K = cfg->dflash.num_target_layer_ids;
+  m->nH = cfg->num_attention_heads;
+  m->nKV = cfg->num_key_value_heads;
+  m->hd = cfg->head_dim;
+  m->bs = cfg->block_size;
+  m->eps = (float)cfg->rms_norm_eps;
+}
+
+static df_status alloc_state(df_dflash_model *m, df_error *err) {
+  m->numel = df_params_numel(m->params);
+  const size_t bytes = (size_t)m->numel * sizeof(float);
+  DF_TRY(df_buffer_alloc(m->ctx, bytes, (void **)&m->weights, err));
+  DF_TRY(df_buffer_alloc(m->ctx, bytes, (void **)&m->grads, err));
+  df_dflash_model_zero_grads(m);
+  DF_TRY(bind_top(m, "fc.weight", &m->fc, err));
+  DF_TRY(bind_top(m, "hidden_norm.weight", &m->hidden_norm, err));
+  DF_TRY(bind_top(m, "norm.weight", &m->norm, err));
+  for (int64_t i = 0; i < m->L; i++)
+    DF_TRY(dflash_layer_bind(&m->layers[i], m->params, m->weights, m->grads, m->dev, err));
+  return DF_OK;
+}
+
+static df_status build_rope(df_dflash_model *m, df_error *err) {
+  float *host = malloc(sizeof(float) * (size_t)(m->hd / 2));
+  if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "rope", NULL, "cannot allocate the RoPE table");
+  df_status st = dflash_rope_table(&m->cfg->rope, host, &m->mscale, err);
+  if (st == DF_OK) st = df_buffer_alloc(m->ctx, sizeof(float) * (size_t)(m->hd / 2), (void **)&m->inv_freq, err);
+  if (st == DF_OK)
+    st = df_copy(m->ctx, m->inv_freq, m->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)(m->hd / 2), err);
+  free(host);
+  return st;
+}
+
+df_status df_dflash_model_create(const df_draft_config *cfg, df_ctx *ctx, df_dflash_model **out, df_error *err) {
+  *out = NULL;
+  DF_TRY(check_config(cfg, err));
+  df_dflash_model *m = calloc(1, sizeof *m);
+  if (!m) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "cannot allocate the DFlash model");
+  m->cfg = cfg;
+  m->ctx = ctx;
+  m->dev = df_ctx_device(ctx);
+  copy_sizes(m, cfg);
+  m->layers = calloc((size_t)m->L, sizeof *m->layers);
+  m->acts = calloc((size_t)m->L, sizeof *m->acts);
+  m->h = calloc((size_t)m->L + 1, sizeof *m->h);
+  df_status st = m->layers && m->acts && m->h
+                     ? DF_OK
+                     : DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "cannot allocate %lld layers", (long long)m->L);
+  if (st == DF_OK) st = build_table(m, err);
+  if (st == DF_OK) st = alloc_state(m, err);
+  if (st == DF_OK) st = build_rope(m, err);
+  if (st != DF_OK) {
+    df_dflash_model_free(m);
+    return st;
+  }
+  *out = m;
+  return DF_OK;
+}
+
+void df_dflash_model_free(df_dflash_model *m) {
+  if (!m) return;
+  for (int64_t i = 0; m->layers && i < m->L; i++) dflash_layer_free(&m->layers[i]);
+  df_buffer_free(m->ctx, m->weights);
+  df_buffer_free(m->ctx, m->grads);
+  df_buffer_free(m->ctx, m->inv_freq);
+  df_buffer_free(m->ctx, m->arena);
+  df_params_free(m->params);
+  free(m->host_pos);
+  free(m->layers);
+  free(m->acts);
+  free(m->h);
+  free(m);
+}
+
+const df_params *df_dflash_model_params(const df_dflash_model *m) { return m->params; }
+float *df_dflash_model_weights(df_dflash_model *m) { return m->weights; }
+float *df_dflash_model_grads(df_dflash_model *m) { return m->grads; }
+int64_t df_dflash_model_activation_bytes(const df_dflash_model *m) { return (int64_t)m->arena_used; }
+
+// Zeroes n floats of device memory (the op interface has no fill; a host zero block is copied over).
+static df_status zero_device(df_dflash_model *m, float *dst, int64_t n, df_error *err) {
+  if (m->dev == DF_DEV_CPU) {
+    memset(dst, 0, sizeof(float) * (size_t)n);
+    return DF_OK;
+  }
+  enum { CHUNK = 1 << 20 };
+  float *zeros = calloc(CHUNK, sizeof(float));
+  if (!zeros) return DF_FAIL(err, DF_ERR_NOMEM, "grads", NULL, "cannot allocate a zero block");
+  df_status st = DF_OK;
+  for (int64_t i = 0; i < n && st == DF_OK; i += CHUNK) {
+    const int64_t k = n - i < CHUNK ? n - i : CHUNK;
+    st = df_copy(m->ctx, dst + i, m->dev, zeros, DF_DEV_CPU, sizeof(float) * (size_t)k, err);
+  }
+  free(zeros);
+  return st;
+}
+
+void df_dflash_model_zero_grads(df_dflash_model *m) {
+  df_error err = {0};
+  if (zero_device(m, m->grads, m->numel, &err) != DF_OK) df_error_print(&err);
+}
+
+// ---- init and warm start -------------------------------------------------------------------------------
+
+// A host buffer shaped like the flat parameters: the weights themselves on the CPU, a staging copy otherwise.
+static df_status host_flat(df_dflash_model *m, float **out, df_error *err) {
+  *out = m->dev == DF_DEV_CPU ? m->weights : malloc(sizeof(float) * (size_t)m->numel);
+  if (!*out) return DF_FAIL(err, DF_ERR_NOMEM, "weights", NULL, "cannot stage %lld parameters", (long long)m->numel);
+  return DF_OK;
+}
+
+static df_status host_flat_commit(df_dflash_model *m, float *host, df_status st, df_error *err) {
+  if (host == m->weights) return st;
+  if (st == DF_OK) st = df_copy(m->ctx, m->weights, m->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)m->numel, err);
+  free(host);
+  return st;
+}
+
+// 2-D weights (linear, router, embedding) draw normals; norms are 1; biases and anything else 0.
+static void init_entry(const df_param *e, float *flat, df_rng *rng, double std) {
+  float *x = flat + e->offset;
+  const bool normal =
+      e->ndim == 2 && (e->role == DF_ROLE_WEIGHT || e->role == DF_ROLE_ROUTER || e->role == DF_ROLE_EMBED);
+  for (int64_t j = 0; j < e->numel; j++)
+    x[j] = normal ? (float)(std * df_rng_normal(rng)) : (e->role == DF_ROLE_NORM ? 1.0f : 0.0f);
+}
+
+df_status df_dflash_model_init(df_dflash_model *m, uint64_t seed, df_error *err) {
+  float *host;
+  DF_TRY(host_flat(m, &host, err));
+  memset(host, 0, sizeof(float) * (size_t)m->numel); // alignment padding stays 0
+  df_rng rng;
+  df_rng_init(&rng, seed, DF_RNG_STREAM_INIT);
+  for (int i = 0; i < df_params_count(m->params); i++)
+    init_entry(df_params_at(m->params, i), host, &rng, m->cfg->initializer_range);
+  return host_flat_commit(m, host, DF_OK, err);
+}
+
+df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *err) {
+  df_st_model *sm;
+  DF_TRY(df_st_model_open(path, &sm, err));
+  float *host;
+  df_status st = host_flat(m, &host, err);
+  if (st != DF_OK) {
+    df_st_model_close(sm);
+    return st;
+  }
+  // inv_freq is derived from the config, never a parameter (older HF checkpoints persisted it).
+  static const char *const ignore[] = {"rotary_emb.inv_freq"};
+  const df_load_options opt = {.ignore_suffixes = ignore, .n_ignore = 1};
+  st = df_params_load_strict(m->params, host, sm, &opt, NULL, err);
+  df_st_model_close(sm);
+  return host_flat_commit(m, host, st, err);
+}
+
+// ---- activation arena ----------------------------------------------------------------------------------
+
+// Hands out 64-byte aligned pieces of the arena; with base NULL it only measures.
+typedef struct {
+  char *base;
+  size_t off;
+} carver;
+
+static void *carve(carver *c, int64_t bytes) {
+  void *p = c->base ? c->base + c->off : NULL;
+  c->off += ((size_t)bytes + 63) & ~(size_t)63;
+  return p;
+}
+static float *carve_f(carver *c, int64_t n) { return carve(c, n * (int64_t)sizeof(float)); }
+
+static void layout_layer(carver *c, const dflash_layer *L, const dflash_dims *d, dflash_layer_acts *a) {
+  const int64_t T = d->T, KV = d->KV, H = d->H, qd = d->nH * d->hd, kvd = d->nKV * d->hd;
+  *a = (dflash_layer_acts){.x = carve_f(c, T * H),
+                           .rstd_in = carve_f(c, T),
+                           .q_raw = carve_f(c, T * qd),
+                           .q_rstd = carve_f(c, T * d->nH),
+                           .q = carve_f(c, T * qd),
+                           .k_raw = carve_f(c, KV * kvd),
+                           .k_rstd = carve_f(c, KV * d->nKV),
+                           .k = carve_f(c, KV * kvd),
+                           .v = carve_f(c, KV * kvd),
+                           .attn = carve_f(c, T * qd),
+                           .lse = carve_f(c, T * d->nH),
+                           .h_mid = carve_f(c, T * H),
+                           .y = carve_f(c, T * H),
+                           .rstd_post = carve_f(c, T),
+                           .ffn_saved = carve_f(c, L->ffn->vt->saved_elems(L->ffn, T))};
+}
+
+static void layout_scratch(carver *c, const df_dflash_model *m, const dflash_dims *d, dflash_scratch *s) {
+  const int64_t T = d->T, KV = d->KV, H = d->H, qd = d->nH * d->hd, kvd = d->nKV * d->hd;
+  int64_t ffn = 0;
+  for (int64_t i = 0; i < m->L; i++) {
+    const df_ffn *f = m->layers[i].ffn;
+    const int64_t n = f->vt->scratch_elems(f, T);
+    ffn = n > ffn ? n : ffn;
+  }
+  *s = (dflash_scratch){.dh = carve_f(c, T * H),
+                        .dtmp = carve_f(c, T * H),
+                        .dattn = carve_f(c, T * qd),
+                        .dq = carve_f(c, T * qd),
+                        .dk = carve_f(c, KV * kvd),
+                        .dk_raw = carve_f(c, KV * kvd),
+                        .dv = carve_f(c, KV * kvd),
+                        .dctx = carve_f(c, d->C * H),
+                        .ffn = carve_f(c, ffn)};
+}
+
+static void layout(carver *c, df_dflash_model *m, const dflash_dims *d) {
+  const int64_t T = d->T, C = d->C, H = d->H;
+  m->th = carve_f(c, C * m->K * H);
+  m->fc_out = carve_f(c, C * H);
+  m->ctx_h = carve_f(c, C * H);
+  m->ctx_rstd = carve_f(c, C);
+  m->dfc = carve_f(c, C * H);
+  for (int64_t i = 0; i <= m->L; i++) m->h[i] = carve_f(c, T * H);
+  m->out = carve_f(c, T * H);
+  m->out_rstd = carve_f(c, T);
+  m->pos_q = carve(c, T * (int64_t)sizeof(int32_t));
+  m->pos_kv = carve(c, d->KV * (int64_t)sizeof(int32_t));
+  m->anchors = carve(c, d->B * d->N * (int64_t)sizeof(int32_t));
+  m->keep = carve(c, d->B * d->N);
+  for (int64_t i = 0; i < m->L; i++) layout_layer(c, &m->layers[i], d, &m->acts[i]);
+  layout_scratch(c, m, d, &m->scr);
+}
+
+// Lays the arena out for d, reallocating only when the new layout does not fit.
+static df_status ensure_arena(df_dflash_model *m, const dflash_dims *d, df_error *err) {
+  carver measure = {0};
+  layout(&measure, m, d);
+  if (measure.off > m->arena_cap) {
+    df_buffer_free(m->ctx, m->arena);
+    m->arena = NULL;
+    m->arena_cap = 0;
+    DF_TRY(df_buffer_alloc(m->ctx, measure.off, &m->arena, err));
+    m->arena_cap = measure.off;
+  }
+  if (d->T + d->KV > m->host_pos_cap) {
+    free(m->host_pos);
+    m->host_pos = malloc(sizeof(int32_t) * (size_t)(d->T + d->KV));
+    m->host_pos_cap = m->host_pos ? d->T + d->KV : 0;
+    if (!m->host_pos) return DF_FAIL(err, DF_ERR_NOMEM, "positions", NULL, "cannot stage the position ids");
+  }
+  carver c = {.base = m->arena};
+  layout(&c, m, d);
+  m->arena_used = c.off;
+  m->dims = *d;
+  return DF_OK;
+}
+
+// ---- forward -------------------------------------------------------------------------------------------
+
+static df_status check_batch(const df_dflash_model *m, const df_dflash_batch *b, df_error *err) {
+  if (!b || !b->target_hidden || !b->block_embed || !b->anchors || !b->keep)
+    return DF_FAIL(err, DF_ERR_INVALID, "batch", "fill target_hidden, block_embed, anchors and keep",
+                   "incomplete DFlash batch");
+  if (b->B < 1 || b->S < 1 || b->N < 1)
+    return DF_FAIL(err, DF_ERR_INVALID, "batch", NULL, "batch sizes B=%lld S=%lld N=%lld must all be >= 1",
+                   (long long)b->B, (long long)b->S, (long long)b->N);
+  if (b->S + b->N * m->bs >= INT32_MAX)
+    return DF_FAIL(err, DF_ERR_INVALID, "batch.S", NULL, "context + block rows exceed int32 positions");
+  for (int64_t i = 0; i < b->B * b->N; i++) {
+    if (!b->keep[i] || (b->anchors[i] >= 0 && b->anchors[i] < b->S)) continue;
+    char where[64];
+    snprintf(where, sizeof where, "anchors[%lld,%lld]", (long long)(i / b->N), (long long)(i % b->N));
+    return DF_FAIL(err, DF_ERR_INVALID, where, "anchors of kept blocks index the context: 0 <= anchor < S",
+                   "anchor %d is outside [0, %lld)", b->anchors[i], (long long)b->S);
+  }
+  return DF_OK;
+}
+
+static dflash_dims make_dims(const df_dflash_model *m, const df_dflash_batch *b) {
+  const int64_t Q = b->N * m->bs;
+  return (dflash_dims){.B = b->B,
+                       .S = b->S,
+                       .N = b->N,
+                       .bs = m->bs,
+                       .Q = Q,
+                       .T = b->B * Q,
+                       .C = b->B * b->S,
+                       .KV = b->B * (b->S + Q),
+                       .H = m->H,
+                       .nH = m->nH,
+                       .nKV = m->nKV,
+                       .hd = m->hd};
+}
+
+// Block slot k of block n sits at anchor + k; context rows at 0..S−1. Padding blocks (whose anchors may be
+// anything) use anchor 0: they see nothing and are seen by nothing, so their positions never matter.
+static void fill_positions(const df_dflash_batch *b, const dflash_dims *d, int32_t *pos_q, int32_t *pos_kv) {
+  for (int64_t s = 0; s < d->B; s++)
+    for (int64_t n = 0; n < d->N; n++) {
+      const int64_t i = s * d->N + n;
+      const int32_t a = b->keep[i] ? b->anchors[i] : 0;
+      for (int64_t k = 0; k < d->bs; k++) pos_q[(s * d->N + n) * d->bs + k] = a + (int32_t)k;
+    }
+  for (int64_t s = 0; s < d->B; s++) {
+    int32_t *row = pos_kv + s * (d->S + d->Q);
+    for (int64_t j = 0; j < d->S; j++) row[j] = (int32_t)j;
+    memcpy(row + d->S, pos_q + s * d->Q, sizeof(int32_t) * (size_t)d->Q);
+  }
+}
+
+static df_status upload(df_dflash_model *m, void *dst, const void *src, int64_t bytes, df_error *err) {
+  return df_copy(m->ctx, dst, m->dev, src, DF_DEV_CPU, (size_t)bytes, err);
+}
+
+// The model keeps its own copy of the batch: the backward reads it again after the caller moved on.
+static df_status upload_batch(df_dflash_model *m, const df_dflash_batch *b, df_error *err) {
+  const dflash_dims *d = &m->dims;
+  const int64_t f = (int64_t)sizeof(float), i4 = (int64_t)sizeof(int32_t);
+  int32_t *pq = m->host_pos, *pkv = m->host_pos + d->T;
+  fill_positions(b, d, pq, pkv);
+  DF_TRY(upload(m, m->th, b->target_hidden, d->C * m->K * d->H * f, err));
+  DF_TRY(upload(m, m->h[0], b->block_embed, d->T * d->H * f, err));
+  DF_TRY(upload(m, m->anchors, b->anchors, d->B * d->N * i4, err));
+  DF_TRY(upload(m, m->keep, b->keep, d->B * d->N, err));
+  DF_TRY(upload(m, m->pos_q, pq, d->T * i4, err));
+  return upload(m, m->pos_kv, pkv, d->KV * i4, err);
+}
+
+static df_tensor mat(const float *p, df_device dev, int64_t rows, int64_t cols) {
+  return df_view((void *)p, DF_F32, dev, 2, (const int64_t[]){rows, cols});
+}
+static df_tensor row(const float *p, df_device dev, int64_t n) {
+  return df_view((void *)p, DF_F32, dev, 1, (const int64_t[]){n});
+}
+
+static dflash_shared shared_inputs(const df_dflash_model *m) {
+  return (dflash_shared){.ctx = m->ctx_h,
+                         .pos_q = m->pos_q,
+                         .pos_kv = m->pos_kv,
+                         .anchors = m->anchors,
+                         .keep = m->keep,
+                         .inv_freq = m->inv_freq,
+                         .mscale = m->mscale,
+                         .eps = m->eps,
+                         .dev = m->dev};
+}
+
+// ctx = hidden_norm(fc(target_hidden)), once for all layers.
+static df_status context_forward(df_dflash_model *m, df_error *err) {
+  const int64_t C = m->dims.C, H = m->H;
+  df_tensor th = mat(m->th, m->dev, C, m->K * H), fc = mat(m->fc_out, m->dev, C, H);
+  df_tensor ctx = mat(m->ctx_h, m->dev, C, H), r = row(m->ctx_rstd, m->dev, C);
+  DF_TRY(df_linear_forward(m->ctx, &th, &m->fc.w, NULL, &fc, err));
+  return df_rmsnorm_forward(m->ctx, &fc, &m->hidden_norm.w, m->eps, &ctx, &r, err);
+}
+
+df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *batch, const float **out_hidden,
+                                  df_error *err) {
+  if (out_hidden) *out_hidden = NULL;
+  m->have_forward = false;
+  DF_TRY(check_batch(m, batch, err));
+  const dflash_dims d = make_dims(m, batch);
+  DF_TRY(ensure_arena(m, &d, err));
+  DF_TRY(upload_batch(m, batch, err));
+  DF_TRY(context_forward(m, err));
+  const dflash_shared sh = shared_inputs(m);
+  for (int64_t i = 0; i < m->L; i++)
+    DF_TRY(dflash_layer_forward(m->ctx, &m->layers[i], &d, &sh, m->h[i], m->h[i + 1], &m->acts[i], &m->scr, err));
+  df_tensor hL = mat(m->h[m->L], m->dev, d.T, m->H), out = mat(m->out, m->dev, d.T, m->H);
+  df_tensor r = row(m->out_rstd, m->dev, d.T);
+  DF_TRY(df_rmsnorm_forward(m->ctx, &hL, &m->norm.w, m->eps, &out, &r, err));
+  m->have_forward = true;
+  if (out_hidden) *out_hidden = m->out;
+  return DF_OK;
+}
+
+// ---- backward ------------------------------------------------------------------------------------------
+
+// ∂ctx (summed over layers) → hidden_norm → fc.weight; target_hidden takes no gradient.
+static df_status context_backward(df_dflash_model *m, df_error *err) {
+  const int64_t C = m->dims.C, H = m->H;
+  df_tensor dctx = mat(m->scr.dctx, m->dev, C, H), fc = mat(m->fc_out, m->dev, C, H);
+  df_tensor dfc = mat(m->dfc, m->dev, C, H), r = row(m->ctx_rstd, m->dev, C);
+  df_tensor th = mat(m->th, m->dev, C, m->K * H);
+  DF_TRY(df_rmsnorm_backward(m->ctx, &dctx, &fc, &m->hidden_norm.w, &r, &dfc, false, &m->hidden_norm.g, err));
+  return df_linear_backward(m->ctx, &dfc, &th, &m->fc.w, NULL, false, &m->fc.g, NULL, err);
+}
+
+df_status df_dflash_model_backward(df_dflash_model *m, const float *d_hidden, df_error *err) {
+  if (!m->have_forward)
+    return DF_FAIL(err, DF_ERR_INVALID, "backward", "run df_dflash_model_forward first",
+                   "no forward to differentiate (none yet, or the last one failed)");
+  if (!d_hidden) return DF_FAIL(err, DF_ERR_INVALID, "d_hidden", NULL, "d_hidden is NULL");
+  const dflash_dims *d = &m->dims;
+  df_tensor dout = mat(d_hidden, m->dev, d->T, m->H), hL = mat(m->h[m->L], m->dev, d->T, m->H);
+  df_tensor dh = mat(m->scr.dh, m->dev, d->T, m->H), r = row(m->out_rstd, m->dev, d->T);
+  DF_TRY(df_rmsnorm_backward(m->ctx, &dout, &hL, &m->norm.w, &r, &dh, false, &m->norm.g, err));
+  const dflash_shared sh = shared_inputs(m);
+  for (int64_t i = m->L - 1; i >= 0; i--)
+    DF_TRY(dflash_layer_backward(m->ctx, &m->layers[i], d, &sh, m->h[i], &m->acts[i], &m->scr, i == m->L - 1, err));
+  // scr.dh now holds ∂/∂block_embed: the frozen target embedding takes no gradient.
+  return context_backward(m, err);
+}
