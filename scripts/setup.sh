@@ -11,7 +11,7 @@ packages=(
   libjansson-dev           # JSON: configs, safetensors headers
   libcriterion-dev         # the C test suite
   clang libomp-dev libclang-rt-14-dev  # libFuzzer targets (clang + its sanitizer runtimes)
-  python3 python3-numpy python3-h5py python3-pytest python3-torch  # tools/ and their tests
+  python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and their tests
 )
 
 missing=()

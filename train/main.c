@@ -4,12 +4,13 @@
 
 #include "kernels/ops.h"
 #include "train/commands.h"
+#include "train/step.h"
 
 static const char *usage = "usage: draftforge <command> [args]\n"
                            "\n"
                            "commands:\n"
                            "  train RECIPE.yaml   train a draft model from a recipe        (not implemented yet)\n"
-                           "  step RECIPE.yaml    one micro-step with a gradient dump      (not implemented yet)\n"
+                           "  step RECIPE.yaml --dump DIR  one micro-step with a gradient dump (see step --help)\n"
                            "  export CKPT OUT     write an HF directory SGLang serves       (not implemented yet)\n"
                            "  eval RECIPE.yaml    evaluate a checkpoint                    (not implemented yet)\n"
                            "  capture ...         capture target hidden states             (not implemented yet)\n"
@@ -34,7 +35,8 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return print_version();
   if (!strcmp(argv[1], "inspect")) return df_cmd_inspect(argc - 2, argv + 2);
-  static const char *planned[] = {"train", "step", "export", "eval", "capture"};
+  if (!strcmp(argv[1], "step")) return df_cmd_step(argc - 2, argv + 2);
+  static const char *planned[] = {"train", "export", "eval", "capture"};
   for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
     if (!strcmp(argv[1], planned[i])) {
       fprintf(stderr, "draftforge %s: not implemented yet\n", argv[1]);

@@ -1,0 +1,246 @@
+// Recipe YAML: defaults, path resolution, inert and default-only keys, and one test per class of bad recipe
+// (unknown key with line/column and the valid keys, wrong type, range, unsupported value, missing key, ...).
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tests/common/fixture.h"
+#include "train/recipe.h"
+#include "train/recipe_schema.h"
+
+#define HEAD                                                                                                           \
+  "model:\n"                                                                                                           \
+  "  target_model_path: /models/target\n"                                                                              \
+  "data:\n"                                                                                                            \
+  "  hidden_states_path: /data/hs\n"
+
+static df_status parse(const char *text, const df_recipe **out, df_error *err) {
+  return df_recipe_parse(text, strlen(text), "t.yaml", "/base", NULL, out, err);
+}
+
+// Parses text expecting failure with status st; returns the error.
+static df_error parse_fail(const char *text, df_status st) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  df_status got = parse(text, &r, &err);
+  cr_assert_eq(got, st, "expected %s, got %s: %s", df_status_name(st), df_status_name(got), err.msg);
+  cr_assert_null(r);
+  return err;
+}
+
+static const df_recipe *parse_ok(const char *text) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(parse(text, &r, &err), &err);
+  return r;
+}
+
+Test(recipe, minimal_takes_the_defaults) {
+  const df_recipe *r = parse_ok(HEAD "training:\n  strategy: dflash\n");
+  cr_expect_str_eq(r->model.target_model_path, "/models/target");
+  cr_expect_null(r->model.draft_model_config);
+  cr_expect_null(r->model.draft_checkpoint_path);
+  cr_expect_str_eq(r->model.embedding_key, "model.embed_tokens.weight");
+  cr_expect_str_eq(r->model.lm_head_key, "lm_head.weight");
+  cr_expect_not(r->model.has_mask_token_id);
+  cr_expect_eq(r->data.max_length, 2048);
+  cr_expect_eq(r->training.batch_size, 1);
+  cr_expect_eq(r->training.num_anchors, 512);
+  cr_expect_eq(r->training.loss_decay_gamma, 0.0);
+  cr_expect_eq(r->training.objective_chunk_blocks, 128);
+  cr_expect_eq(r->training.loss_type, DF_LOSS_DFLASH);
+  cr_expect_eq(r->training.dpace_alpha, 0.5);
+  cr_expect_eq(r->training.seed, 42);
+  cr_expect_str_eq(r->run_id, "specforge-run");
+  cr_expect_str_eq(r->output_dir, "./output"); // defaults are not taken from the recipe's directory
+  df_recipe_free(r);
+}
+
+Test(recipe, full_file_with_inert_and_default_keys) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_recipe_load(DF_FIXTURE_DIR "/recipes/good-full.yaml", NULL, &r, &err), &err);
+  cr_expect_str_eq(r->model.target_model_path, DF_FIXTURE_DIR "/recipes/../configs/tiny-target");
+  cr_expect_str_eq(r->model.draft_model_config, DF_FIXTURE_DIR "/recipes/../../../configs/tiny-dflash.json");
+  cr_expect_str_eq(r->data.hidden_states_path, "/data/hs"); // absolute: unchanged
+  cr_expect_str_eq(r->output_dir, DF_FIXTURE_DIR "/recipes/out");
+  cr_expect_str_eq(r->run_id, "tiny");
+  cr_expect(r->model.has_mask_token_id);
+  cr_expect_eq(r->model.mask_token_id, 7);
+  cr_expect_eq(r->data.max_length, 3072);
+  cr_expect_eq(r->training.batch_size, 4);
+  cr_expect_eq(r->training.num_anchors, 256);
+  cr_expect_eq(r->training.loss_decay_gamma, 7.0);
+  cr_expect_eq(r->training.objective_chunk_blocks, 0);
+  cr_expect_eq(r->training.loss_type, DF_LOSS_DPACE_CONTVALUE);
+  cr_expect_eq(r->training.dpace_alpha, 0.25);
+  cr_expect_eq(r->training.seed, 7);
+  df_recipe_free(r);
+}
+
+Test(recipe, null_gamma_and_yaml_forms) {
+  const df_recipe *r = parse_ok(HEAD "training:\n  strategy: \"dflash\"\n  loss_decay_gamma: ~\n  seed: 3.0\n"
+                                     "  dpace_alpha: 1\n  loss_type: 'dpace'\n"
+                                     "profiling: {enabled: off, start_step: 3}\n");
+  cr_expect_eq(r->training.loss_decay_gamma, 0.0);
+  cr_expect_eq(r->training.seed, 3);
+  cr_expect_eq(r->training.dpace_alpha, 1.0);
+  cr_expect_eq(r->training.loss_type, DF_LOSS_DPACE);
+  df_recipe_free(r);
+}
+
+Test(recipe, unknown_key_names_line_column_and_valid_keys) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  char logbuf[8192] = {0};
+  FILE *log = fmemopen(logbuf, sizeof logbuf - 1, "w");
+  df_recipe_options opt = {.log = log};
+  df_status st = df_recipe_load(DF_FIXTURE_DIR "/recipes/bad-unknown-key.yaml", &opt, &r, &err);
+  fclose(log);
+  cr_assert_eq(st, DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "training.num_anchor");
+  cr_expect(strstr(err.msg, "bad-unknown-key.yaml:7:3: unknown key 'num_anchor' in section 'training'"), "%s", err.msg);
+  cr_expect(strstr(err.hint, "did you mean 'num_anchors'?"), "%s", err.hint);
+  cr_expect(strstr(err.hint, "valid keys: strategy, batch_size, num_anchors"), "%s", err.hint);
+  cr_expect(strstr(err.hint, "more"), "%s", err.hint);
+  // the full list goes to the log
+  cr_expect(strstr(logbuf, "valid keys in section 'training'"), "%s", logbuf);
+  cr_expect(strstr(logbuf, "max_checkpoints"), "%s", logbuf);
+}
+
+Test(recipe, unknown_top_level_and_nested_keys) {
+  df_error e = parse_fail(HEAD "trainig:\n  strategy: dflash\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "t.yaml:5:1: unknown key 'trainig' in the top level"), "%s", e.msg);
+  cr_expect(strstr(e.hint, "did you mean 'training'?"), "%s", e.hint);
+  e = parse_fail(HEAD "training:\n  strategy: dflash\ndeployment:\n  trainer:\n    nodes: 1\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "deployment.trainer.nodes");
+  cr_expect(strstr(e.msg, "t.yaml:9:5:"), "%s", e.msg);
+  cr_expect(strstr(e.hint, "nnodes"), "%s", e.hint);
+}
+
+Test(recipe, wrong_type_names_key_and_line) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  cr_assert_eq(df_recipe_load(DF_FIXTURE_DIR "/recipes/bad-wrong-type.yaml", NULL, &r, &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "training.batch_size");
+  cr_expect(strstr(err.msg, "bad-wrong-type.yaml:7:15: training.batch_size: expected an integer, got a string 'four'"),
+            "%s", err.msg);
+  df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  num_anchors: \"64\"\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "expected an integer, got a string '64'"), "%s", e.msg);
+  cr_expect(strstr(e.hint, "without quotes"), "%s", e.hint);
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  num_anchors: 1.5\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "training.num_anchors: expected an integer"), "%s", e.msg);
+  e = parse_fail(HEAD "run_id: 2024\ntraining:\n  strategy: dflash\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "run_id: expected a string, got an integer '2024'"), "%s", e.msg);
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  seed: [1, 2]\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "training.seed: expected integer, got a list"), "%s", e.msg);
+  e = parse_fail(HEAD "training: 3\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "training: expected a mapping"), "%s", e.msg);
+  e = parse_fail(HEAD "training:\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "training: expected a mapping, got null"), "%s", e.msg);
+  e = parse_fail(HEAD "training:\n  strategy: dflash\nprofiling:\n  enabled: 1\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "profiling.enabled: expected true or false"), "%s", e.msg);
+}
+
+Test(recipe, out_of_range_and_bad_choice) {
+  df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  dpace_alpha: 1.5\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "t.yaml:7:16: training.dpace_alpha: 1.5 is out of range (must be >= 0 and <= 1)"), "%s",
+            e.msg);
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  num_anchors: 0\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "0 is out of range (must be > 0)"), "%s", e.msg);
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  objective_chunk_blocks: -1\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.objective_chunk_blocks");
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  loss_type: dpace_p\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "'dpace_p' is not a valid choice"), "%s", e.msg);
+  cr_expect(strstr(e.hint, "dpace-cumulative-confidence-only"), "%s", e.hint);
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  loss_decay_gamma: -1\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.loss_decay_gamma");
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  learning_rate: .inf\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "not finite"), "%s", e.msg);
+}
+
+Test(recipe, unsupported_non_default_value) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  cr_assert_eq(df_recipe_load(DF_FIXTURE_DIR "/recipes/bad-unsupported.yaml", NULL, &r, &err), DF_ERR_UNSUPPORTED);
+  cr_expect_str_eq(err.where, "training.learning_rate");
+  cr_expect(strstr(err.msg, "bad-unsupported.yaml:7:18: training.learning_rate = 0.0006 is not supported"), "%s",
+            err.msg);
+  cr_expect(strstr(err.hint, "default (1e-4)"), "%s", err.hint);
+  // the same key at its default is accepted, as are inert keys with any valid value
+  df_recipe_free(parse_ok(HEAD "training:\n  strategy: dflash\n  learning_rate: 0.0001\n  dist_timeout: 99\n"
+                               "  attention_backend: sdpa\n"));
+  df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  attention_backend: usp\n", DF_ERR_UNSUPPORTED);
+  cr_expect_str_eq(e.where, "training.attention_backend");
+  e = parse_fail(HEAD "training:\n  strategy: dspark\n", DF_ERR_UNSUPPORTED);
+  cr_expect_str_eq(e.where, "training.strategy");
+  e = parse_fail(HEAD "deployment:\n  disaggregated:\n    control_dir: /x\ntraining:\n  strategy: dflash\n",
+                 DF_ERR_UNSUPPORTED);
+  cr_expect_str_eq(e.where, "deployment.disaggregated");
+  e = parse_fail("model:\n  target_model_path: /t\n  aux_hidden_state_layer_ids: [1, 2]\ndata:\n  hidden_states_path: "
+                 "/d\ntraining:\n  strategy: dflash\n",
+                 DF_ERR_UNSUPPORTED);
+  cr_expect_str_eq(e.where, "model.aux_hidden_state_layer_ids");
+}
+
+Test(recipe, default_strategy_is_not_implemented) {
+  df_error e = parse_fail(HEAD, DF_ERR_UNSUPPORTED);
+  cr_expect_str_eq(e.where, "training.strategy");
+  cr_expect(strstr(e.msg, "defaults to 'eagle3'"), "%s", e.msg);
+}
+
+Test(recipe, missing_required_key) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  cr_assert_eq(df_recipe_load(DF_FIXTURE_DIR "/recipes/bad-missing-required.yaml", NULL, &r, &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "model.target_model_path");
+  cr_expect(strstr(err.msg, "missing required key model.target_model_path"), "%s", err.msg);
+  df_error e = parse_fail("model:\n  target_model_path: /t\ntraining:\n  strategy: dflash\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "data");
+}
+
+Test(recipe, duplicate_key_and_syntax_errors) {
+  df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  seed: 1\n  seed: 2\n", DF_ERR_INVALID);
+  cr_expect(strstr(e.msg, "t.yaml:8:3: duplicate key 'seed' (first at line 7)"), "%s", e.msg);
+  e = parse_fail(HEAD "training:\n  strategy: [dflash\n", DF_ERR_FORMAT);
+  cr_expect(strstr(e.msg, "t.yaml:"), "%s", e.msg);
+  cr_expect(strstr(e.msg, "YAML error"), "%s", e.msg);
+  e = parse_fail("", DF_ERR_FORMAT);
+  cr_expect(strstr(e.msg, "empty recipe"), "%s", e.msg);
+  e = parse_fail("- a\n- b\n", DF_ERR_FORMAT);
+  cr_expect(strstr(e.msg, "not a mapping"), "%s", e.msg);
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n---\nmodel: {}\n", DF_ERR_FORMAT);
+  cr_expect(strstr(e.msg, "more than one YAML document"), "%s", e.msg);
+}
+
+Test(recipe, file_errors) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  cr_expect_eq(df_recipe_load("/nonexistent/recipe.yaml", NULL, &r, &err), DF_ERR_IO);
+  cr_expect_str_eq(err.where, "/nonexistent/recipe.yaml");
+}
+
+Test(recipe, schema_table_is_consistent) {
+  const df_recipe_key *t = df_recipe_schema();
+  for (int i = 0; i < df_recipe_schema_count(); i++) {
+    // every row's section exists, defaults parse and pass their own checks, no duplicates
+    if (t[i].section[0]) {
+      char parent[128];
+      snprintf(parent, sizeof parent, "%s", t[i].section);
+      char *dot = strrchr(parent, '.');
+      const char *key = dot ? dot + 1 : parent;
+      if (dot) *dot = 0;
+      int p = df_recipe_schema_find(dot ? parent : "", key);
+      cr_expect(p >= 0 && t[p].type == DF_RT_SECTION, "%s.%s: no parent section", t[i].section, t[i].key);
+    }
+    cr_expect_eq(df_recipe_schema_find(t[i].section, t[i].key), i, "duplicate row %s.%s", t[i].section, t[i].key);
+    cr_expect(t[i].support != DF_RS_DEFAULT_ONLY || t[i].note, "%s.%s: default-only without a note", t[i].section,
+              t[i].key);
+    cr_expect(t[i].type != DF_RT_ENUM || t[i].choices, "%s.%s: enum without choices", t[i].section, t[i].key);
+  }
+  char buf[32768] = {0};
+  FILE *fp = fmemopen(buf, sizeof buf - 1, "w");
+  df_recipe_print_schema(fp);
+  fclose(fp);
+  cr_expect(strstr(buf, "training.num_anchors"), "%s", buf);
+}

@@ -1,0 +1,273 @@
+// `draftforge step` against the PyTorch reference: every case directory under tests/fixtures/dflash_step/
+// (tools/reference/make_dflash_fixtures.py) runs through df_step_run; loss terms must agree to rel 1e-5 and
+// every gradient tensor to max|Δ| <= 1e-4·max|ref| + 1e-6, with the same set of names. Also the batch order
+// and anchors (expected/batch.json), and a smoke test of the CLI entry point.
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "modeling/safetensors.h"
+#include "tests/common/fixture.h"
+#include "train/recipe.h"
+#include "train/step.h"
+
+#define STEP_DIR DF_FIXTURE_DIR "/dflash_step"
+
+enum { MAX_CASES = 64 };
+
+static bool is_file(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// Case directories: subdirectories holding recipe.yaml, sorted. Returns -1 when the folder does not exist.
+static int list_cases(char **names, int cap) {
+  DIR *d = opendir(STEP_DIR);
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  char p[1024];
+  while ((e = readdir(d)) && n < cap) {
+    snprintf(p, sizeof p, "%s/%s/recipe.yaml", STEP_DIR, e->d_name);
+    if (e->d_name[0] != '.' && is_file(p)) names[n++] = strdup(e->d_name);
+  }
+  closedir(d);
+  qsort(names, (size_t)n, sizeof *names, cmp_str);
+  return n;
+}
+
+static void tmpdir_make(char *buf, size_t n) {
+  snprintf(buf, n, "/tmp/df_step_test_XXXXXX");
+  cr_assert_not_null(mkdtemp(buf), "mkdtemp");
+}
+
+static void tmpdir_remove(const char *dir) {
+  const char *files[] = {"grads.safetensors", "step.json"};
+  char p[1024];
+  for (size_t i = 0; i < 2; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+    remove(p);
+  }
+  rmdir(dir);
+}
+
+// ---- loss terms ------------------------------------------------------------------------------------------------
+
+static double rel_err(double got, double want) { return fabs(got - want) / fmax(fabs(want), 1e-30); }
+
+static bool expect_terms(const char *name, const df_step_result *r) {
+  char p[1024];
+  snprintf(p, sizeof p, "%s/%s/expected/step.json", STEP_DIR, name);
+  json_error_t je;
+  json_t *want = json_load_file(p, 0, &je);
+  cr_assert_not_null(want, "%s: %s", p, je.text);
+  const char *keys[] = {"loss_num", "loss_den", "loss", "acc_num", "acc_den"};
+  const double got[] = {r->loss_num, r->loss_den, r->loss, r->acc_num, r->acc_den};
+  bool ok = true;
+  for (int i = 0; i < 5; i++) {
+    double w = json_number_value(json_object_get(want, keys[i]));
+    double e = rel_err(got[i], w);
+    cr_expect_leq(e, 1e-5, "%s: %s = %.10g, expected %.10g (rel err %.3g)", name, keys[i], got[i], w, e);
+    ok = ok && e <= 1e-5;
+  }
+  json_int_t nb = json_integer_value(json_object_get(want, "num_blocks"));
+  cr_expect_eq(r->num_blocks, nb, "%s: num_blocks %lld, expected %lld", name, (long long)r->num_blocks, (long long)nb);
+  fprintf(stderr, "  %-22s loss %.9f (ref %.9f, rel %.1e)  acc %.0f/%.0f  blocks %lld\n", name, r->loss,
+          json_number_value(json_object_get(want, "loss")),
+          rel_err(r->loss, json_number_value(json_object_get(want, "loss"))), r->acc_num, r->acc_den,
+          (long long)r->num_blocks);
+  json_decref(want);
+  return ok && r->num_blocks == nb;
+}
+
+// ---- gradients -------------------------------------------------------------------------------------------------
+
+static float *read_all(const df_st_file *f, const df_st_tensor *t) {
+  float *x = malloc((size_t)t->numel * sizeof *x + 4);
+  df_error err = {0};
+  DF_ASSERT_OK(df_st_read_f32(f, t, x, t->numel, &err), &err);
+  return x;
+}
+
+// Compares one tensor; returns its max|Δ| / (1e-4·max|ref| + 1e-6) (<= 1 passes).
+static double compare_tensor(const char *cname, const df_st_file *gf, const df_st_tensor *g, const df_st_file *wf,
+                             const df_st_tensor *w) {
+  char sa[64], sb[64];
+  cr_expect_str_eq(df_st_shape_str(g, sa, sizeof sa), df_st_shape_str(w, sb, sizeof sb), "%s: %s shape", cname,
+                   w->name);
+  if (g->numel != w->numel) return INFINITY;
+  cr_expect_eq(g->dtype, DF_ST_F32, "%s: %s is not F32", cname, g->name);
+  float *x = read_all(gf, g), *y = read_all(wf, w);
+  double maxd = 0, maxr = 0;
+  for (int64_t i = 0; i < w->numel; i++) {
+    maxd = fmax(maxd, fabs((double)x[i] - y[i]));
+    maxr = fmax(maxr, fabs((double)y[i]));
+  }
+  free(x), free(y);
+  double ratio = maxd / (1e-4 * maxr + 1e-6);
+  cr_expect_leq(ratio, 1.0, "%s: %s max|Δ| %.3g > 1e-4·max|ref| (%.3g) + 1e-6", cname, w->name, maxd, maxr);
+  return isnan(ratio) ? INFINITY : ratio;
+}
+
+static bool expect_grads(const char *name, const char *dump) {
+  char p[1024], q[1024];
+  snprintf(p, sizeof p, "%s/%s/expected/grads.safetensors", STEP_DIR, name);
+  snprintf(q, sizeof q, "%s/grads.safetensors", dump);
+  df_st_file *wf = NULL, *gf = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_st_open(p, &wf, &err), &err);
+  DF_ASSERT_OK(df_st_open(q, &gf, &err), &err);
+  bool ok = df_st_count(gf) == df_st_count(wf);
+  cr_expect_eq(df_st_count(gf), df_st_count(wf), "%s: %d gradient tensors, expected %d", name, df_st_count(gf),
+               df_st_count(wf));
+  double worst = 0;
+  for (int i = 0; i < df_st_count(wf); i++) {
+    const df_st_tensor *w = df_st_at(wf, i), *g = df_st_find(gf, w->name);
+    cr_expect_not_null(g, "%s: gradient %s missing", name, w->name);
+    if (!g)
+      ok = false;
+    else
+      worst = fmax(worst, compare_tensor(name, gf, g, wf, w));
+  }
+  for (int i = 0; i < df_st_count(gf); i++) {
+    bool known = df_st_find(wf, df_st_at(gf, i)->name) != NULL;
+    cr_expect(known, "%s: extra gradient %s", name, df_st_at(gf, i)->name);
+    ok = ok && known;
+  }
+  fprintf(stderr, "  %-22s %d gradients, worst max|Δ| / (1e-4·max|ref| + 1e-6) = %.3g\n", name, df_st_count(wf), worst);
+  df_st_close(wf), df_st_close(gf);
+  return ok && worst <= 1.0;
+}
+
+// ---- batch order and anchors (expected/batch.json: contract §1–§2) ------------------------------------------------
+
+static void expect_batch(const char *name) {
+  char p[1024], r[1024];
+  snprintf(p, sizeof p, "%s/%s/expected/batch.json", STEP_DIR, name);
+  if (!is_file(p)) return;
+  snprintf(r, sizeof r, "%s/%s/recipe.yaml", STEP_DIR, name);
+  json_error_t je;
+  json_t *want = json_load_file(p, 0, &je);
+  cr_assert_not_null(want, "%s: %s", p, je.text);
+  const df_recipe *rc = NULL;
+  const df_draft_config *cfg = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_recipe_load(r, NULL, &rc, &err), &err);
+  DF_ASSERT_OK(df_draft_config_from_file(rc->model.draft_model_config, &cfg, &err), &err);
+  df_batch b;
+  DF_ASSERT_OK(df_batch_first(rc->data.hidden_states_path, rc->training.seed, rc->training.batch_size,
+                              rc->data.max_length, cfg, &b, &err),
+               &err);
+  df_dflash_sampler s;
+  df_dflash_sampler_init(&s, rc->training.seed);
+  df_dflash_anchors a;
+  DF_ASSERT_OK(df_dflash_sample_anchors(&s, b.loss_mask, b.B, b.S, rc->training.num_anchors, &a, &err), &err);
+  cr_expect_eq(b.S, json_integer_value(json_object_get(want, "S")), "%s: S", name);
+  cr_expect_eq(a.N, json_integer_value(json_object_get(want, "N")), "%s: N", name);
+  for (int64_t i = 0; i < b.B; i++) {
+    cr_expect_eq(b.index[i], json_integer_value(json_array_get(json_object_get(want, "sample_order"), (size_t)i)),
+                 "%s: sample %lld", name, (long long)i);
+    json_t *an = json_array_get(json_object_get(want, "anchors"), (size_t)i);
+    json_t *kp = json_array_get(json_object_get(want, "keep"), (size_t)i);
+    for (int64_t n = 0; n < a.N && n < (int64_t)json_array_size(an); n++) {
+      cr_expect_eq(a.anchors[i * a.N + n], json_integer_value(json_array_get(an, (size_t)n)), "%s: anchor %lld,%lld",
+                   name, (long long)i, (long long)n);
+      cr_expect_eq(a.keep[i * a.N + n], json_integer_value(json_array_get(kp, (size_t)n)), "%s: keep %lld,%lld", name,
+                   (long long)i, (long long)n);
+    }
+  }
+  df_dflash_anchors_free(&a);
+  df_batch_free(&b);
+  df_draft_config_free(cfg);
+  df_recipe_free(rc);
+  json_decref(want);
+}
+
+// ---- tests -------------------------------------------------------------------------------------------------------
+
+static void run_case(const char *name, int *passed) {
+  char recipe[1024], dump[64];
+  snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", STEP_DIR, name);
+  tmpdir_make(dump, sizeof dump);
+  df_step_result r;
+  df_error err = {0};
+  df_status st = df_step_run(recipe, dump, 2, &r, &err);
+  cr_expect_eq(st, DF_OK, "%s: %s [%s]", name, err.msg, err.where);
+  if (st == DF_OK) {
+    bool ok = expect_terms(name, &r);
+    ok = expect_grads(name, dump) && ok;
+    *passed += ok;
+    df_step_result_free(&r);
+  }
+  expect_batch(name);
+  tmpdir_remove(dump);
+}
+
+Test(step_parity, every_fixture_case, .timeout = 600) {
+  char *names[MAX_CASES];
+  int n = list_cases(names, MAX_CASES);
+  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_dflash_fixtures.py writes it)", STEP_DIR);
+  cr_assert_gt(n, 0, "no case directory (with recipe.yaml) under %s", STEP_DIR);
+  int passed = 0;
+  for (int i = 0; i < n; i++) run_case(names[i], &passed);
+  fprintf(stderr, "step parity: %d/%d cases pass\n", passed, n);
+  for (int i = 0; i < n; i++) free(names[i]);
+}
+
+// The CLI entry point: exit codes and the two files.
+Test(step_cli, smoke) {
+  char *names[MAX_CASES];
+  int n = list_cases(names, MAX_CASES);
+  if (n <= 0) cr_skip_test("no fixture case under %s yet", STEP_DIR);
+  char recipe[1024], dump[64], p[1024];
+  snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", STEP_DIR, names[0]);
+  tmpdir_make(dump, sizeof dump);
+  char *ok_argv[] = {recipe, "--dump", dump, "--threads", "1"};
+  cr_expect_eq(df_cmd_step(5, ok_argv), 0);
+  snprintf(p, sizeof p, "%s/grads.safetensors", dump);
+  cr_expect(is_file(p), "%s missing", p);
+  snprintf(p, sizeof p, "%s/step.json", dump);
+  cr_expect(is_file(p), "%s missing", p);
+  json_t *j = json_load_file(p, 0, NULL);
+  cr_expect_not_null(json_object_get(j, "per_position_acc"));
+  cr_expect_not_null(json_object_get(j, "mean_accept_len"));
+  json_decref(j);
+  tmpdir_remove(dump);
+  char *no_dump[] = {recipe};
+  cr_expect_eq(df_cmd_step(1, no_dump), 2);
+  char *bad_threads[] = {recipe, "--dump", dump, "--threads", "x"};
+  cr_expect_eq(df_cmd_step(5, bad_threads), 2);
+  char *missing[] = {"/nonexistent.yaml", "--dump", dump};
+  cr_expect_eq(df_cmd_step(3, missing), 1);
+  for (int i = 0; i < n; i++) free(names[i]);
+}
+
+// A model.mask_token_id outside the target vocabulary fails naming the key.
+Test(step_errors, mask_token_resolution) {
+  char *names[MAX_CASES];
+  int n = list_cases(names, MAX_CASES);
+  if (n <= 0) cr_skip_test("no fixture case under %s yet", STEP_DIR);
+  char path[1024];
+  snprintf(path, sizeof path, "/tmp/df_step_mask_%d.yaml", (int)getpid());
+  FILE *fp = fopen(path, "w");
+  fprintf(fp,
+          "model:\n  target_model_path: %s/target\n  draft_model_config: %s/tiny-dflash.json\n"
+          "  mask_token_id: 100000\ndata:\n  hidden_states_path: %s/data\ntraining:\n  strategy: dflash\n"
+          "  batch_size: 2\n",
+          STEP_DIR, STEP_DIR, STEP_DIR);
+  fclose(fp);
+  df_step_result r;
+  df_error err = {0};
+  cr_expect_eq(df_step_run(path, NULL, 1, &r, &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "model.mask_token_id");
+  remove(path);
+  for (int i = 0; i < n; i++) free(names[i]);
+}

@@ -1,0 +1,203 @@
+// SpecForge's run-config schema (specforge/config/schema.py; shared/reference/dflash-dspark.md §6.1) as one
+// table. Growing draftforge means flipping rows from DEFAULT_ONLY to USED (the trainer issue: optimizer,
+// schedule, checkpoints, eval, logging) and adding rows for new keys; the parser itself does not change.
+#include "train/recipe_schema.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#define K(sec, name, ty, ...)                                                                                          \
+  { .section = (sec), .key = (name), .type = (ty), __VA_ARGS__ }
+#define GT(x)      .has_lo = true, .lo_open = true, .lo = (x)
+#define GE(x)      .has_lo = true, .lo = (x)
+#define LE(x)      .has_hi = true, .hi = (x)
+#define USED       .support = DF_RS_USED
+#define INERT(why) .support = DF_RS_INERT, .note = (why)
+#define TODO(why)  .support = DF_RS_DEFAULT_ONLY, .note = (why)
+
+static const char *const STRATEGIES[] = {"eagle3", "dflash", "dspark", "domino", "peagle", NULL};
+static const char *const STRATEGIES_OK[] = {"dflash", NULL};
+static const char *const LOSS_TYPES[] = {"dflash", "dpace", "dpace-cumulative-confidence-only",
+                                         "dpace-continuation-value-only", NULL};
+static const char *const ATTENTION[] = {"eager", "sdpa", "flex_attention", "fa", "usp", NULL};
+static const char *const ATTENTION_OK[] = {"eager", "sdpa", "flex_attention", NULL};
+static const char *const FSDP[] = {"SHARD_GRAD_OP", "FULL_SHARD", "NO_SHARD", NULL};
+static const char *const LK_LOSS[] = {"lambda", "alpha", NULL};
+static const char *const ROLES[] = {"auto", "all", "producer", "consumer", NULL};
+static const char *const ROLES_OK[] = {"all", NULL};
+static const char *const SCHEDULERS[] = {"cosine", "constant", NULL};
+static const char *const BACKENDS[] = {"sglang", "hf", "custom", NULL};
+static const char *const DTYPES[] = {"bfloat16", "float16", "float32", NULL};
+static const char *const REPORT_TO[] = {"none", "wandb", "tensorboard", "swanlab", "mlflow", NULL};
+static const char *const DEPLOY_MODES[] = {"local_colocated", "disaggregated", NULL};
+
+#define OFFLINE    "offline runs never start the target or its SGLang engine"
+#define PREP       "applies when the data is prepared; offline runs read captured hidden states"
+#define TRAINER    "the trainer (draftforge train) is not implemented yet"
+#define ONLINE     "online capture is not supported yet"
+#define TRACK      "used only with tracking.report_to"
+#define DISAGG     "disaggregated deployment is not supported yet"
+#define OTHER_ALGO "another algorithm's knob; DFlash does not read it"
+#define ONE_PROC   "draftforge runs one process for now"
+
+static const df_recipe_key SCHEMA[] = {
+    // ---- top level
+    K("", "model", DF_RT_SECTION, .required = true, USED),
+    K("", "data", DF_RT_SECTION, .required = true, USED),
+    K("", "training", DF_RT_SECTION, USED),
+    K("", "tracking", DF_RT_SECTION, USED),
+    K("", "profiling", DF_RT_SECTION, USED),
+    K("", "runtime", DF_RT_SECTION, USED),
+    K("", "deployment", DF_RT_SECTION, USED),
+    K("", "run_id", DF_RT_STRING, .def = "specforge-run", USED),
+    K("", "output_dir", DF_RT_PATH, .def = "./output", USED),
+    // ---- model
+    K("model", "target_model_path", DF_RT_PATH, .required = true, USED),
+    K("model", "draft_model_config", DF_RT_PATH, .nullable = true, USED),
+    K("model", "draft_checkpoint_path", DF_RT_PATH, .nullable = true, USED),
+    K("model", "draft_num_hidden_layers", DF_RT_INT, .nullable = true, GT(0),
+      TODO("set num_hidden_layers in the draft config instead")),
+    K("model", "draft_block_size", DF_RT_INT, .nullable = true, GT(0),
+      TODO("set block_size in the draft config instead")),
+    K("model", "target_backend", DF_RT_ENUM, .def = "sglang", .choices = BACKENDS, INERT(OFFLINE)),
+    K("model", "shard_target_output", DF_RT_BOOL, .def = "false", TODO(ONLINE)),
+    K("model", "input_modality", DF_RT_STRING, .def = "text", TODO("only text drafts are supported")),
+    K("model", "trust_remote_code", DF_RT_BOOL, .def = "false", INERT("draftforge runs no model code")),
+    K("model", "use_liger_kernel", DF_RT_BOOL, .def = "false", INERT("draftforge always runs its fused chunked CE")),
+    K("model", "embedding_key", DF_RT_STRING, .def = "model.embed_tokens.weight", USED),
+    K("model", "lm_head_key", DF_RT_STRING, .def = "lm_head.weight", USED),
+    K("model", "vocab_mapping_path", DF_RT_STRING, .def = "", TODO("vocabulary mapping is EAGLE3-only")),
+    K("model", "load_target_embedding", DF_RT_BOOL, .def = "true",
+      INERT("DFlash drafts own no embedding; the target's is always used frozen")),
+    K("model", "aux_hidden_state_layer_ids", DF_RT_INT_LIST, .nullable = true,
+      TODO("set dflash_config.target_layer_ids in the draft config")),
+    K("model", "torch_dtype", DF_RT_ENUM, .def = "bfloat16", .choices = DTYPES,
+      TODO("the precision follows the backend (CPU fp32, CUDA bf16)")),
+    K("model", "cache_dir", DF_RT_STRING, .nullable = true, INERT("draftforge reads local directories only")),
+    K("model", "mask_token_id", DF_RT_INT, .nullable = true, GE(0), USED),
+    K("model", "tokenizer_pad_token_id", DF_RT_INT, .nullable = true, TODO("draftforge loads no tokenizer")),
+    K("model", "sglang_attention_backend", DF_RT_STRING, .def = "flashinfer", INERT(OFFLINE)),
+    K("model", "sglang_mem_fraction_static", DF_RT_FLOAT, .def = "0.4", GT(0), LE(1), INERT(OFFLINE)),
+    K("model", "sglang_context_length", DF_RT_INT, .nullable = true, GT(0), INERT(OFFLINE)),
+    K("model", "sglang_enable_nccl_nvls", DF_RT_BOOL, .def = "false", INERT(OFFLINE)),
+    K("model", "sglang_enable_symm_mem", DF_RT_BOOL, .def = "false", INERT(OFFLINE)),
+    K("model", "sglang_enable_torch_compile", DF_RT_BOOL, .def = "false", INERT(OFFLINE)),
+    K("model", "sglang_enable_dp_attention", DF_RT_BOOL, .def = "false", INERT(OFFLINE)),
+    K("model", "sglang_enable_dp_lm_head", DF_RT_BOOL, .def = "false", INERT(OFFLINE)),
+    K("model", "sglang_ep_size", DF_RT_INT, .def = "1", GT(0), INERT(OFFLINE)),
+    K("model", "sglang_max_running_requests", DF_RT_INT, .nullable = true, GT(0), INERT(OFFLINE)),
+    K("model", "sglang_max_total_tokens", DF_RT_INT, .nullable = true, GT(0), INERT(OFFLINE)),
+    // ---- data
+    K("data", "train_data_path", DF_RT_STRING, .def = "", TODO(ONLINE)),
+    K("data", "prompts_path", DF_RT_STRING, .def = "", TODO(ONLINE)),
+    K("data", "hidden_states_path", DF_RT_PATH, .required = true, USED),
+    K("data", "eval_data_path", DF_RT_STRING, .def = "", TODO("online evaluation is unsupported (as in SpecForge)")),
+    K("data", "eval_hidden_states_path", DF_RT_STRING, .def = "", TODO(TRAINER)),
+    K("data", "max_length", DF_RT_INT, .def = "2048", GT(0), USED),
+    K("data", "chat_template", DF_RT_STRING, .def = "llama3", INERT(PREP)),
+    K("data", "is_preformatted", DF_RT_BOOL, .def = "false", INERT(PREP)),
+    K("data", "train_only_last_turn", DF_RT_BOOL, .def = "false", INERT(PREP)),
+    K("data", "build_dataset_num_proc", DF_RT_INT, .def = "8", GT(0), INERT(PREP)),
+    K("data", "dataloader_num_workers", DF_RT_INT, .nullable = true, GE(0),
+      INERT("a loader thread count; the batches are the same")),
+    K("data", "cache_dir", DF_RT_STRING, .def = "./cache", INERT(PREP)),
+    K("data", "cache_key", DF_RT_STRING, .nullable = true, INERT(PREP)),
+    K("data", "max_prompts", DF_RT_INT, .nullable = true, GE(0), TODO(ONLINE)),
+    // ---- training
+    K("training", "strategy", DF_RT_ENUM, .def = "eagle3", .choices = STRATEGIES, .supported = STRATEGIES_OK, USED),
+    K("training", "num_epochs", DF_RT_INT, .def = "1", GT(0), TODO(TRAINER)),
+    K("training", "max_steps", DF_RT_INT, .nullable = true, GT(0), TODO(TRAINER)),
+    K("training", "total_steps", DF_RT_INT, .nullable = true, GT(0), TODO(TRAINER)),
+    K("training", "batch_size", DF_RT_INT, .def = "1", GT(0), USED),
+    K("training", "accumulation_steps", DF_RT_INT, .def = "1", GT(0), TODO(TRAINER)),
+    K("training", "fsdp_sharding", DF_RT_ENUM, .def = "SHARD_GRAD_OP", .choices = FSDP, INERT(ONE_PROC)),
+    K("training", "learning_rate", DF_RT_FLOAT, .def = "1e-4", GT(0), TODO(TRAINER)),
+    K("training", "lr_scheduler", DF_RT_ENUM, .def = "cosine", .choices = SCHEDULERS, TODO(TRAINER)),
+    K("training", "warmup_ratio", DF_RT_FLOAT, .def = "0.015", GE(0), LE(1), TODO(TRAINER)),
+    K("training", "max_grad_norm", DF_RT_FLOAT, .def = "0.5", GT(0), TODO(TRAINER)),
+    K("training", "optimizer_cpu_offload", DF_RT_BOOL, .def = "false", TODO(TRAINER)),
+    K("training", "ttt_length", DF_RT_INT, .def = "7", GT(0), INERT(OTHER_ALGO)),
+    K("training", "attention_backend", DF_RT_ENUM, .def = "flex_attention", .choices = ATTENTION,
+      .supported = ATTENTION_OK, INERT("eager, sdpa and flex_attention compute the same masked attention")),
+    K("training", "tp_size", DF_RT_INT, .def = "1", GT(0), TODO("trainer tensor parallelism is always 1")),
+    K("training", "sp_ulysses_size", DF_RT_INT, .def = "1", GT(0), TODO("sequence parallelism is EAGLE3-only")),
+    K("training", "sp_ring_size", DF_RT_INT, .def = "1", GT(0), TODO("sequence parallelism is EAGLE3-only")),
+    K("training", "dist_timeout", DF_RT_INT, .def = "10", GT(0), INERT(ONE_PROC)),
+    K("training", "lk_loss_type", DF_RT_ENUM, .nullable = true, .choices = LK_LOSS, TODO("the LK losses")),
+    K("training", "kl_scale", DF_RT_FLOAT, .def = "1.0", INERT("used only with training.lk_loss_type")),
+    K("training", "kl_decay", DF_RT_FLOAT, .def = "1.0", INERT("used only with training.lk_loss_type")),
+    K("training", "num_anchors", DF_RT_INT, .def = "512", GT(0), USED),
+    K("training", "loss_decay_gamma", DF_RT_FLOAT, .nullable = true, GE(0), USED),
+    K("training", "objective_chunk_blocks", DF_RT_INT, .def = "128", GE(0), USED),
+    K("training", "loss_type", DF_RT_ENUM, .def = "dflash", .choices = LOSS_TYPES, USED),
+    K("training", "dpace_alpha", DF_RT_FLOAT, .def = "0.5", GE(0), LE(1), USED),
+    K("training", "lambda_base_start", DF_RT_FLOAT, .def = "1.0", INERT(OTHER_ALGO)),
+    K("training", "lambda_base_decay_ratio", DF_RT_FLOAT, .def = "0.5", INERT(OTHER_ALGO)),
+    K("training", "dspark_ce_loss_alpha", DF_RT_FLOAT, .def = "0.1", INERT(OTHER_ALGO)),
+    K("training", "dspark_l1_loss_alpha", DF_RT_FLOAT, .def = "0.9", INERT(OTHER_ALGO)),
+    K("training", "dspark_confidence_head_alpha", DF_RT_FLOAT, .def = "1.0", INERT(OTHER_ALGO)),
+    K("training", "num_depths", DF_RT_INT, .def = "8", GT(0), INERT(OTHER_ALGO)),
+    K("training", "down_sample_ratio", DF_RT_FLOAT, .def = "0.8", GT(0), LE(1), INERT(OTHER_ALGO)),
+    K("training", "down_sample_ratio_min", DF_RT_FLOAT, .def = "0.2", GT(0), LE(1), INERT(OTHER_ALGO)),
+    K("training", "norm_before_residual", DF_RT_BOOL, .nullable = true, INERT(OTHER_ALGO)),
+    K("training", "save_interval", DF_RT_INT, .def = "0", GE(0), TODO(TRAINER)),
+    K("training", "eval_interval", DF_RT_INT, .def = "0", GE(0), TODO(TRAINER)),
+    K("training", "log_interval", DF_RT_INT, .def = "50", GT(0), TODO(TRAINER)),
+    K("training", "max_checkpoints", DF_RT_INT, .def = "0", GE(0), TODO(TRAINER)),
+    K("training", "compact_teacher", DF_RT_BOOL, .def = "false", INERT(OTHER_ALGO)),
+    K("training", "compact_teacher_chunk_size", DF_RT_INT, .nullable = true, GT(0), INERT(OTHER_ALGO)),
+    K("training", "resume_from", DF_RT_STRING, .nullable = true, TODO(TRAINER)),
+    K("training", "role", DF_RT_ENUM, .def = "all", .choices = ROLES, .supported = ROLES_OK, USED),
+    K("training", "seed", DF_RT_INT, .def = "42", GE(0), USED),
+    K("training", "prompt_seed", DF_RT_INT, .nullable = true, GE(0), INERT("online prompt sampling only")),
+    // ---- tracking
+    K("tracking", "report_to", DF_RT_ENUM, .def = "none", .choices = REPORT_TO, TODO("experiment trackers")),
+    K("tracking", "wandb_project", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "wandb_name", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "wandb_key", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "wandb_offline", DF_RT_BOOL, .def = "false", INERT(TRACK)),
+    K("tracking", "wandb_dir", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "swanlab_project", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "swanlab_name", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "swanlab_key", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "mlflow_tracking_uri", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "mlflow_experiment_name", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    K("tracking", "mlflow_run_name", DF_RT_STRING, .nullable = true, INERT(TRACK)),
+    // ---- profiling
+    K("profiling", "enabled", DF_RT_BOOL, .def = "false", TODO("the profiler")),
+    K("profiling", "start_step", DF_RT_INT, .def = "30", GE(0), INERT("used only with profiling.enabled")),
+    K("profiling", "num_steps", DF_RT_INT, .def = "4", GT(0), INERT("used only with profiling.enabled")),
+    K("profiling", "record_shapes", DF_RT_BOOL, .def = "false", INERT("used only with profiling.enabled")),
+    // ---- runtime (disaggregated producer bounds)
+    K("runtime", "producer_lease", DF_RT_INT, .def = "8", GT(0), INERT(DISAGG)),
+    K("runtime", "in_flight_high_watermark", DF_RT_INT, .def = "256", GT(0), INERT(DISAGG)),
+    K("runtime", "in_flight_low_watermark", DF_RT_INT, .def = "192", GE(0), INERT(DISAGG)),
+    K("runtime", "resident_high_watermark_bytes", DF_RT_INT, .nullable = true, GT(0), INERT(DISAGG)),
+    K("runtime", "resident_low_watermark_bytes", DF_RT_INT, .nullable = true, GE(0), INERT(DISAGG)),
+    K("runtime", "feature_store_max_resident_bytes", DF_RT_INT, .nullable = true, GT(0), INERT(DISAGG)),
+    // ---- deployment
+    K("deployment", "mode", DF_RT_ENUM, .def = "local_colocated", .choices = DEPLOY_MODES, TODO(DISAGG)),
+    K("deployment", "trainer", DF_RT_SECTION, USED),
+    K("deployment", "disaggregated", DF_RT_SECTION, .nullable = true, TODO(DISAGG)),
+    K("deployment.trainer", "nnodes", DF_RT_INT, .def = "1", GT(0), TODO(ONE_PROC)),
+    K("deployment.trainer", "nproc_per_node", DF_RT_INT, .def = "1", GT(0), TODO(ONE_PROC)),
+    K("deployment.trainer", "node_rank", DF_RT_INT, .nullable = true, GE(0), TODO(ONE_PROC)),
+    K("deployment.trainer", "master_addr", DF_RT_STRING, .nullable = true, INERT(ONE_PROC)),
+    K("deployment.trainer", "master_port", DF_RT_INT, .def = "29500", GT(0), LE(65535), INERT(ONE_PROC)),
+};
+
+const df_recipe_key *df_recipe_schema(void) { return SCHEMA; }
+
+int df_recipe_schema_count(void) { return (int)(sizeof SCHEMA / sizeof SCHEMA[0]); }
+
+int df_recipe_schema_find(const char *section, const char *key) {
+  for (int i = 0; i < df_recipe_schema_count(); i++)
+    if (!strcmp(SCHEMA[i].section, section) && !strcmp(SCHEMA[i].key, key)) return i;
+  return -1;
+}
+
+bool df_recipe_schema_is_section(const char *section) {
+  for (int i = 0; i < df_recipe_schema_count(); i++)
+    if (!strcmp(SCHEMA[i].section, section)) return true;
+  return false;
+}

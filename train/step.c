@@ -1,0 +1,278 @@
+// One DFlash micro-step from a recipe (docs/dflash-step.md): resources are loaded in the order the contract
+// reads them (recipe, configs, target pieces, model, batch), the step runs, and the dump is written.
+#include "train/step.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "modeling/strict_load.h"
+#include "modeling/target_config.h"
+#include "modeling/target_pieces.h"
+#include "train/recipe.h"
+
+// ---- the micro-step ------------------------------------------------------------------------------------------
+
+typedef struct {
+  df_dflash_anchors a;
+  df_dflash_blocks blk;
+  float *block_embed; // (B, N·bs, H)
+  float *dhidden;     // (B, N·bs, H)
+} micro_bufs;
+
+static void micro_free(micro_bufs *b) {
+  df_dflash_anchors_free(&b->a);
+  df_dflash_blocks_free(&b->blk);
+  free(b->block_embed), free(b->dhidden);
+}
+
+// Anchors, block rows and their frozen embeddings.
+static df_status micro_inputs(df_ctx *ctx, const df_draft_config *cfg, const df_step_frozen *fz, const df_batch *bt,
+                              df_dflash_sampler *s, const df_step_options *opt, micro_bufs *b, df_error *err) {
+  DF_TRY(df_dflash_sample_anchors(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, &b->a, err));
+  DF_TRY(df_dflash_build_blocks(bt->input_ids, bt->loss_mask, bt->S, &b->a, cfg->block_size, opt->mask_token_id,
+                                opt->loss_decay_gamma, &b->blk, err));
+  int64_t R = bt->B * b->a.N * cfg->block_size, H = fz->hidden;
+  b->block_embed = malloc((size_t)(R * H) * sizeof(float));
+  b->dhidden = malloc((size_t)(R * H) * sizeof(float));
+  if (!b->block_embed || !b->dhidden)
+    return DF_FAIL(err, DF_ERR_NOMEM, "block rows", "lower training.num_anchors or training.batch_size",
+                   "out of memory for %lld block rows of width %lld", (long long)R, (long long)H);
+  df_tensor table = df_f32((float *)fz->embed, fz->vocab, H), ids = df_i32(b->blk.input_ids, R);
+  df_tensor out = df_f32(b->block_embed, R, H);
+  return df_embedding_forward(ctx, &table, &ids, &out, err);
+}
+
+df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+                        const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
+                        df_dflash_metrics *out, df_error *err) {
+  memset(out, 0, sizeof *out);
+  micro_bufs b = {0};
+  df_status st = micro_inputs(ctx, cfg, frozen, batch, s, opt, &b, err);
+  const float *hidden = NULL;
+  if (st == DF_OK) {
+    df_dflash_batch mb = {batch->B, batch->S, b.a.N, batch->hidden, b.block_embed, b.a.anchors, b.a.keep};
+    st = df_dflash_model_forward(m, &mb, &hidden, err);
+  }
+  if (st == DF_OK) {
+    int64_t R = batch->B * b.a.N * cfg->block_size;
+    df_tensor h = df_f32((float *)hidden, R, frozen->hidden);
+    df_tensor head = df_f32((float *)frozen->lm_head, frozen->vocab, frozen->hidden);
+    st = df_dflash_objective(ctx, &opt->loss, &h, &head, &b.blk, &b.a, b.dhidden, out, err);
+  }
+  if (st == DF_OK) {
+    df_dflash_model_zero_grads(m);
+    st = df_dflash_model_backward(m, b.dhidden, err);
+  }
+  if (out_n) *out_n = b.a.N;
+  if (st != DF_OK) df_dflash_metrics_free(out);
+  micro_free(&b);
+  return st;
+}
+
+// ---- loading ---------------------------------------------------------------------------------------------------
+
+// Everything df_step_run owns, released in reverse order by run_free.
+typedef struct {
+  const df_recipe *recipe;
+  const df_target_config *target;
+  const df_draft_config *draft;
+  df_target_pieces pieces;
+  float *scaled_head; // lm_head / logits_mup_width_multiplier, when the target has one
+  df_ctx *ctx;
+  df_dflash_model *model;
+  df_batch batch;
+} step_run;
+
+static void run_free(step_run *r) {
+  df_batch_free(&r->batch);
+  df_dflash_model_free(r->model);
+  df_ctx_destroy(r->ctx);
+  free(r->scaled_head);
+  df_target_pieces_free(&r->pieces);
+  df_draft_config_free(r->draft);
+  df_target_config_free(r->target);
+  df_recipe_free(r->recipe);
+}
+
+// model.draft_model_config: a JSON file or a directory holding config.json (as SpecForge accepts).
+static df_status load_draft_config(const df_recipe *rc, const df_draft_config **out, df_error *err) {
+  const char *p = rc->model.draft_model_config;
+  if (!p)
+    return DF_FAIL(err, DF_ERR_INVALID, "model.draft_model_config", "point it at the draft's config.json",
+                   "%s: model.draft_model_config is required (draft configs are not derived from the target yet)",
+                   rc->path);
+  struct stat sb;
+  if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) return df_draft_config_from_file(p, out, err);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", p);
+  return df_draft_config_from_file(path, out, err);
+}
+
+static df_status load_pieces(step_run *r, df_error *err) {
+  const df_recipe *rc = r->recipe;
+  df_target_pieces_options o = {.embed_key = rc->model.embedding_key,
+                                .lm_head_key = rc->model.lm_head_key,
+                                .tied = r->target->tie_word_embeddings,
+                                .expect_vocab = r->target->vocab_size,
+                                .expect_hidden = r->target->hidden_size};
+  DF_TRY(df_target_pieces_load(rc->model.target_model_path, &o, &r->pieces, err));
+  if (!r->target->has_logits_mup) return DF_OK;
+  // SpecForge divides the frozen head by the target's logits_mup_width_multiplier (reference §1.6).
+  int64_t n = r->pieces.vocab * r->pieces.hidden;
+  r->scaled_head = malloc((size_t)n * sizeof(float));
+  if (!r->scaled_head) return DF_FAIL(err, DF_ERR_NOMEM, "lm_head", NULL, "out of memory for the scaled LM head");
+  float inv = (float)(1.0 / r->target->logits_mup_width_multiplier);
+  for (int64_t i = 0; i < n; i++) r->scaled_head[i] = r->pieces.lm_head[i] * inv;
+  return DF_OK;
+}
+
+// model.mask_token_id overrides dflash_config.mask_token_id; one of them must be set, below the vocabulary.
+static df_status resolve_mask_token(const step_run *r, int64_t *out, df_error *err) {
+  const df_recipe *rc = r->recipe;
+  int64_t id = rc->model.has_mask_token_id ? rc->model.mask_token_id : r->draft->dflash.mask_token_id;
+  if (id < 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "model.mask_token_id",
+                   "set model.mask_token_id in the recipe or dflash_config.mask_token_id in the draft config",
+                   "%s: no mask token id (neither the recipe nor %s sets one)", rc->path, r->draft->source);
+  if (id >= r->pieces.vocab)
+    return DF_FAIL(err, DF_ERR_INVALID, rc->model.has_mask_token_id ? "model.mask_token_id" : "dflash_config",
+                   "the mask token must be a row of the target embedding", "mask_token_id %lld >= vocabulary %lld",
+                   (long long)id, (long long)r->pieces.vocab);
+  *out = id;
+  return DF_OK;
+}
+
+static df_status load_model(step_run *r, int threads, df_error *err) {
+  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
+  DF_TRY(df_ctx_create(&co, &r->ctx, err));
+  DF_TRY(df_dflash_model_create(r->draft, r->ctx, &r->model, err));
+  const df_recipe *rc = r->recipe;
+  if (rc->model.draft_checkpoint_path) return df_dflash_model_load(r->model, rc->model.draft_checkpoint_path, err);
+  return df_dflash_model_init(r->model, rc->training.seed, err);
+}
+
+static df_status load_all(step_run *r, const char *recipe, int threads, df_error *err) {
+  df_recipe_options ro = {.log = stderr};
+  DF_TRY(df_recipe_load(recipe, &ro, &r->recipe, err));
+  const df_recipe *rc = r->recipe;
+  DF_TRY(df_target_config_from_dir(rc->model.target_model_path, &r->target, err));
+  DF_TRY(load_draft_config(rc, &r->draft, err));
+  DF_TRY(df_draft_config_check_target(r->draft, r->target, err));
+  DF_TRY(load_pieces(r, err));
+  DF_TRY(load_model(r, threads, err));
+  return df_batch_first(rc->data.hidden_states_path, rc->training.seed, rc->training.batch_size, rc->data.max_length,
+                        r->draft, &r->batch, err);
+}
+
+// ---- outputs ---------------------------------------------------------------------------------------------------
+
+static df_status make_dir(const char *dir, df_error *err) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s", dir);
+  for (char *c = p + 1; *c; c++) {
+    if (*c != '/') continue;
+    *c = 0;
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) break;
+    *c = '/';
+  }
+  if (mkdir(p, 0777) == 0 || errno == EEXIST) return DF_OK;
+  return DF_FAIL(err, DF_ERR_IO, dir, "check the --dump directory", "cannot create %s: %s", dir, strerror(errno));
+}
+
+static json_t *per_position_json(const df_dflash_metrics *m) {
+  json_t *arr = json_array();
+  for (int64_t k = 0; k < m->bs; k++)
+    json_array_append_new(arr, m->pos_acc_den[k] > 0 ? json_real(m->pos_acc_num[k] / m->pos_acc_den[k]) : json_null());
+  return arr;
+}
+
+static json_t *result_json(const df_step_result *r) {
+  json_t *o = json_object();
+  json_object_set_new(o, "loss_num", json_real(r->loss_num));
+  json_object_set_new(o, "loss_den", json_real(r->loss_den));
+  json_object_set_new(o, "loss", json_real(r->loss));
+  json_object_set_new(o, "acc_num", json_real(r->acc_num));
+  json_object_set_new(o, "acc_den", json_real(r->acc_den));
+  json_object_set_new(o, "num_blocks", json_integer(r->num_blocks));
+  json_object_set_new(o, "B", json_integer(r->B));
+  json_object_set_new(o, "S", json_integer(r->S));
+  json_object_set_new(o, "N", json_integer(r->N));
+  json_object_set_new(o, "block_size", json_integer(r->bs));
+  json_object_set_new(o, "mean_accept_len", json_real(r->mean_accept_len));
+  json_object_set_new(o, "per_position_acc", per_position_json(&r->metrics));
+  return o;
+}
+
+df_status df_step_write_json(const df_step_result *r, const char *dir, df_error *err) {
+  char path[4096], tmp[4200];
+  snprintf(path, sizeof path, "%s/step.json", dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  json_t *o = result_json(r);
+  FILE *fp = fopen(tmp, "w");
+  bool ok = fp && json_dumpf(o, fp, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) == 0 && fputc('\n', fp) != EOF;
+  ok = fp && fflush(fp) == 0 && fsync(fileno(fp)) == 0 && ok;
+  if (fp) ok = fclose(fp) == 0 && ok;
+  json_decref(o);
+  if (ok && rename(tmp, path) == 0) return DF_OK;
+  remove(tmp);
+  return DF_FAIL(err, DF_ERR_IO, path, "check the --dump directory", "cannot write %s: %s", path, strerror(errno));
+}
+
+static df_status write_dump(const step_run *run, const df_step_result *r, const char *dir, df_error *err) {
+  DF_TRY(make_dir(dir, err));
+  char path[4096];
+  snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+  df_save_options so = {.dtype = DF_ST_F32, .trainable_only = true};
+  DF_TRY(df_params_save(df_dflash_model_params(run->model), df_dflash_model_grads(run->model), path, &so, err));
+  return df_step_write_json(r, dir, err);
+}
+
+// ---- entry point -----------------------------------------------------------------------------------------------
+
+void df_step_result_free(df_step_result *r) {
+  if (r) df_dflash_metrics_free(&r->metrics);
+}
+
+static df_step_options step_options(const df_recipe *rc, int64_t mask_id) {
+  return (df_step_options){.num_anchors = rc->training.num_anchors,
+                           .loss_decay_gamma = rc->training.loss_decay_gamma,
+                           .mask_token_id = mask_id,
+                           .loss = {.type = rc->training.loss_type,
+                                    .dpace_alpha = rc->training.dpace_alpha,
+                                    .chunk_blocks = rc->training.objective_chunk_blocks}};
+}
+
+static void fill_result(const df_batch *bt, int64_t N, df_step_result *r) {
+  const df_dflash_metrics *m = &r->metrics;
+  r->loss_num = m->loss_num, r->loss_den = m->loss_den;
+  r->loss = m->loss_den > 0 ? m->loss_num / m->loss_den : 0.0;
+  r->acc_num = m->acc_num, r->acc_den = m->acc_den;
+  r->num_blocks = m->num_blocks;
+  r->B = bt->B, r->S = bt->S, r->N = N, r->bs = m->bs;
+  r->mean_accept_len = m->num_blocks > 0 ? m->accept_len_sum / (double)m->num_blocks : 0.0;
+}
+
+df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_step_result *out, df_error *err) {
+  memset(out, 0, sizeof *out);
+  step_run r = {0};
+  df_status st = load_all(&r, recipe, threads, err);
+  int64_t mask_id = -1, N = 0;
+  if (st == DF_OK) st = resolve_mask_token(&r, &mask_id, err);
+  if (st == DF_OK) {
+    df_step_frozen fz = {r.pieces.embed, r.scaled_head ? r.scaled_head : r.pieces.lm_head, r.pieces.vocab,
+                         r.pieces.hidden};
+    df_dflash_sampler s;
+    df_dflash_sampler_init(&s, r.recipe->training.seed);
+    df_step_options opt = step_options(r.recipe, mask_id);
+    st = df_step_micro(r.ctx, r.model, r.draft, &fz, &r.batch, &s, &opt, &N, &out->metrics, err);
+  }
+  if (st == DF_OK) fill_result(&r.batch, N, out);
+  if (st == DF_OK && dump_dir) st = write_dump(&r, out, dump_dir, err);
+  if (st != DF_OK) df_step_result_free(out);
+  run_free(&r);
+  return st;
+}
