@@ -240,16 +240,18 @@ static df_status objective_dflash(df_ctx *ctx, const df_dflash_loss_options *opt
 }
 
 // D-PACE: CE forward-only, detached weights per block, then (for the gradient) a second pass with row weights
-// w·weight and grad_scale 1/B. loss_num = Σ CE·w·weight, loss_den = B.
+// binary·weight and grad_scale 1/B. loss_num = Σ CE·binary·weight, loss_den = B.
 static df_status objective_dpace(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
                                  const df_tensor *head, const df_dflash_blocks *blk, objective_scratch *s,
                                  float *dhidden, df_dflash_metrics *out, df_error *err) {
   int64_t R = blk->B * blk->N * blk->bs;
   DF_TRY(lmhead_pass(ctx, opt, hidden, head, blk, NULL, 1.0f, s, NULL, err));
-  DF_TRY(df_dpace_weights(opt->type, opt->dpace_alpha, s->ce, blk->weights, blk->B * blk->N, blk->bs, s->dpace, err));
+  // As in SpecForge, D-PACE weighs slots by the binary weight: loss_decay_gamma does not apply to it.
+  for (int64_t r = 0; r < R; r++) s->row_w[r] = blk->binary[r];
+  DF_TRY(df_dpace_weights(opt->type, opt->dpace_alpha, s->ce, s->row_w, blk->B * blk->N, blk->bs, s->dpace, err));
   for (int64_t r = 0; r < R; r++) {
-    s->row_w[r] = blk->weights[r] * s->dpace[r];
-    out->loss_num += (double)s->ce[r] * blk->weights[r] * s->dpace[r];
+    out->loss_num += (double)s->ce[r] * s->row_w[r] * s->dpace[r];
+    s->row_w[r] *= s->dpace[r];
   }
   out->loss_den = (double)blk->B;
   if (!dhidden) return DF_OK;

@@ -313,9 +313,8 @@ def chunk_terms(hidden: torch.Tensor, labels: torch.Tensor, binary: torch.Tensor
     if loss_type == "dflash":
         num = (ce * weight).sum()
     else:
-        # weight is w of the contract (binary * decay); SpecForge's D-PACE ignores loss_decay_gamma and uses the
-        # binary weight, so the two agree only without gamma (the fixtures' D-PACE cases set none).
-        num = (ce * weight * dpace_weights(ce.detach(), weight, alpha, loss_type)).sum()
+        # SpecForge's D-PACE weighs slots by the binary weight: loss_decay_gamma does not apply to it.
+        num = (ce * binary * dpace_weights(ce.detach(), binary, alpha, loss_type)).sum()
     with torch.no_grad():
         acc = ((logits.argmax(dim=-1) == labels) & (binary > 0.5)).sum().to(hidden.dtype)
     return num, acc
