@@ -157,6 +157,46 @@ df_status df_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tenso
                                  df_tensor *dx, df_error *err);
 
 // ---------------------------------------------------------------------------------------------
+// Fused DSpark objective over the LM head: CE, softmax-L1 against a teacher and the confidence BCE in one
+// chunked pass, the lmhead_ce row tiling with two logit sets per tile (draft and teacher), so no [R, V]
+// tensor exists whole. Per live row r (labels[r] >= 0; every output of any other row is 0):
+//   z = hidden_r · headᵀ (+ u_r · w2ᵀ with a Markov latent)   p = softmax(z)   (draft)
+//   t = teacher_r · headᵀ                                      q = softmax(t)   (teacher, no gradient)
+//   ce[r] = −log p[label];  correct[r] = argmax z == label;  draft_top1[r] = max p
+//   l1[r] = Σ_v |p_v − q_v|;  agree[r] = argmax z == argmax t;  teacher_top1[r] = max q
+//   bce[r] = BCEWithLogits(conf[r], y), y = clamp(1 − l1/2, 0, 1) detached
+// (argmax: first maximum wins). With gradients, of L = grad_scale · Σ_r w_r (α_ce ce + α_l1 l1 + α_conf bce):
+//   dhidden [R, H] and du [R, r] are written, dw2 [V, r] is added to, dconf [R] is written.
+// L1, agree, teacher_top1 need the teacher; bce needs the teacher and conf.
+typedef struct {
+  int64_t chunk_rows; // 0: all rows in one chunk
+  float grad_scale;   // e.g. 1/Σw
+  float alpha_ce, alpha_l1, alpha_conf;
+} df_lmhead_dspark_desc;
+
+typedef struct {
+  const df_tensor *hidden;    // [R, H] draft hidden rows
+  const df_tensor *head;      // [V, H] frozen LM head
+  const df_tensor *markov_u;  // [R, r] Markov latent (the bias is u · w2ᵀ), or NULL: no Markov bias
+  const df_tensor *markov_w2; // [V, r], with markov_u
+  const df_tensor *teacher;   // [R, H] teacher hidden rows, or NULL: CE only
+  const df_tensor *labels;    // [R] i32, < 0: row skipped
+  const df_tensor *weights;   // [R] f32, or NULL (all 1)
+  const df_tensor *conf;      // [R] confidence logits, or NULL
+} df_lmhead_dspark_in;
+
+typedef struct {
+  df_tensor *ce, *correct;                         // [R] f32, u8 (required)
+  df_tensor *draft_top1;                           // [R] f32 or NULL
+  df_tensor *l1, *agree, *teacher_top1;            // [R] f32, u8, f32 or NULL (need the teacher)
+  df_tensor *bce;                                  // [R] f32 or NULL (needs conf)
+  df_tensor *dhidden, *du, *dw2, *dconf;           // dhidden NULL: forward only; du, dw2 with markov_u; dconf
+} df_lmhead_dspark_out;                            // with conf
+
+df_status df_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,
+                           const df_lmhead_dspark_out *out, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
 // Optimizer over flat fp32 buffers (the parameter table keeps params, grads, m, v contiguous).
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay;

@@ -10,6 +10,7 @@
 
 #include "base/rng.h"
 #include "modeling/dflash_layer.h"
+#include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
 
 struct df_dflash_model {
@@ -25,6 +26,7 @@ struct df_dflash_model {
   dflash_layer *layers;               // [L]
   float *inv_freq;                    // (hd/2) on dev
   float mscale;
+  df_dspark_heads *dspark; // DSpark drafts: the Markov/confidence heads (parameters after norm)
 
   // Activation arena, laid out for dims.
   void *arena;
@@ -68,6 +70,7 @@ static df_status build_table(df_dflash_model *m, df_error *err) {
   DF_TRY(add_top(m->params, "hidden_norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
   for (int64_t i = 0; i < m->L; i++) DF_TRY(dflash_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
   DF_TRY(add_top(m->params, "norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
+  DF_TRY(df_dspark_heads_add_params(m->cfg, m->params, err)); // nothing for a DFlash draft
   return df_params_finalize(m->params, err);
 }
 
@@ -115,6 +118,8 @@ static df_status alloc_state(df_dflash_model *m, df_error *err) {
   DF_TRY(bind_top(m, "norm.weight", &m->norm, err));
   for (int64_t i = 0; i < m->L; i++)
     DF_TRY(dflash_layer_bind(&m->layers[i], m->params, m->weights, m->grads, m->dev, err));
+  if (m->cfg->kind == DF_DRAFT_DSPARK)
+    DF_TRY(df_dspark_heads_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->dspark, err));
   return DF_OK;
 }
 
@@ -158,6 +163,7 @@ df_status df_dflash_model_create(const df_draft_config *cfg, df_ctx *ctx, df_dfl
 void df_dflash_model_free(df_dflash_model *m) {
   if (!m) return;
   for (int64_t i = 0; m->layers && i < m->L; i++) dflash_layer_free(&m->layers[i]);
+  df_dspark_heads_free(m->dspark);
   df_buffer_free(m->ctx, m->weights);
   df_buffer_free(m->ctx, m->grads);
   df_buffer_free(m->ctx, m->inv_freq);
@@ -174,6 +180,7 @@ const df_params *df_dflash_model_params(const df_dflash_model *m) { return m->pa
 float *df_dflash_model_weights(df_dflash_model *m) { return m->weights; }
 float *df_dflash_model_grads(df_dflash_model *m) { return m->grads; }
 int64_t df_dflash_model_activation_bytes(const df_dflash_model *m) { return (int64_t)m->arena_used; }
+df_dspark_heads *df_dflash_model_dspark_heads(df_dflash_model *m) { return m->dspark; }
 
 // Zeroes n floats of device memory (the op interface has no fill; a host zero block is copied over).
 static df_status zero_device(df_dflash_model *m, float *dst, int64_t n, df_error *err) {
@@ -245,7 +252,8 @@ df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *e
   }
   // inv_freq is derived from the config, never a parameter (older HF checkpoints persisted it).
   static const char *const ignore[] = {"rotary_emb.inv_freq"};
-  const df_load_options opt = {.ignore_suffixes = ignore, .n_ignore = 1};
+  df_load_options opt = {.ignore_suffixes = ignore, .n_ignore = 1};
+  if (m->dspark) opt.renames = df_dspark_heads_legacy_renames(&opt.n_renames); // logit_head.* (SpecForge)
   st = df_params_load_strict(m->params, host, sm, &opt, NULL, err);
   df_st_model_close(sm);
   return host_flat_commit(m, host, st, err);

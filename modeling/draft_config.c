@@ -42,9 +42,11 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
     cfg->kind = DF_DRAFT_DSPARK;
     return DF_OK;
   }
+  // An MoE draft trains as its dense class plus moe_preset; the *Moe* names are serving classes.
   if (strstr(name, "Moe") || strstr(name, "MoE"))
-    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "architectures[0]", hint,
-                      "%.64s: MoE drafts are not supported by this build yet", name);
+    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "architectures[0]",
+                      "train an MoE draft as [\"DFlashDraftModel\"] or [\"DSparkDraftModel\"] with \"moe_preset\"",
+                      "%.64s is a serving class, not a training architecture", name);
   if (!strcmp(name, "DominoDraftModel"))
     return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "architectures[0]", hint, "Domino drafts are not supported by this build");
   return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "architectures[0]", hint, "unknown draft architecture \"%.64s\"", name);
@@ -180,14 +182,14 @@ static df_status parse_layers(const df_cj *c, const json_t *root, df_draft_confi
 static df_status build(df_cj *c, json_t *root, df_draft_config_owned *o) {
   df_draft_config *cfg = &o->pub;
   cfg->json = root;
-  DF_TRY(df_draft_reject_moe_keys(c, root));
   DF_TRY(parse_architecture(c, root, cfg));
   DF_TRY(parse_fixed_choices(c, root, cfg));
   DF_TRY(parse_sizes(c, root, cfg));
   DF_TRY(check_heads(c, cfg));
   DF_TRY(parse_layers(c, root, o));
   DF_TRY(df_draft_parse_rope(c, root, cfg));
-  return df_draft_parse_dflash(c, root, o);
+  DF_TRY(df_draft_parse_dflash(c, root, o));
+  return df_draft_parse_moe(c, root, o);
 }
 
 // Takes ownership of root (NULL when loading failed with st).

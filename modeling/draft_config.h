@@ -16,6 +16,7 @@ extern "C" {
 #endif
 
 struct df_target_config;
+struct df_moe_config; // moe/config.h
 
 // Caps that keep a hostile file from asking for absurd allocations; far above any real draft.
 enum {
@@ -98,7 +99,10 @@ typedef struct df_draft_config {
   double initializer_range;
   const char *hidden_act;  // "silu"
   const char *torch_dtype; // "dtype" or "torch_dtype"; NULL when absent
-  const json_t *json;      // the whole document as read (unknown keys included); read-only
+  // The resolved MoE FFN (moe/config.h) when the draft names moe_preset: every decoder layer's FFN is then
+  // the MoE FFN. NULL for a dense draft.
+  const struct df_moe_config *moe;
+  const json_t *json; // the whole document as read (unknown keys included); read-only
 } df_draft_config;
 
 // Builds a config from a file, or from len bytes of JSON text (name is used in messages). On success *out
@@ -118,6 +122,11 @@ const json_t *df_draft_config_get(const df_draft_config *cfg, const char *key);
 bool df_draft_config_layer_is_sliding(const df_draft_config *cfg, int64_t layer);
 const char *df_draft_kind_name(df_draft_kind kind);
 const char *df_rope_type_name(df_rope_type type);
+
+// Parameters of the draft (the draft's own: backbone, fc, norms, DSpark heads, FFNs; not the frozen target
+// embedding / lm_head). active counts num_experts_per_tok of the routed experts per MoE layer, everything
+// else whole (equal to total for a dense draft). Buffers (MoE centering, biases) are not parameters.
+void df_draft_config_param_counts(const df_draft_config *cfg, int64_t *total, int64_t *active);
 
 // The resolved values, defaults included (`draftforge inspect config.json`).
 void df_draft_config_print(const df_draft_config *cfg, FILE *fp);

@@ -1,60 +1,10 @@
-// dflash_config: mask token, target layer ids and the DSpark head keys; plus the refusal of MoE keys, which
-// would otherwise build a dense draft from a config that asks for experts.
+// dflash_config: mask token, target layer ids and the DSpark head keys (the moe_* training keys are resolved
+// with the MoE config, draft_config_moe.c).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "modeling/draft_config_internal.h"
-
-static const char MOE_HINT[] = "remove the MoE keys to train a dense draft; MoE drafts arrive with the MoE issue";
-
-// Top-level MoE architecture keys (SpecForge moe/config.py and the HF Qwen3-MoE / DeepSeek spellings).
-static bool is_moe_key(const char *key) {
-  static const char *const keys[] = {"n_routed_experts",
-                                     "num_experts",
-                                     "num_experts_per_tok",
-                                     "n_shared_experts",
-                                     "shared_expert_intermediate_size",
-                                     "scoring_func",
-                                     "norm_topk_prob",
-                                     "routed_scaling_factor",
-                                     "n_group",
-                                     "topk_group",
-                                     "topk_method",
-                                     "swiglu_limit",
-                                     "router",
-                                     "balance",
-                                     "experts_backend",
-                                     "shared_expert",
-                                     "shared_expert_gate",
-                                     "decoder_sparse_step",
-                                     "mlp_only_layers",
-                                     "router_aux_loss_coef",
-                                     "output_router_logits",
-                                     "first_k_dense_replace"};
-  if (!strncmp(key, "moe_", 4)) return true; // moe_preset, moe_intermediate_size, moe_layout, moe_router_bias...
-  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
-    if (!strcmp(key, keys[i])) return true;
-  return false;
-}
-
-df_status df_draft_reject_moe_keys(const df_cj *c, const json_t *root) {
-  const char *key;
-  json_t *val;
-  json_object_foreach((json_t *)root, key, val) {
-    if (!json_is_null(val) && is_moe_key(key))
-      return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, key, MOE_HINT, "MoE drafts are not supported by this build yet");
-  }
-  const json_t *dc = df_cj_get(root, "dflash_config");
-  if (!json_is_object(dc)) return DF_OK;
-  json_object_foreach((json_t *)dc, key, val) {
-    char path[DF_CJ_PATH];
-    if (!json_is_null(val) && !strncmp(key, "moe_", 4))
-      return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, df_cj_path(path, "dflash_config", key), MOE_HINT,
-                        "MoE drafts are not supported by this build yet");
-  }
-  return DF_OK;
-}
 
 static df_status parse_mask_token(const df_cj *c, const json_t *dc, df_draft_config *cfg) {
   const json_t *v = df_cj_get(dc, "mask_token_id");

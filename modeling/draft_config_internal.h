@@ -5,6 +5,7 @@
 
 #include "modeling/config_json.h"
 #include "modeling/draft_config.h"
+#include "moe/config.h"
 
 // The allocation behind a df_draft_config: the public struct first, so the two pointers coincide.
 typedef struct {
@@ -13,10 +14,12 @@ typedef struct {
   char *source;
   df_layer_type *layer_types;
   int *target_layer_ids;
+  df_moe_config moe; // pub.moe points here for an MoE draft
 } df_draft_config_owned;
 
-// Any MoE architecture key at the top level or dflash_config.moe_* key is an error (not built yet).
-df_status df_draft_reject_moe_keys(const df_cj *c, const json_t *root);
+// The MoE FFN (moe/config.h): resolved into o->moe when the draft names moe_preset (pub.moe then points at
+// it); otherwise every MoE key is an error. Needs the kind resolved.
+df_status df_draft_parse_moe(const df_cj *c, const json_t *root, df_draft_config_owned *o);
 
 // dflash_config (plus the top-level DSpark copies an exported Qwen3DSparkModel config carries). Needs the
 // kind, vocab_size, head counts, num_target_layers and num_hidden_layers already resolved.

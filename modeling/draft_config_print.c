@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "modeling/draft_config.h"
+#include "moe/config.h"
 
 #define ROW "  %-36s "
 
@@ -43,7 +44,7 @@ static bool known_top_key(const char *key) {
                                      "confidence_head_with_markov"};
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
     if (!strcmp(key, keys[i])) return true;
-  return false;
+  return df_moe_is_top_level_key(key);
 }
 
 static void print_rope(const df_rope_config *r, FILE *fp) {
@@ -114,7 +115,7 @@ static bool known_dflash_key(const char *key) {
                                      "shift_label"};
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
     if (!strcmp(key, keys[i])) return true;
-  return false;
+  return !strncmp(key, "moe_", 4); // resolved (and checked) with the MoE config
 }
 
 // Keys carried for export round trips that change nothing here (bos/eos ids, auto_map, use_cache, ...).
@@ -157,5 +158,9 @@ void df_draft_config_print(const df_draft_config *cfg, FILE *fp) {
   fprintf(fp, ROW "%g\n", "initializer_range", cfg->initializer_range);
   fprintf(fp, ROW "%s\n", "hidden_act", cfg->hidden_act);
   fprintf(fp, ROW "%s\n", "torch_dtype", cfg->torch_dtype ? cfg->torch_dtype : "(absent)");
+  df_moe_config_print(cfg->moe, fp);
+  int64_t total = 0, active = 0;
+  df_draft_config_param_counts(cfg, &total, &active);
+  fprintf(fp, ROW "%.4g B total, %.4g B active\n", "parameters", (double)total / 1e9, (double)active / 1e9);
   print_kept_keys(cfg, fp);
 }

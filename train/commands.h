@@ -3,5 +3,9 @@
 #define DF_TRAIN_COMMANDS_H
 
 int df_cmd_inspect(int argc, char **argv);
+// `draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH]` (train/cmd_train.c).
+int df_cmd_train(int argc, char **argv);
+int df_cmd_export(int argc, char **argv); // train/cmd_export.c
+int df_cmd_eval(int argc, char **argv);   // train/cmd_eval.c
 
 #endif

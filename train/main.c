@@ -9,10 +9,10 @@
 static const char *usage = "usage: draftforge <command> [args]\n"
                            "\n"
                            "commands:\n"
-                           "  train RECIPE.yaml   train a draft model from a recipe        (not implemented yet)\n"
+                           "  train RECIPE.yaml   train (or --resume) a draft from a recipe (see train --help)\n"
                            "  step RECIPE.yaml --dump DIR  one micro-step with a gradient dump (see step --help)\n"
-                           "  export CKPT OUT     write an HF directory SGLang serves       (not implemented yet)\n"
-                           "  eval RECIPE.yaml    evaluate a checkpoint                    (not implemented yet)\n"
+                           "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
+                           "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
                            "  capture ...         capture target hidden states             (not implemented yet)\n"
                            "  inspect FILE        print a file's tensors or attributes     (not implemented yet)\n"
                            "  --version           print the version and the backends built in\n";
@@ -35,8 +35,11 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return print_version();
   if (!strcmp(argv[1], "inspect")) return df_cmd_inspect(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "train")) return df_cmd_train(argc - 2, argv + 2);
   if (!strcmp(argv[1], "step")) return df_cmd_step(argc - 2, argv + 2);
-  static const char *planned[] = {"train", "export", "eval", "capture"};
+  if (!strcmp(argv[1], "export")) return df_cmd_export(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "eval")) return df_cmd_eval(argc - 2, argv + 2);
+  static const char *planned[] = {"capture"};
   for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
     if (!strcmp(argv[1], planned[i])) {
       fprintf(stderr, "draftforge %s: not implemented yet\n", argv[1]);

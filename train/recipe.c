@@ -23,6 +23,8 @@ typedef struct {
   df_error *err;
 } walker;
 
+const df_rvalue *df_recipe_values(const df_recipe *r) { return ((const recipe_impl *)r)->vals; }
+
 static df_rpos node_pos(const walker *w, const yaml_node_t *n) {
   return (df_rpos){w->file, (int)n->start_mark.line + 1, (int)n->start_mark.column + 1};
 }
@@ -175,6 +177,71 @@ static df_status walk_mapping(walker *w, yaml_node_t *map, const char *section) 
   return DF_OK;
 }
 
+// ---- --set overrides ------------------------------------------------------------------------------------------
+
+// The value text of an override as a YAML node: scalars, flow lists; an empty value is null.
+static df_status override_node(const char *label, const char *text, yaml_document_t *doc, bool *loaded, df_error *err) {
+  *loaded = false;
+  if (!text[0]) return DF_OK;
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) return DF_FAIL(err, DF_ERR_NOMEM, label, NULL, "cannot start the YAML parser");
+  yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
+  bool ok = yaml_parser_load(&parser, doc);
+  yaml_parser_delete(&parser);
+  if (!ok)
+    return DF_FAIL(err, DF_ERR_INVALID, label, "quote the value, or write a list as [a, b]",
+                   "%s: the value is not valid YAML", label);
+  *loaded = true;
+  return DF_OK;
+}
+
+// "section.key=value": the key must exist (an unknown one is reported like a file's, with the valid keys) and
+// not be a section; the value passes the same checks as in a file and replaces it.
+static df_status apply_override(walker *w, const char *text) {
+  const char *eq = strchr(text, '=');
+  char label[320], path[200];
+  snprintf(label, sizeof label, "--set '%.300s'", text);
+  if (!eq || eq == text || (size_t)(eq - text) >= sizeof path)
+    return DF_FAIL(w->err, DF_ERR_INVALID, text, "write --set section.key=value, e.g. --set training.max_steps=100",
+                   "%s: expected section.key=value", label);
+  memcpy(path, text, (size_t)(eq - text));
+  path[eq - text] = 0;
+  char *dot = strrchr(path, '.');
+  const char *section = dot ? path : "", *key = dot ? dot + 1 : path;
+  if (dot) *dot = 0;
+  walker sub = *w;
+  sub.file = label;
+  df_rpos kpos = {label, 1, 1}, vpos = {label, 1, (int)(eq - text) + 2};
+  if (section[0] && !df_recipe_schema_is_section(section)) {
+    char *pdot = strrchr(path, '.');
+    const char *psec = pdot ? path : "", *pkey = pdot ? pdot + 1 : path;
+    if (pdot) *pdot = 0;
+    return fail_unknown(&sub, psec, pkey, kpos);
+  }
+  int idx = df_recipe_schema_find(section, key);
+  if (idx < 0) return fail_unknown(&sub, section, key, kpos);
+  const df_recipe_key *k = &df_recipe_schema()[idx];
+  char kp[160];
+  df_recipe_key_path(k, kp, sizeof kp);
+  if (k->type == DF_RT_SECTION)
+    return DF_FAIL(w->err, DF_ERR_INVALID, kp, "set one of its keys: --set section.key=value",
+                   "%s: %s is a section, not a value", label, kp);
+  yaml_document_t doc;
+  bool loaded;
+  DF_TRY(override_node(label, eq + 1, &doc, &loaded, w->err));
+  yaml_node_t empty = {.type = YAML_SCALAR_NODE};
+  empty.data.scalar.value = (yaml_char_t *)"";
+  empty.data.scalar.style = YAML_PLAIN_SCALAR_STYLE;
+  yaml_node_t *node = loaded ? yaml_document_get_root_node(&doc) : NULL;
+  df_rvalue *v = &w->vals[idx];
+  df_rvalue_clear(v);
+  df_status st = df_rvalue_from_node(k, loaded ? &doc : NULL, node ? node : &empty, vpos, v, w->err);
+  v->from_cli = true;
+  if (st == DF_OK) st = check_support(&sub, k, v);
+  if (loaded) yaml_document_delete(&doc);
+  return st;
+}
+
 // Absent keys take their defaults; required keys must be present; defaults must be implemented too.
 static df_status fill_defaults(walker *w) {
   const df_recipe_key *t = df_recipe_schema();
@@ -209,7 +276,7 @@ static const df_rvalue *val(const recipe_impl *r, const char *section, const cha
 static df_status resolve_path(recipe_impl *r, const char *section, const char *key, const char *base_dir,
                               df_error *err) {
   df_rvalue *v = (df_rvalue *)val(r, section, key);
-  if (!v || v->is_null || !v->present || !v->s[0] || v->s[0] == '/' || !base_dir) return DF_OK;
+  if (!v || v->is_null || !v->present || v->from_cli || !v->s[0] || v->s[0] == '/' || !base_dir) return DF_OK;
   size_t n = strlen(base_dir) + strlen(v->s) + 2;
   char *p = malloc(n);
   if (!p) return DF_FAIL(err, DF_ERR_NOMEM, key, NULL, "out of memory");
@@ -220,6 +287,29 @@ static df_status resolve_path(recipe_impl *r, const char *section, const char *k
 }
 
 static const char *str_or_null(const df_rvalue *v) { return v->is_null || !v->s[0] ? NULL : v->s; }
+
+static int64_t int_or_zero(const df_rvalue *v) { return v->is_null ? 0 : v->i; }
+
+static void build_trainer(const recipe_impl *r, df_recipe *p) {
+  p->training.num_epochs = val(r, "training", "num_epochs")->i;
+  p->training.max_steps = int_or_zero(val(r, "training", "max_steps"));
+  p->training.total_steps = int_or_zero(val(r, "training", "total_steps"));
+  p->training.accumulation_steps = val(r, "training", "accumulation_steps")->i;
+  p->training.learning_rate = val(r, "training", "learning_rate")->f;
+  p->training.lr_scheduler = (df_lr_kind)val(r, "training", "lr_scheduler")->choice;
+  p->training.warmup_ratio = val(r, "training", "warmup_ratio")->f;
+  p->training.max_grad_norm = val(r, "training", "max_grad_norm")->f;
+  p->training.weight_decay = val(r, "training", "weight_decay")->f;
+  p->training.adam_beta1 = val(r, "training", "adam_beta1")->f;
+  p->training.adam_beta2 = val(r, "training", "adam_beta2")->f;
+  p->training.adam_eps = val(r, "training", "adam_eps")->f;
+  p->training.max_consecutive_skips = val(r, "training", "max_consecutive_skips")->i;
+  p->training.save_interval = val(r, "training", "save_interval")->i;
+  p->training.eval_interval = val(r, "training", "eval_interval")->i;
+  p->training.log_interval = val(r, "training", "log_interval")->i;
+  p->training.max_checkpoints = val(r, "training", "max_checkpoints")->i;
+  p->training.resume_from = str_or_null(val(r, "training", "resume_from"));
+}
 
 static void build_public(recipe_impl *r, const char *name) {
   df_recipe *p = &r->pub;
@@ -234,8 +324,10 @@ static void build_public(recipe_impl *r, const char *name) {
   const df_rvalue *mask = val(r, "model", "mask_token_id");
   p->model.has_mask_token_id = !mask->is_null, p->model.mask_token_id = mask->is_null ? -1 : mask->i;
   p->data.hidden_states_path = val(r, "data", "hidden_states_path")->s;
+  p->data.eval_hidden_states_path = str_or_null(val(r, "data", "eval_hidden_states_path"));
   p->data.max_length = val(r, "data", "max_length")->i;
-  p->training.strategy = DF_STRATEGY_DFLASH;
+  p->training.strategy =
+      strcmp(val(r, "training", "strategy")->s, "dspark") == 0 ? DF_STRATEGY_DSPARK : DF_STRATEGY_DFLASH;
   p->training.batch_size = val(r, "training", "batch_size")->i;
   p->training.num_anchors = val(r, "training", "num_anchors")->i;
   const df_rvalue *gamma = val(r, "training", "loss_decay_gamma");
@@ -244,6 +336,26 @@ static void build_public(recipe_impl *r, const char *name) {
   p->training.loss_type = (df_dflash_loss_type)val(r, "training", "loss_type")->choice;
   p->training.dpace_alpha = val(r, "training", "dpace_alpha")->f;
   p->training.seed = (uint64_t)val(r, "training", "seed")->i;
+  p->training.dspark_ce_loss_alpha = val(r, "training", "dspark_ce_loss_alpha")->f;
+  p->training.dspark_l1_loss_alpha = val(r, "training", "dspark_l1_loss_alpha")->f;
+  p->training.dspark_confidence_head_alpha = val(r, "training", "dspark_confidence_head_alpha")->f;
+  build_trainer(r, p);
+}
+
+// The trainer's rules between keys: the schedule horizon bounds the stop, and eval needs an eval set.
+static df_status trainer_checks(const recipe_impl *r, const char *file, df_error *err) {
+  const df_rvalue *max = val(r, "training", "max_steps"), *total = val(r, "training", "total_steps");
+  if (!max->is_null && !total->is_null && max->i > total->i)
+    return DF_FAIL(err, DF_ERR_INVALID, "training.max_steps",
+                   "raise training.total_steps (it fixes the LR schedule) or lower training.max_steps",
+                   "%s: training.max_steps = %lld is past training.total_steps = %lld, where the schedule ends", file,
+                   (long long)max->i, (long long)total->i);
+  if (val(r, "training", "eval_interval")->i > 0 && !val(r, "data", "eval_hidden_states_path")->s[0])
+    return DF_FAIL(err, DF_ERR_INVALID, "training.eval_interval",
+                   "set data.eval_hidden_states_path, or training.eval_interval: 0",
+                   "%s: training.eval_interval = %lld needs data.eval_hidden_states_path", file,
+                   (long long)val(r, "training", "eval_interval")->i);
+  return DF_OK;
 }
 
 // Rules between keys that SpecForge's validators enforce and that touch keys draftforge accepts.
@@ -260,7 +372,7 @@ static df_status cross_checks(const recipe_impl *r, const char *file, df_error *
   if (val(r, "training", "down_sample_ratio_min")->f > val(r, "training", "down_sample_ratio")->f)
     return DF_FAIL(err, DF_ERR_INVALID, "training.down_sample_ratio_min", NULL,
                    "%s: training.down_sample_ratio_min must be <= training.down_sample_ratio", file);
-  return DF_OK;
+  return trainer_checks(r, file, err);
 }
 
 static df_status resolve(recipe_impl *r, const char *file, const char *base_dir, df_error *err) {
@@ -316,6 +428,7 @@ static df_status walk_document(walker *w, yaml_document_t *doc) {
                    "the top level holds sections such as model:, data:", "%s:%d:%d: the recipe is not a mapping",
                    w->file, (int)root->start_mark.line + 1, (int)root->start_mark.column + 1);
   DF_TRY(walk_mapping(w, root, ""));
+  for (int i = 0; w->opt && i < w->opt->n_overrides; i++) DF_TRY(apply_override(w, w->opt->overrides[i]));
   return fill_defaults(w);
 }
 

@@ -15,7 +15,9 @@
 extern "C" {
 #endif
 
-typedef enum { DF_STRATEGY_DFLASH = 0 } df_strategy;
+typedef enum { DF_STRATEGY_DFLASH = 0, DF_STRATEGY_DSPARK = 1 } df_strategy;
+
+typedef enum { DF_LR_COSINE = 0, DF_LR_CONSTANT = 1 } df_lr_kind; // training.lr_scheduler, in schema order
 
 // What a recipe resolves to. Paths are absolute or relative to the working directory: a relative path in the
 // file is resolved against the recipe's own directory. Optional values absent from the file are NULL / flagged.
@@ -34,6 +36,7 @@ typedef struct df_recipe {
   } model;
   struct {
     const char *hidden_states_path;
+    const char *eval_hidden_states_path; // NULL: no eval set
     int64_t max_length;
   } data;
   struct {
@@ -45,6 +48,16 @@ typedef struct df_recipe {
     df_dflash_loss_type loss_type;
     double dpace_alpha;
     uint64_t seed;
+    // DSpark (strategy dspark): the loss weights of CE, L1 and the confidence BCE (strategies/dspark.h)
+    double dspark_ce_loss_alpha, dspark_l1_loss_alpha, dspark_confidence_head_alpha;
+    // the trainer (train/trainer.h); 0 = unset for max_steps / total_steps
+    int64_t num_epochs, max_steps, total_steps, accumulation_steps;
+    double learning_rate, warmup_ratio, max_grad_norm;
+    df_lr_kind lr_scheduler;
+    double weight_decay, adam_beta1, adam_beta2, adam_eps;
+    int64_t max_consecutive_skips;
+    int64_t save_interval, eval_interval, log_interval, max_checkpoints; // intervals: 0 = off
+    const char *resume_from;                                             // NULL: a fresh run
   } training;
 } df_recipe;
 
@@ -52,6 +65,11 @@ typedef struct {
   // When set, problems whose full text does not fit a df_error (the valid-key list of a section) are also
   // written here in full.
   FILE *log;
+  // Command-line overrides, "section.key=value" (a top-level key without a section: "output_dir=runs/x";
+  // nested sections with dots: "deployment.trainer.nnodes=1"). The value is read as YAML (flow lists work) and
+  // checked like the file's; it replaces the file's value. Relative paths are taken from the working directory.
+  const char *const *overrides;
+  int n_overrides;
 } df_recipe_options;
 
 // Reads and resolves a recipe file. On failure *out is NULL and err names the key (section.key), the file,
@@ -61,6 +79,10 @@ df_status df_recipe_load(const char *path, const df_recipe_options *opt, const d
 df_status df_recipe_parse(const char *text, size_t len, const char *name, const char *base_dir,
                           const df_recipe_options *opt, const df_recipe **out, df_error *err);
 void df_recipe_free(const df_recipe *r);
+
+// The fully resolved recipe as YAML: every key of the schema with its value (defaults and overrides included,
+// paths as resolved), section by section. Loading the output gives the same df_recipe.
+df_status df_recipe_write_resolved(const df_recipe *r, FILE *fp, df_error *err);
 
 // Every key of the schema with its type, default, range and whether draftforge implements it (the table
 // train/recipe_schema.c holds), for `draftforge step --help` and the docs.

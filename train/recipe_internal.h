@@ -8,6 +8,7 @@
 #include <yaml.h>
 
 #include "base/error.h"
+#include "train/recipe.h"
 #include "train/recipe_schema.h"
 
 // One schema row's value: written in the file (present, with its 1-based line/column) or the default.
@@ -15,6 +16,7 @@ typedef struct {
   bool present;
   bool is_null;
   int line, col;
+  bool from_cli; // set by a --set override: a relative path stays relative to the working directory
   bool b;
   int64_t i;
   double f;
@@ -41,6 +43,8 @@ df_status df_rvalue_from_node(const df_recipe_key *k, yaml_document_t *doc, yaml
 df_status df_rvalue_default(const df_recipe_key *k, df_rvalue *v, df_error *err);
 // Whether a and b are the same value of row k's type (default-only keys).
 bool df_rvalue_equal(const df_recipe_key *k, const df_rvalue *a, const df_rvalue *b);
+// The resolved values of r, one per schema row (df_recipe_schema order).
+const df_rvalue *df_recipe_values(const df_recipe *r);
 // "section.key" into buf.
 const char *df_recipe_key_path(const df_recipe_key *k, char *buf, size_t n);
 // The value as a short text for messages ("6e-4", "[1, 2]", "null").

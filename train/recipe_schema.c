@@ -16,7 +16,7 @@
 #define TODO(why)  .support = DF_RS_DEFAULT_ONLY, .note = (why)
 
 static const char *const STRATEGIES[] = {"eagle3", "dflash", "dspark", "domino", "peagle", NULL};
-static const char *const STRATEGIES_OK[] = {"dflash", NULL};
+static const char *const STRATEGIES_OK[] = {"dflash", "dspark", NULL};
 static const char *const LOSS_TYPES[] = {"dflash", "dpace", "dpace-cumulative-confidence-only",
                                          "dpace-continuation-value-only", NULL};
 static const char *const ATTENTION[] = {"eager", "sdpa", "flex_attention", "fa", "usp", NULL};
@@ -33,7 +33,7 @@ static const char *const DEPLOY_MODES[] = {"local_colocated", "disaggregated", N
 
 #define OFFLINE    "offline runs never start the target or its SGLang engine"
 #define PREP       "applies when the data is prepared; offline runs read captured hidden states"
-#define TRAINER    "the trainer (draftforge train) is not implemented yet"
+#define EXT        "draftforge extension"
 #define ONLINE     "online capture is not supported yet"
 #define TRACK      "used only with tracking.report_to"
 #define DISAGG     "disaggregated deployment is not supported yet"
@@ -92,7 +92,7 @@ static const df_recipe_key SCHEMA[] = {
     K("data", "prompts_path", DF_RT_STRING, .def = "", TODO(ONLINE)),
     K("data", "hidden_states_path", DF_RT_PATH, .required = true, USED),
     K("data", "eval_data_path", DF_RT_STRING, .def = "", TODO("online evaluation is unsupported (as in SpecForge)")),
-    K("data", "eval_hidden_states_path", DF_RT_STRING, .def = "", TODO(TRAINER)),
+    K("data", "eval_hidden_states_path", DF_RT_PATH, .def = "", USED),
     K("data", "max_length", DF_RT_INT, .def = "2048", GT(0), USED),
     K("data", "chat_template", DF_RT_STRING, .def = "llama3", INERT(PREP)),
     K("data", "is_preformatted", DF_RT_BOOL, .def = "false", INERT(PREP)),
@@ -105,17 +105,27 @@ static const df_recipe_key SCHEMA[] = {
     K("data", "max_prompts", DF_RT_INT, .nullable = true, GE(0), TODO(ONLINE)),
     // ---- training
     K("training", "strategy", DF_RT_ENUM, .def = "eagle3", .choices = STRATEGIES, .supported = STRATEGIES_OK, USED),
-    K("training", "num_epochs", DF_RT_INT, .def = "1", GT(0), TODO(TRAINER)),
-    K("training", "max_steps", DF_RT_INT, .nullable = true, GT(0), TODO(TRAINER)),
-    K("training", "total_steps", DF_RT_INT, .nullable = true, GT(0), TODO(TRAINER)),
+    K("training", "num_epochs", DF_RT_INT, .def = "1", GT(0), USED),
+    K("training", "max_steps", DF_RT_INT, .nullable = true, GT(0), USED),
+    K("training", "total_steps", DF_RT_INT, .nullable = true, GT(0), USED),
     K("training", "batch_size", DF_RT_INT, .def = "1", GT(0), USED),
-    K("training", "accumulation_steps", DF_RT_INT, .def = "1", GT(0), TODO(TRAINER)),
+    K("training", "accumulation_steps", DF_RT_INT, .def = "1", GT(0), USED),
     K("training", "fsdp_sharding", DF_RT_ENUM, .def = "SHARD_GRAD_OP", .choices = FSDP, INERT(ONE_PROC)),
-    K("training", "learning_rate", DF_RT_FLOAT, .def = "1e-4", GT(0), TODO(TRAINER)),
-    K("training", "lr_scheduler", DF_RT_ENUM, .def = "cosine", .choices = SCHEDULERS, TODO(TRAINER)),
-    K("training", "warmup_ratio", DF_RT_FLOAT, .def = "0.015", GE(0), LE(1), TODO(TRAINER)),
-    K("training", "max_grad_norm", DF_RT_FLOAT, .def = "0.5", GT(0), TODO(TRAINER)),
-    K("training", "optimizer_cpu_offload", DF_RT_BOOL, .def = "false", TODO(TRAINER)),
+    K("training", "learning_rate", DF_RT_FLOAT, .def = "1e-4", GT(0), USED),
+    K("training", "lr_scheduler", DF_RT_ENUM, .def = "cosine", .choices = SCHEDULERS, USED),
+    K("training", "warmup_ratio", DF_RT_FLOAT, .def = "0.015", GE(0), LE(1), USED),
+    K("training", "max_grad_norm", DF_RT_FLOAT, .def = "0.5", GT(0), USED),
+    // AdamW knobs and the skip limit are draftforge extensions (SpecForge fixes β (0.9, 0.999), eps 1e-8, wd 0).
+    K("training", "weight_decay", DF_RT_FLOAT, .def = "0.0", GE(0), USED, .note = EXT),
+    K("training", "adam_beta1", DF_RT_FLOAT, .def = "0.9", GE(0), .has_hi = true, .hi_open = true, .hi = 1, USED,
+      .note = EXT),
+    K("training", "adam_beta2", DF_RT_FLOAT, .def = "0.999", GE(0), .has_hi = true, .hi_open = true, .hi = 1, USED,
+      .note = EXT),
+    K("training", "adam_eps", DF_RT_FLOAT, .def = "1e-8", GT(0), USED, .note = EXT),
+    K("training", "max_consecutive_skips", DF_RT_INT, .def = "5", GT(0), USED,
+      .note = EXT ": optimizer steps skipped in a row for a NaN/Inf loss or gradient norm before the run stops"),
+    K("training", "optimizer_cpu_offload", DF_RT_BOOL, .def = "false",
+      INERT("the fp32 masters and AdamW moments always live in host memory")),
     K("training", "ttt_length", DF_RT_INT, .def = "7", GT(0), INERT(OTHER_ALGO)),
     K("training", "attention_backend", DF_RT_ENUM, .def = "flex_attention", .choices = ATTENTION,
       .supported = ATTENTION_OK, INERT("eager, sdpa and flex_attention compute the same masked attention")),
@@ -133,20 +143,20 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "dpace_alpha", DF_RT_FLOAT, .def = "0.5", GE(0), LE(1), USED),
     K("training", "lambda_base_start", DF_RT_FLOAT, .def = "1.0", INERT(OTHER_ALGO)),
     K("training", "lambda_base_decay_ratio", DF_RT_FLOAT, .def = "0.5", INERT(OTHER_ALGO)),
-    K("training", "dspark_ce_loss_alpha", DF_RT_FLOAT, .def = "0.1", INERT(OTHER_ALGO)),
-    K("training", "dspark_l1_loss_alpha", DF_RT_FLOAT, .def = "0.9", INERT(OTHER_ALGO)),
-    K("training", "dspark_confidence_head_alpha", DF_RT_FLOAT, .def = "1.0", INERT(OTHER_ALGO)),
+    K("training", "dspark_ce_loss_alpha", DF_RT_FLOAT, .def = "0.1", GE(0), USED),
+    K("training", "dspark_l1_loss_alpha", DF_RT_FLOAT, .def = "0.9", GE(0), USED),
+    K("training", "dspark_confidence_head_alpha", DF_RT_FLOAT, .def = "1.0", GE(0), USED),
     K("training", "num_depths", DF_RT_INT, .def = "8", GT(0), INERT(OTHER_ALGO)),
     K("training", "down_sample_ratio", DF_RT_FLOAT, .def = "0.8", GT(0), LE(1), INERT(OTHER_ALGO)),
     K("training", "down_sample_ratio_min", DF_RT_FLOAT, .def = "0.2", GT(0), LE(1), INERT(OTHER_ALGO)),
     K("training", "norm_before_residual", DF_RT_BOOL, .nullable = true, INERT(OTHER_ALGO)),
-    K("training", "save_interval", DF_RT_INT, .def = "0", GE(0), TODO(TRAINER)),
-    K("training", "eval_interval", DF_RT_INT, .def = "0", GE(0), TODO(TRAINER)),
-    K("training", "log_interval", DF_RT_INT, .def = "50", GT(0), TODO(TRAINER)),
-    K("training", "max_checkpoints", DF_RT_INT, .def = "0", GE(0), TODO(TRAINER)),
+    K("training", "save_interval", DF_RT_INT, .def = "0", GE(0), USED),
+    K("training", "eval_interval", DF_RT_INT, .def = "0", GE(0), USED),
+    K("training", "log_interval", DF_RT_INT, .def = "50", GT(0), USED),
+    K("training", "max_checkpoints", DF_RT_INT, .def = "0", GE(0), USED),
     K("training", "compact_teacher", DF_RT_BOOL, .def = "false", INERT(OTHER_ALGO)),
     K("training", "compact_teacher_chunk_size", DF_RT_INT, .nullable = true, GT(0), INERT(OTHER_ALGO)),
-    K("training", "resume_from", DF_RT_STRING, .nullable = true, TODO(TRAINER)),
+    K("training", "resume_from", DF_RT_PATH, .nullable = true, USED),
     K("training", "role", DF_RT_ENUM, .def = "all", .choices = ROLES, .supported = ROLES_OK, USED),
     K("training", "seed", DF_RT_INT, .def = "42", GE(0), USED),
     K("training", "prompt_seed", DF_RT_INT, .nullable = true, GE(0), INERT("online prompt sampling only")),

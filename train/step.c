@@ -1,4 +1,4 @@
-// One DFlash micro-step from a recipe (docs/dflash-step.md): resources are loaded in the order the contract
+// One DFlash or DSpark micro-step from a recipe (docs/dflash-step.md): resources are loaded in the order the contract
 // reads them (recipe, configs, target pieces, model, batch), the step runs, and the dump is written.
 #include "train/step.h"
 
@@ -46,10 +46,90 @@ static df_status micro_inputs(df_ctx *ctx, const df_draft_config *cfg, const df_
   return df_embedding_forward(ctx, &table, &ids, &out, err);
 }
 
+// ---- the DSpark micro-step (docs/dflash-step.md §6) -------------------------------------------------------------
+
+static df_dspark_loss_options dspark_loss_options(const df_step_options *opt) {
+  df_dspark_loss_options o = {.ce_alpha = 0.1, .l1_alpha = 0.9, .conf_alpha = 1.0}; // SpecForge's defaults
+  if (opt->dspark.set)
+    o.ce_alpha = opt->dspark.ce_alpha, o.l1_alpha = opt->dspark.l1_alpha, o.conf_alpha = opt->dspark.conf_alpha;
+  o.chunk_blocks = opt->loss.chunk_blocks;
+  o.grad_scale = opt->grad_scale;
+  return o;
+}
+
+// The shared view of the DSpark sums for callers that read df_dflash_metrics (the trainer's window).
+static df_status dspark_shared_metrics(const df_dspark_metrics *d, df_dflash_metrics *out, df_error *err) {
+  out->loss_num = d->loss_num, out->loss_den = d->loss_den;
+  out->acc_num = d->acc_num, out->acc_den = d->eval_den;
+  out->num_blocks = d->num_blocks, out->bs = d->bs, out->accept_len_sum = d->greedy_accept_sum;
+  out->pos_acc_num = malloc((size_t)d->bs * sizeof(double));
+  out->pos_acc_den = malloc((size_t)d->bs * sizeof(double));
+  if (!out->pos_acc_num || !out->pos_acc_den) {
+    df_dflash_metrics_free(out);
+    return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
+  }
+  memcpy(out->pos_acc_num, d->pos_acc_num, (size_t)d->bs * sizeof(double));
+  memcpy(out->pos_acc_den, d->pos_den, (size_t)d->bs * sizeof(double));
+  return DF_OK;
+}
+
+static df_status dspark_check(const df_draft_config *cfg, const df_step_frozen *fz, const df_batch *bt,
+                              const df_step_options *opt, df_error *err) {
+  if (opt->loss.type != DF_LOSS_DFLASH)
+    return DF_FAIL(err, DF_ERR_INVALID, "training.loss_type", "drop loss_type (DSpark has its own objective)",
+                   "loss_type %s does not apply to a DSpark draft (%s)", df_dflash_loss_type_name(opt->loss.type),
+                   cfg->source);
+  if (bt->last_hidden && bt->hidden_size != fz->hidden)
+    return DF_FAIL(err, DF_ERR_INVALID, "target_last_hidden_states", "capture the data with this target",
+                   "the batch's last hidden states are %lld wide, the LM head reads %lld", (long long)bt->hidden_size,
+                   (long long)fz->hidden);
+  return DF_OK;
+}
+
+// Anchors and block inputs as DFlash; DSpark labels; forward; the objective (the heads add their parameter
+// gradients during it, so the grads are zeroed first); the backbone's backward.
+static df_status dspark_passes(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+                               const df_batch *bt, df_dflash_sampler *s, const df_step_options *opt, micro_bufs *b,
+                               df_dspark_labels *lab, df_dspark_metrics *dm, df_error *err) {
+  DF_TRY(dspark_check(cfg, fz, bt, opt, err));
+  DF_TRY(micro_inputs(ctx, cfg, fz, bt, s, opt, b, err));
+  DF_TRY(df_dspark_build_labels(bt->input_ids, bt->loss_mask, bt->S, &b->a, cfg->block_size, opt->loss_decay_gamma, lab,
+                                err));
+  const float *hidden = NULL;
+  df_dflash_batch mb = {bt->B, bt->S, b->a.N, bt->hidden, b->block_embed, b->a.anchors, b->a.keep};
+  DF_TRY(df_dflash_model_forward(m, &mb, &hidden, err));
+  if (!opt->accumulate) df_dflash_model_zero_grads(m);
+  int64_t R = bt->B * b->a.N * cfg->block_size;
+  df_tensor h = df_f32((float *)hidden, R, fz->hidden), head = df_f32((float *)fz->lm_head, fz->vocab, fz->hidden);
+  df_dspark_loss_options lo = dspark_loss_options(opt);
+  DF_TRY(df_dspark_objective(ctx, &lo, df_dflash_model_dspark_heads(m), &h, &head, bt->last_hidden, bt->S, lab, &b->a,
+                             b->dhidden, dm, err));
+  return df_dflash_model_backward(m, b->dhidden, err);
+}
+
+static df_status step_micro_dspark(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg,
+                                   const df_step_frozen *fz, const df_batch *bt, df_dflash_sampler *s,
+                                   const df_step_options *opt, int64_t *out_n, df_dflash_metrics *out, df_error *err) {
+  micro_bufs b = {0};
+  df_dspark_labels lab = {0};
+  df_dspark_metrics dm = {0};
+  df_status st = dspark_passes(ctx, m, cfg, fz, bt, s, opt, &b, &lab, &dm, err);
+  if (st == DF_OK) st = dspark_shared_metrics(&dm, out, err);
+  if (out_n) *out_n = b.a.N;
+  if (st == DF_OK && opt->dspark_metrics)
+    *opt->dspark_metrics = dm; // moved
+  else
+    df_dspark_metrics_free(&dm);
+  df_dspark_labels_free(&lab);
+  micro_free(&b);
+  return st;
+}
+
 df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                         const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
                         df_dflash_metrics *out, df_error *err) {
   memset(out, 0, sizeof *out);
+  if (cfg->kind == DF_DRAFT_DSPARK) return step_micro_dspark(ctx, m, cfg, frozen, batch, s, opt, out_n, out, err);
   micro_bufs b = {0};
   df_status st = micro_inputs(ctx, cfg, frozen, batch, s, opt, &b, err);
   const float *hidden = NULL;
@@ -63,8 +143,14 @@ df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *
     df_tensor head = df_f32((float *)frozen->lm_head, frozen->vocab, frozen->hidden);
     st = df_dflash_objective(ctx, &opt->loss, &h, &head, &b.blk, &b.a, b.dhidden, out, err);
   }
+  if (st == DF_OK && opt->grad_scale > 0) {
+    // The objective wrote d(num/den); d(grad_scale·num) = grad_scale·den · that (den is Σw or B, > 0 here).
+    float k = (float)(opt->grad_scale * out->loss_den);
+    int64_t n = batch->B * b.a.N * cfg->block_size * frozen->hidden;
+    for (int64_t i = 0; i < n; i++) b.dhidden[i] *= k;
+  }
   if (st == DF_OK) {
-    df_dflash_model_zero_grads(m);
+    if (!opt->accumulate) df_dflash_model_zero_grads(m);
     st = df_dflash_model_backward(m, b.dhidden, err);
   }
   if (out_n) *out_n = b.a.N;
@@ -155,12 +241,24 @@ static df_status load_model(step_run *r, int threads, df_error *err) {
   return df_dflash_model_init(r->model, rc->training.seed, err);
 }
 
+// training.strategy names the algorithm the draft config already decides (architectures): they must agree.
+static df_status check_strategy(const df_recipe *rc, const df_draft_config *cfg, df_error *err) {
+  bool dspark = cfg->kind == DF_DRAFT_DSPARK;
+  if (dspark == (rc->training.strategy == DF_STRATEGY_DSPARK)) return DF_OK;
+  return DF_FAIL(err, DF_ERR_INVALID, "training.strategy",
+                 dspark ? "set training.strategy: dspark for a DSparkDraftModel config"
+                        : "set training.strategy: dflash for a DFlashDraftModel config",
+                 "%s: training.strategy is %s but %s is a %s draft", rc->path, dspark ? "dflash" : "dspark",
+                 cfg->source, df_draft_kind_name(cfg->kind));
+}
+
 static df_status load_all(step_run *r, const char *recipe, int threads, df_error *err) {
   df_recipe_options ro = {.log = stderr};
   DF_TRY(df_recipe_load(recipe, &ro, &r->recipe, err));
   const df_recipe *rc = r->recipe;
   DF_TRY(df_target_config_from_dir(rc->model.target_model_path, &r->target, err));
   DF_TRY(load_draft_config(rc, &r->draft, err));
+  DF_TRY(check_strategy(rc, r->draft, err));
   DF_TRY(df_draft_config_check_target(r->draft, r->target, err));
   DF_TRY(load_pieces(r, err));
   DF_TRY(load_model(r, threads, err));
@@ -190,6 +288,39 @@ static json_t *per_position_json(const df_dflash_metrics *m) {
   return arr;
 }
 
+static json_t *ratio(double num, double den) { return den > 0 ? json_real(num / den) : json_null(); }
+
+// DSpark: the additive sums and SpecForge's ratio metrics (null when a term did not run or has no denominator).
+static void dspark_json(json_t *o, const df_dspark_metrics *m) {
+  json_object_set_new(o, "strategy", json_string("dspark"));
+  const char *nums[] = {"ce_num",           "l1_num",
+                        "confidence_num",   "confidence_abs_error_num",
+                        "eval_den",         "teacher_agreement_num",
+                        "teacher_top1_num", "draft_top1_num",
+                        "tau_num",          "tau_den"};
+  const double vals[] = {
+      m->ce_num,           m->l1_num,         m->conf_num, m->conf_err_num, m->eval_den, m->teacher_agree_num,
+      m->teacher_top1_num, m->draft_top1_num, m->tau_num,  m->tau_den};
+  for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) json_object_set_new(o, nums[i], json_real(vals[i]));
+  bool t = m->has_teacher, c = m->has_confidence;
+  json_object_set_new(o, "ce_loss", ratio(m->ce_num, m->loss_den));
+  json_object_set_new(o, "l1_loss", ratio(m->l1_num, m->loss_den));
+  json_object_set_new(o, "confidence_loss", ratio(m->conf_num, m->loss_den));
+  json_object_set_new(o, "confidence_abs_error", c ? ratio(m->conf_err_num, m->loss_den) : json_null());
+  json_object_set_new(o, "acc", ratio(m->acc_num, m->eval_den));
+  json_object_set_new(o, "teacher_agreement", t ? ratio(m->teacher_agree_num, m->eval_den) : json_null());
+  json_object_set_new(o, "teacher_top1_prob", t ? ratio(m->teacher_top1_num, m->eval_den) : json_null());
+  json_object_set_new(o, "draft_top1_prob", t ? ratio(m->draft_top1_num, m->eval_den) : json_null());
+  json_object_set_new(o, "tau_probabilistic", t ? ratio(m->tau_num, m->tau_den) : json_null());
+  json_t *ce = json_array(), *acc = json_array();
+  for (int64_t k = 0; k < m->bs; k++) {
+    json_array_append_new(ce, ratio(m->pos_ce_num[k], m->pos_den[k]));
+    json_array_append_new(acc, ratio(m->pos_acc_num[k], m->pos_den[k]));
+  }
+  json_object_set_new(o, "ce_position", ce);
+  json_object_set_new(o, "accuracy_position", acc);
+}
+
 static json_t *result_json(const df_step_result *r) {
   json_t *o = json_object();
   json_object_set_new(o, "loss_num", json_real(r->loss_num));
@@ -204,6 +335,7 @@ static json_t *result_json(const df_step_result *r) {
   json_object_set_new(o, "block_size", json_integer(r->bs));
   json_object_set_new(o, "mean_accept_len", json_real(r->mean_accept_len));
   json_object_set_new(o, "per_position_acc", per_position_json(&r->metrics));
+  if (r->dspark) dspark_json(o, &r->dspark_metrics);
   return o;
 }
 
@@ -234,7 +366,9 @@ static df_status write_dump(const step_run *run, const df_step_result *r, const 
 // ---- entry point -----------------------------------------------------------------------------------------------
 
 void df_step_result_free(df_step_result *r) {
-  if (r) df_dflash_metrics_free(&r->metrics);
+  if (!r) return;
+  df_dflash_metrics_free(&r->metrics);
+  df_dspark_metrics_free(&r->dspark_metrics);
 }
 
 static df_step_options step_options(const df_recipe *rc, int64_t mask_id) {
@@ -243,7 +377,11 @@ static df_step_options step_options(const df_recipe *rc, int64_t mask_id) {
                            .mask_token_id = mask_id,
                            .loss = {.type = rc->training.loss_type,
                                     .dpace_alpha = rc->training.dpace_alpha,
-                                    .chunk_blocks = rc->training.objective_chunk_blocks}};
+                                    .chunk_blocks = rc->training.objective_chunk_blocks},
+                           .dspark = {.set = true,
+                                      .ce_alpha = rc->training.dspark_ce_loss_alpha,
+                                      .l1_alpha = rc->training.dspark_l1_loss_alpha,
+                                      .conf_alpha = rc->training.dspark_confidence_head_alpha}};
 }
 
 static void fill_result(const df_batch *bt, int64_t N, df_step_result *r) {
@@ -268,6 +406,8 @@ df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_
     df_dflash_sampler s;
     df_dflash_sampler_init(&s, r.recipe->training.seed);
     df_step_options opt = step_options(r.recipe, mask_id);
+    out->dspark = r.draft->kind == DF_DRAFT_DSPARK;
+    if (out->dspark) opt.dspark_metrics = &out->dspark_metrics;
     st = df_step_micro(r.ctx, r.model, r.draft, &fz, &r.batch, &s, &opt, &N, &out->metrics, err);
   }
   if (st == DF_OK) fill_result(&r.batch, N, out);

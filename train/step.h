@@ -1,4 +1,4 @@
-// `draftforge step`: one DFlash micro-step from a recipe (docs/dflash-step.md) with a dump of the gradients
+// `draftforge step`: one DFlash or DSpark micro-step from a recipe (docs/dflash-step.md) with a dump of the gradients
 // and loss terms, the parity target of the PyTorch reference. No optimizer step.
 #ifndef DF_TRAIN_STEP_H
 #define DF_TRAIN_STEP_H
@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "modeling/dflash_model.h"
 #include "strategies/dflash.h"
+#include "strategies/dspark.h"
 #include "train/batch.h"
 
 #ifdef __cplusplus
@@ -22,6 +23,19 @@ typedef struct {
   double loss_decay_gamma; // 0: off
   int64_t mask_token_id;
   df_dflash_loss_options loss;
+  // Gradient accumulation (the trainer): 0 keeps the step command's gradient, d(loss_num/loss_den); > 0 makes
+  // the backward produce d(grad_scale · loss_num), so a window's numerators add up and the trainer divides once
+  // by the window's Σ loss_den at the optimizer boundary.
+  double grad_scale;
+  bool accumulate; // add into the model's grads instead of zeroing them first
+  // DSpark drafts (cfg->kind == DF_DRAFT_DSPARK; a DFlash draft ignores these). Unless `set`, the loss weights
+  // are SpecForge's defaults 0.1 / 0.9 / 1.0, so zero-initialized options train a DSpark draft as SpecForge
+  // does. The chunking is loss.chunk_blocks; loss.type must be dflash (DSpark has its own objective).
+  struct {
+    bool set;
+    double ce_alpha, l1_alpha, conf_alpha; // training.dspark_{ce_loss,l1_loss,confidence_head}_alpha
+  } dspark;
+  df_dspark_metrics *dspark_metrics; // when not NULL, receives the DSpark metrics (df_dspark_metrics_free)
 } df_step_options;
 
 // The frozen target pieces as the step reads them: embedding (V, H) and LM head (V, H), CPU fp32.
@@ -31,8 +45,13 @@ typedef struct {
 } df_step_frozen;
 
 // One micro-step on a loaded batch: anchors from s, block inputs embedded with the frozen embedding, the
-// draft forward, the objective, and the backward into the model's zeroed grads (d(loss_num/loss_den)).
+// draft forward, the objective, and the backward into the model's zeroed grads (d(loss_num/loss_den); see
+// df_step_options.grad_scale and .accumulate for the trainer's numerator gradients).
 // out->N receives the blocks per sample; metrics are owned by the caller (df_dflash_metrics_free).
+// A DSpark draft (docs/dflash-step.md §6) runs the DSpark labels, heads and objective instead; out then holds
+// loss_num / loss_den of the DSpark loss, acc_num / acc_den = correct / valid (prefix-valid) slots, the
+// per-slot accuracy counts and, as accept_len_sum, Σ over kept blocks of 1 + the leading run of correct valid
+// slots; opt->dspark_metrics gets the rest. The batch must carry last_hidden when the loss needs the teacher.
 df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                         const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
                         df_dflash_metrics *out, df_error *err);
@@ -43,11 +62,14 @@ typedef struct {
   int64_t B, S, N, bs;
   double mean_accept_len;    // over kept blocks
   df_dflash_metrics metrics; // per-position counts (owned; df_step_result_free)
+  bool dspark;               // a DSpark draft: dspark_metrics is filled (owned; df_step_result_free)
+  df_dspark_metrics dspark_metrics;
 } df_step_result;
 
 // Parses the recipe, loads the target pieces, configs, model (init or warm start) and the first batch, runs
 // one micro-step on threads CPU threads (0: OpenMP default) and, when dump_dir is not NULL, writes
-// dump_dir/grads.safetensors (F32, every trainable parameter) and dump_dir/step.json atomically.
+// dump_dir/grads.safetensors (F32, every trainable parameter) and dump_dir/step.json atomically. The draft
+// config decides the strategy (DFlash or DSpark); training.strategy must agree with it.
 df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_step_result *out, df_error *err);
 void df_step_result_free(df_step_result *r);
 

@@ -61,6 +61,8 @@ df_status df_cuda_bce_logits_forward(df_ctx *ctx, const df_tensor *x, const df_t
                                      df_error *err);
 df_status df_cuda_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, const df_tensor *dloss,
                                       df_tensor *dx, df_error *err);
+df_status df_cuda_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,
+                                const df_lmhead_dspark_out *out, df_error *err);
 df_status df_cuda_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df_tensor *m, df_tensor *v,
                              const df_adamw_hparams *hp, df_error *err);
 df_status df_cuda_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err);

@@ -250,6 +250,12 @@ extern "C" df_status df_cuda_bce_logits_backward(df_ctx *ctx, const df_tensor *x
   DF_CUDA_TODO(bce_logits_backward);
 }
 
+extern "C" df_status df_cuda_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc,
+                                           const df_lmhead_dspark_in *in, const df_lmhead_dspark_out *out,
+                                           df_error *err) {
+  DF_CUDA_TODO(lmhead_dspark);
+}
+
 extern "C" df_status df_cuda_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df_tensor *m,
                                         df_tensor *v, const df_adamw_hparams *hp, df_error *err) {
   DF_CUDA_TODO(adamw_step);

@@ -1,5 +1,5 @@
 // Draft config: shipped configs, defaults (target layer ids, head_dim, ...), one failing case per rule,
-// MoE refusal, JSON syntax / duplicate-key errors, kept unknown keys, print.
+// MoE resolution, JSON syntax / duplicate-key errors, kept unknown keys, print.
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "modeling/draft_config.h"
+#include "moe/config.h"
 
 #define CONFIGS_DIR DF_FIXTURE_DIR "/../../configs"
 #define BAD_DIR     DF_FIXTURE_DIR "/configs/bad"
@@ -461,10 +462,11 @@ Test(draft_config, each_rule_names_its_key) {
     expect_fail_set(BAD[i].file, BAD[i].path, BAD[i].value, BAD[i].want, BAD[i].key);
 }
 
-Test(draft_config, moe_keys_are_refused) {
+// A draft is MoE iff it names moe_preset (moe/config.h resolves it; tests/moe/test_moe_config.c covers the
+// rules). Without a preset every MoE key is an error: never a silent dense FFN.
+Test(draft_config, moe_keys_need_a_preset) {
   const char *keys[][2] = {{"num_experts", "8"},
                            {"n_routed_experts", "8"},
-                           {"moe_preset", "\"qwen3_5_moe\""},
                            {"num_experts_per_tok", "2"},
                            {"moe_intermediate_size", "512"},
                            {"n_shared_experts", "1"},
@@ -476,19 +478,55 @@ Test(draft_config, moe_keys_are_refused) {
     set(d, keys[i][0], js(keys[i][1]));
     const df_draft_config *cfg = NULL;
     df_error err = {0};
-    cr_expect_eq(parse_doc(d, &cfg, &err), DF_ERR_UNSUPPORTED, "%s accepted", keys[i][0]);
+    cr_expect_eq(parse_doc(d, &cfg, &err), DF_ERR_INVALID, "%s accepted", keys[i][0]);
     cr_expect_str_eq(err.where, keys[i][0]);
-    cr_expect(strstr(err.msg, "MoE drafts are not supported by this build yet"), "%s", err.msg);
+    cr_expect(strstr(err.msg, "moe_preset"), "%s", err.msg);
+    cr_expect(strstr(err.hint, "moe_preset"), "%s", err.hint);
   }
   // null means "not set" (SpecForge resolves only non-null keys): a dense draft.
   json_t *d = doc("tiny-dflash.json");
   set(d, "num_experts", js("null"));
-  df_draft_config_free(parse_doc_ok(d));
-  // The file form names the file and the first MoE key.
-  const df_draft_config *cfg = NULL;
-  df_error err = {0};
-  cr_expect_eq(df_draft_config_from_file(BAD_DIR "/moe-draft.json", &cfg, &err), DF_ERR_UNSUPPORTED);
-  cr_expect(strstr(err.msg, "moe-draft.json"), "%s", err.msg);
+  const df_draft_config *dense = parse_doc_ok(d);
+  cr_expect_null(dense->moe);
+  df_draft_config_free(dense);
+  // A preset without the per-run sizes names the first missing one.
+  d = doc("tiny-dflash.json");
+  set(d, "moe_preset", js("\"qwen3_5_moe\""));
+  expect_fail(d, DF_ERR_INVALID, "n_routed_experts");
+  // The file form: a preset and the sizes make an MoE draft.
+  const df_draft_config *cfg = load_ok(BAD_DIR "/moe-draft.json");
+  cr_assert_not_null(cfg->moe);
+  cr_expect_str_eq(cfg->moe->preset, "qwen3_5_moe");
+  cr_expect_eq(cfg->moe->n_routed_experts, 8);
+  df_draft_config_free(cfg);
+}
+
+Test(draft_config, moe_configs_resolve) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", CONFIGS_DIR, "qwen3.8-27b-dspark-moe.json");
+  const df_draft_config *cfg = load_ok(path);
+  cr_expect_eq(cfg->kind, DF_DRAFT_DSPARK);
+  cr_assert_not_null(cfg->moe);
+  cr_expect_str_eq(cfg->moe->preset, "qwen3_5_moe");
+  cr_expect_eq(cfg->moe->n_routed_experts, 512);
+  cr_expect_eq(cfg->moe->num_experts_per_tok, 10);
+  cr_expect_eq(cfg->moe->moe_intermediate_size, 512);
+  cr_expect_eq(cfg->moe->shared_expert_intermediate_size, 2048);
+  cr_expect_eq(cfg->moe->router_center, DF_MOE_CENTER_SAMPLE);
+  cr_expect_eq(cfg->moe->dispatch, DF_MOE_DISPATCH_GROUPED_MM);
+  cr_expect_str_eq(cfg->moe->moe_layout, "qwen");
+  cr_expect_eq(cfg->dflash.markov_rank, 256);
+  df_draft_config_free(cfg);
+  snprintf(path, sizeof path, "%s/%s", CONFIGS_DIR, "tiny-dflash-moe-deepseek.json");
+  cfg = load_ok(path);
+  cr_assert_not_null(cfg->moe);
+  cr_expect_str_eq(cfg->moe->preset, "deepseek_v4");
+  cr_expect_eq(cfg->moe->balance, DF_MOE_BALANCE_NOAUX_TC);
+  df_draft_config_free(cfg);
+  snprintf(path, sizeof path, "%s/%s", CONFIGS_DIR, "qwen3-8b-dflash.json");
+  cfg = load_ok(path);
+  cr_expect_null(cfg->moe);
+  df_draft_config_free(cfg);
 }
 
 Test(draft_config, file_errors_name_file_and_key) {
@@ -576,6 +614,22 @@ Test(draft_config, print_shows_resolved_values) {
   cr_expect(row_is(buf, "kind", "dflash (DFlashDraftModel)"), "%s", buf);
   cr_expect(row_is(buf, "dflash.mask_token_id", "151669"), "%s", buf);
   cr_expect(strstr(buf, "auto_map"), "kept keys listed: %s", buf);
+  free(buf);
+  df_draft_config_free(c);
+}
+
+Test(draft_config, print_shows_the_moe_ffn) {
+  const df_draft_config *c = parse_doc_ok(doc("qwen3.8-27b-dspark-moe.json"));
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *fp = open_memstream(&buf, &len);
+  df_draft_config_print(c, fp);
+  fclose(fp);
+  cr_expect(row_is(buf, "ffn", "moe (preset qwen3_5_moe, layout qwen)"), "%s", buf);
+  cr_expect(row_is(buf, "moe.experts", "512, top-10, width 512"), "%s", buf);
+  cr_expect(row_is(buf, "parameters", "20.82 B total, 1.084 B active"), "%s", buf);
+  cr_expect_not(strstr(buf, "n_routed_experts"), "MoE keys are interpreted, not kept: %s", buf);
+  cr_expect_not(strstr(buf, "dflash_config.moe_"), "MoE keys are interpreted, not kept: %s", buf);
   free(buf);
   df_draft_config_free(c);
 }

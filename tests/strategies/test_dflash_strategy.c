@@ -292,17 +292,20 @@ static void check_objective(df_dflash_loss_type type) {
   run_objective(&c, type, 1, dh, &m);
   double ce[OR], dce[OR][OH], num = 0, den = 0, acc = 0, accden = 0;
   int am[OR];
-  float cef[OR], wt[OR];
+  float cef[OR], wt[OR], w[OR];
+  bool dpace = type != DF_LOSS_DFLASH;
+  // D-PACE weighs slots by the binary weight (decay ignored, as SpecForge does); dflash by the decayed one.
+  for (int r = 0; r < OR; r++) w[r] = dpace ? (float)c.blk.binary[r] : c.blk.weights[r];
   for (int r = 0; r < OR; r++) naive_row(&c, r, &ce[r], &am[r], dce[r]), cef[r] = (float)ce[r];
   df_error err = {0};
-  DF_ASSERT_OK(df_dpace_weights(type, 0.4, cef, c.blk.weights, OB * ON, OBS, wt, &err), &err);
+  DF_ASSERT_OK(df_dpace_weights(type, 0.4, cef, w, OB * ON, OBS, wt, &err), &err);
   for (int r = 0; r < OR; r++) {
-    num += ce[r] * c.blk.weights[r] * wt[r];
+    num += ce[r] * w[r] * wt[r];
     den += c.blk.weights[r];
     acc += c.blk.binary[r] && am[r] == c.blk.labels[r];
     accden += c.blk.binary[r];
   }
-  if (type != DF_LOSS_DFLASH) den = OB;
+  if (dpace) den = OB;
   cr_expect_float_eq(m.loss_num, num, 1e-5 * fabs(num), "loss_num");
   cr_expect_float_eq(m.loss_den, den, 1e-9, "loss_den");
   cr_expect_eq(m.acc_num, acc);
@@ -311,7 +314,7 @@ static void check_objective(df_dflash_loss_type type) {
   cr_expect_eq(m.pos_acc_den[0], 0, "slot 0 is never supervised");
   float want[OR * OH];
   for (int r = 0; r < OR; r++)
-    for (int h = 0; h < OH; h++) want[r * OH + h] = (float)(dce[r][h] * c.blk.weights[r] * wt[r] / den);
+    for (int h = 0; h < OH; h++) want[r * OH + h] = (float)(dce[r][h] * w[r] * wt[r] / den);
   df_expect_close("dhidden", dh, want, OR * OH, 1e-5, 1e-7);
   // chunking changes nothing, and the forward-only call gives the same terms
   float dh_full[OR * OH];

@@ -101,7 +101,7 @@ Test(recipe, unknown_key_names_line_column_and_valid_keys) {
   cr_expect_str_eq(err.where, "training.num_anchor");
   cr_expect(strstr(err.msg, "bad-unknown-key.yaml:7:3: unknown key 'num_anchor' in section 'training'"), "%s", err.msg);
   cr_expect(strstr(err.hint, "did you mean 'num_anchors'?"), "%s", err.hint);
-  cr_expect(strstr(err.hint, "valid keys: strategy, batch_size, num_anchors"), "%s", err.hint);
+  cr_expect(strstr(err.hint, "valid keys: strategy, num_epochs, max_steps"), "%s", err.hint);
   cr_expect(strstr(err.hint, "more"), "%s", err.hint);
   // the full list goes to the log
   cr_expect(strstr(logbuf, "valid keys in section 'training'"), "%s", logbuf);
@@ -163,16 +163,15 @@ Test(recipe, unsupported_non_default_value) {
   const df_recipe *r = NULL;
   df_error err = {0};
   cr_assert_eq(df_recipe_load(DF_FIXTURE_DIR "/recipes/bad-unsupported.yaml", NULL, &r, &err), DF_ERR_UNSUPPORTED);
-  cr_expect_str_eq(err.where, "training.learning_rate");
-  cr_expect(strstr(err.msg, "bad-unsupported.yaml:7:18: training.learning_rate = 0.0006 is not supported"), "%s",
-            err.msg);
-  cr_expect(strstr(err.hint, "default (1e-4)"), "%s", err.hint);
+  cr_expect_str_eq(err.where, "training.tp_size");
+  cr_expect(strstr(err.msg, "bad-unsupported.yaml:7:12: training.tp_size = 2 is not supported"), "%s", err.msg);
+  cr_expect(strstr(err.hint, "default (1)"), "%s", err.hint);
   // the same key at its default is accepted, as are inert keys with any valid value
-  df_recipe_free(parse_ok(HEAD "training:\n  strategy: dflash\n  learning_rate: 0.0001\n  dist_timeout: 99\n"
+  df_recipe_free(parse_ok(HEAD "training:\n  strategy: dflash\n  tp_size: 1\n  dist_timeout: 99\n"
                                "  attention_backend: sdpa\n"));
   df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  attention_backend: usp\n", DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "training.attention_backend");
-  e = parse_fail(HEAD "training:\n  strategy: dspark\n", DF_ERR_UNSUPPORTED);
+  e = parse_fail(HEAD "training:\n  strategy: domino\n", DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "training.strategy");
   e = parse_fail(HEAD "deployment:\n  disaggregated:\n    control_dir: /x\ntraining:\n  strategy: dflash\n",
                  DF_ERR_UNSUPPORTED);
@@ -243,4 +242,150 @@ Test(recipe, schema_table_is_consistent) {
   df_recipe_print_schema(fp);
   fclose(fp);
   cr_expect(strstr(buf, "training.num_anchors"), "%s", buf);
+}
+
+// ---- the trainer's keys, --set overrides, the resolved recipe, SpecForge's example -----------------------------
+
+static const df_recipe *parse_with(const char *text, const char *const *sets, int n, df_error *err, df_status *st) {
+  const df_recipe *r = NULL;
+  df_recipe_options o = {.overrides = sets, .n_overrides = n};
+  *st = df_recipe_parse(text, strlen(text), "t.yaml", "/base", &o, &r, err);
+  return r;
+}
+
+Test(recipe, trainer_keys_and_defaults) {
+  const df_recipe *r = parse_ok(HEAD "training:\n  strategy: dflash\n");
+  cr_expect_eq(r->training.num_epochs, 1);
+  cr_expect_eq(r->training.max_steps, 0);
+  cr_expect_eq(r->training.total_steps, 0);
+  cr_expect_eq(r->training.accumulation_steps, 1);
+  cr_expect_eq(r->training.learning_rate, 1e-4);
+  cr_expect_eq(r->training.lr_scheduler, DF_LR_COSINE);
+  cr_expect_eq(r->training.warmup_ratio, 0.015);
+  cr_expect_eq(r->training.max_grad_norm, 0.5);
+  cr_expect_eq(r->training.weight_decay, 0.0);
+  cr_expect_eq(r->training.adam_beta1, 0.9);
+  cr_expect_eq(r->training.adam_beta2, 0.999);
+  cr_expect_eq(r->training.adam_eps, 1e-8);
+  cr_expect_eq(r->training.log_interval, 50);
+  cr_expect_eq(r->training.save_interval, 0);
+  cr_expect_eq(r->training.max_checkpoints, 0);
+  cr_expect_null(r->training.resume_from);
+  cr_expect_null(r->data.eval_hidden_states_path);
+  df_recipe_free(r);
+  r = parse_ok(HEAD "training:\n  strategy: dflash\n  lr_scheduler: constant\n  accumulation_steps: 8\n"
+                    "  resume_from: runs/a\n  adam_beta2: 0.95\n");
+  cr_expect_eq(r->training.lr_scheduler, DF_LR_CONSTANT);
+  cr_expect_eq(r->training.accumulation_steps, 8);
+  cr_expect_str_eq(r->training.resume_from, "/base/runs/a");
+  cr_expect_eq(r->training.adam_beta2, 0.95);
+  df_recipe_free(r);
+  df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  adam_beta1: 1.0\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.adam_beta1");
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  max_steps: 20\n  total_steps: 10\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.max_steps");
+  e = parse_fail(HEAD "training:\n  strategy: dflash\n  eval_interval: 10\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.eval_interval");
+}
+
+Test(recipe, set_overrides) {
+  const char *sets[] = {"training.batch_size=8",      "output_dir=runs/x",      "deployment.trainer.nnodes=1",
+                        "training.loss_decay_gamma=", "training.max_steps=100", "data.hidden_states_path=rel/hs",
+                        "training.batch_size=16"};
+  df_error err = {0};
+  df_status st;
+  const df_recipe *r =
+      parse_with(HEAD "training:\n  strategy: dflash\n  batch_size: 2\n  loss_decay_gamma: 7\n", sets, 7, &err, &st);
+  DF_ASSERT_OK(st, &err);
+  cr_expect_eq(r->training.batch_size, 16, "the last --set of a key wins");
+  cr_expect_str_eq(r->output_dir, "runs/x", "--set paths stay relative to the working directory");
+  cr_expect_str_eq(r->data.hidden_states_path, "rel/hs");
+  cr_expect_eq(r->training.loss_decay_gamma, 0.0, "an empty value is null");
+  cr_expect_eq(r->training.max_steps, 100);
+  df_recipe_free(r);
+}
+
+Test(recipe, set_errors_name_the_key) {
+  df_error err = {0};
+  df_status st;
+  const char *a[] = {"training.num_anchor=3"};
+  cr_expect_null(parse_with(HEAD "training:\n  strategy: dflash\n", a, 1, &err, &st));
+  cr_expect_eq(st, DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "training.num_anchor");
+  cr_expect(strstr(err.msg, "--set 'training.num_anchor=3'"), "%s", err.msg);
+  cr_expect(strstr(err.hint, "did you mean 'num_anchors'? valid keys: strategy"), "%s", err.hint);
+  const char *b[] = {"traning.seed=1"};
+  cr_expect_null(parse_with(HEAD "training:\n  strategy: dflash\n", b, 1, &err, &st));
+  cr_expect_str_eq(err.where, "traning");
+  cr_expect(strstr(err.hint, "did you mean 'training'?"), "%s", err.hint);
+  const char *c[] = {"training.seed=abc"};
+  cr_expect_null(parse_with(HEAD "training:\n  strategy: dflash\n", c, 1, &err, &st));
+  cr_expect_str_eq(err.where, "training.seed");
+  cr_expect(strstr(err.msg, "expected an integer, got a string 'abc'"), "%s", err.msg);
+  const char *d[] = {"training.tp_size=2"};
+  cr_expect_null(parse_with(HEAD "training:\n  strategy: dflash\n", d, 1, &err, &st));
+  cr_expect_eq(st, DF_ERR_UNSUPPORTED);
+  cr_expect_str_eq(err.where, "training.tp_size");
+  const char *e[] = {"training=1"};
+  cr_expect_null(parse_with(HEAD "training:\n  strategy: dflash\n", e, 1, &err, &st));
+  cr_expect(strstr(err.msg, "is a section"), "%s", err.msg);
+  const char *f[] = {"training.seed"};
+  cr_expect_null(parse_with(HEAD "training:\n  strategy: dflash\n", f, 1, &err, &st));
+  cr_expect(strstr(err.msg, "expected section.key=value"), "%s", err.msg);
+  const char *g[] = {"training.seed=[1"};
+  cr_expect_null(parse_with(HEAD "training:\n  strategy: dflash\n", g, 1, &err, &st));
+  cr_expect(strstr(err.msg, "not valid YAML"), "%s", err.msg);
+}
+
+// Writes r's resolved YAML into a string (owned by the caller).
+static char *resolved_text(const df_recipe *r) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *fp = open_memstream(&text, &len);
+  df_error err = {0};
+  DF_ASSERT_OK(df_recipe_write_resolved(r, fp, &err), &err);
+  fclose(fp);
+  return text;
+}
+
+Test(recipe, resolved_recipe_round_trips) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_recipe_load(DF_FIXTURE_DIR "/recipes/good-full.yaml", NULL, &r, &err), &err);
+  char *a = resolved_text(r);
+  cr_expect(strstr(a, "  loss_type: \"dpace-continuation-value-only\"\n"), "%s", a);
+  cr_expect(strstr(a, "  adam_eps: 1e-08\n"), "%s", a);
+  cr_expect(strstr(a, "    nnodes: 1\n"), "%s", a);
+  cr_expect(strstr(a, "  disaggregated: null\n"), "%s", a);
+  const df_recipe *r2 = NULL;
+  DF_ASSERT_OK(df_recipe_parse(a, strlen(a), "resolved.yaml", "/elsewhere", NULL, &r2, &err), &err);
+  char *b = resolved_text(r2);
+  // identical but for the header line naming the source
+  cr_expect_str_eq(strchr(a, '\n'), strchr(b, '\n'));
+  cr_expect_str_eq(r2->model.target_model_path, r->model.target_model_path);
+  cr_expect_eq(r2->training.dpace_alpha, r->training.dpace_alpha);
+  free(a), free(b);
+  df_recipe_free(r), df_recipe_free(r2);
+}
+
+Test(recipe, specforge_qwen3_8b_dflash_offline_example) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_recipe_load(DF_SOURCE_DIR "/recipes/qwen3-8b-dflash-offline.yaml", NULL, &r, &err), &err);
+  cr_expect_eq(r->training.strategy, DF_STRATEGY_DFLASH);
+  cr_expect_eq(r->training.num_epochs, 6);
+  cr_expect_eq(r->training.max_steps, 10000);
+  cr_expect_eq(r->training.total_steps, 0);
+  cr_expect_eq(r->training.batch_size, 4);
+  cr_expect_eq(r->training.learning_rate, 6e-4);
+  cr_expect_eq(r->training.warmup_ratio, 0.04);
+  cr_expect_eq(r->training.max_grad_norm, 1.0);
+  cr_expect_eq(r->training.num_anchors, 512);
+  cr_expect_eq(r->training.loss_decay_gamma, 7.0);
+  cr_expect_eq(r->training.save_interval, 1000);
+  cr_expect_eq(r->training.log_interval, 50);
+  cr_expect_eq(r->data.max_length, 3072);
+  cr_expect_str_eq(r->run_id, "qwen3-8b-dflash-offline");
+  cr_expect(strstr(r->output_dir, "outputs/qwen3-8b-dflash-offline"), "%s", r->output_dir);
+  df_recipe_free(r);
 }

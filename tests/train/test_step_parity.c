@@ -1,7 +1,8 @@
 // `draftforge step` against the PyTorch reference: every case directory under tests/fixtures/dflash_step/
-// (tools/reference/make_dflash_fixtures.py) runs through df_step_run; loss terms must agree to rel 1e-5 and
-// every gradient tensor to max|Δ| <= 1e-4·max|ref| + 1e-6, with the same set of names. Also the batch order
-// and anchors (expected/batch.json), and a smoke test of the CLI entry point.
+// (tools/reference/make_dflash_fixtures.py) and tests/fixtures/dspark_step/ (make_dspark_fixtures.py) runs
+// through df_step_run; loss terms (and DSpark's metric sums) must agree to rel 1e-5 and every gradient tensor to
+// max|Δ| <= 1e-4·max|ref| + 1e-6, with the same set of names. Also the batch order and anchors
+// (expected/batch.json), and a smoke test of the CLI entry point.
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -17,7 +18,8 @@
 #include "train/recipe.h"
 #include "train/step.h"
 
-#define STEP_DIR DF_FIXTURE_DIR "/dflash_step"
+#define STEP_DIR   DF_FIXTURE_DIR "/dflash_step"
+#define DSPARK_DIR DF_FIXTURE_DIR "/dspark_step"
 
 enum { MAX_CASES = 64 };
 
@@ -28,21 +30,23 @@ static bool is_file(const char *p) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-// Case directories: subdirectories holding recipe.yaml, sorted. Returns -1 when the folder does not exist.
-static int list_cases(char **names, int cap) {
-  DIR *d = opendir(STEP_DIR);
+// Case directories of dir: subdirectories holding recipe.yaml, sorted. Returns -1 when dir does not exist.
+static int list_cases_in(const char *dir, char **names, int cap) {
+  DIR *d = opendir(dir);
   if (!d) return -1;
   int n = 0;
   struct dirent *e;
   char p[1024];
   while ((e = readdir(d)) && n < cap) {
-    snprintf(p, sizeof p, "%s/%s/recipe.yaml", STEP_DIR, e->d_name);
+    snprintf(p, sizeof p, "%s/%s/recipe.yaml", dir, e->d_name);
     if (e->d_name[0] != '.' && is_file(p)) names[n++] = strdup(e->d_name);
   }
   closedir(d);
   qsort(names, (size_t)n, sizeof *names, cmp_str);
   return n;
 }
+
+static int list_cases(char **names, int cap) { return list_cases_in(STEP_DIR, names, cap); }
 
 static void tmpdir_make(char *buf, size_t n) {
   snprintf(buf, n, "/tmp/df_step_test_XXXXXX");
@@ -63,9 +67,43 @@ static void tmpdir_remove(const char *dir) {
 
 static double rel_err(double got, double want) { return fabs(got - want) / fmax(fabs(want), 1e-30); }
 
-static bool expect_terms(const char *name, const df_step_result *r) {
+static bool expect_close_key(const char *name, json_t *want, const char *key, double got) {
+  double w = json_number_value(json_object_get(want, key)), e = rel_err(got, w);
+  cr_expect_leq(e, 1e-5, "%s: %s = %.10g, expected %.10g (rel err %.3g)", name, key, got, w, e);
+  return e <= 1e-5;
+}
+
+// DSpark: every metric sum and the per-position sums.
+static bool expect_dspark_terms(const char *name, json_t *want, const df_dspark_metrics *m) {
+  const char *keys[] = {"ce_num",           "l1_num",
+                        "confidence_num",   "confidence_abs_error_num",
+                        "eval_den",         "teacher_agreement_num",
+                        "teacher_top1_num", "draft_top1_num",
+                        "tau_num",          "tau_den"};
+  const double got[] = {
+      m->ce_num,           m->l1_num,         m->conf_num, m->conf_err_num, m->eval_den, m->teacher_agree_num,
+      m->teacher_top1_num, m->draft_top1_num, m->tau_num,  m->tau_den};
+  bool ok = true;
+  for (size_t i = 0; i < sizeof got / sizeof *got; i++) ok = expect_close_key(name, want, keys[i], got[i]) && ok;
+  const char *pos[] = {"ce_position_num", "accuracy_position_num", "position_den"};
+  const double *pg[] = {m->pos_ce_num, m->pos_acc_num, m->pos_den};
+  for (int j = 0; j < 3; j++) {
+    json_t *arr = json_object_get(want, pos[j]);
+    cr_expect_eq((int64_t)json_array_size(arr), m->bs, "%s: %s length", name, pos[j]);
+    for (int64_t k = 0; k < m->bs && k < (int64_t)json_array_size(arr); k++) {
+      double w = json_number_value(json_array_get(arr, (size_t)k)), e = rel_err(pg[j][k], w);
+      cr_expect_leq(e, 1e-5, "%s: %s[%lld] = %.10g, expected %.10g", name, pos[j], (long long)k, pg[j][k], w);
+      ok = ok && e <= 1e-5;
+    }
+  }
+  bool teacher = !json_is_null(json_object_get(want, "tau_probabilistic"));
+  cr_expect_eq(m->has_teacher, teacher, "%s: the teacher ran in one implementation only", name);
+  return ok && m->has_teacher == teacher;
+}
+
+static bool expect_terms(const char *dir, const char *name, const df_step_result *r) {
   char p[1024];
-  snprintf(p, sizeof p, "%s/%s/expected/step.json", STEP_DIR, name);
+  snprintf(p, sizeof p, "%s/%s/expected/step.json", dir, name);
   json_error_t je;
   json_t *want = json_load_file(p, 0, &je);
   cr_assert_not_null(want, "%s: %s", p, je.text);
@@ -80,7 +118,9 @@ static bool expect_terms(const char *name, const df_step_result *r) {
   }
   json_int_t nb = json_integer_value(json_object_get(want, "num_blocks"));
   cr_expect_eq(r->num_blocks, nb, "%s: num_blocks %lld, expected %lld", name, (long long)r->num_blocks, (long long)nb);
-  fprintf(stderr, "  %-22s loss %.9f (ref %.9f, rel %.1e)  acc %.0f/%.0f  blocks %lld\n", name, r->loss,
+  cr_expect_eq(r->dspark, json_object_get(want, "strategy") != NULL, "%s: strategy", name);
+  if (r->dspark) ok = expect_dspark_terms(name, want, &r->dspark_metrics) && ok;
+  fprintf(stderr, "  %-26s loss %.9f (ref %.9f, rel %.1e)  acc %.0f/%.0f  blocks %lld\n", name, r->loss,
           json_number_value(json_object_get(want, "loss")),
           rel_err(r->loss, json_number_value(json_object_get(want, "loss"))), r->acc_num, r->acc_den,
           (long long)r->num_blocks);
@@ -117,9 +157,9 @@ static double compare_tensor(const char *cname, const df_st_file *gf, const df_s
   return isnan(ratio) ? INFINITY : ratio;
 }
 
-static bool expect_grads(const char *name, const char *dump) {
+static bool expect_grads(const char *dir, const char *name, const char *dump) {
   char p[1024], q[1024];
-  snprintf(p, sizeof p, "%s/%s/expected/grads.safetensors", STEP_DIR, name);
+  snprintf(p, sizeof p, "%s/%s/expected/grads.safetensors", dir, name);
   snprintf(q, sizeof q, "%s/grads.safetensors", dump);
   df_st_file *wf = NULL, *gf = NULL;
   df_error err = {0};
@@ -142,18 +182,18 @@ static bool expect_grads(const char *name, const char *dump) {
     cr_expect(known, "%s: extra gradient %s", name, df_st_at(gf, i)->name);
     ok = ok && known;
   }
-  fprintf(stderr, "  %-22s %d gradients, worst max|Δ| / (1e-4·max|ref| + 1e-6) = %.3g\n", name, df_st_count(wf), worst);
+  fprintf(stderr, "  %-26s %d gradients, worst max|Δ| / (1e-4·max|ref| + 1e-6) = %.3g\n", name, df_st_count(wf), worst);
   df_st_close(wf), df_st_close(gf);
   return ok && worst <= 1.0;
 }
 
 // ---- batch order and anchors (expected/batch.json: contract §1–§2) ------------------------------------------------
 
-static void expect_batch(const char *name) {
+static void expect_batch(const char *dir, const char *name) {
   char p[1024], r[1024];
-  snprintf(p, sizeof p, "%s/%s/expected/batch.json", STEP_DIR, name);
+  snprintf(p, sizeof p, "%s/%s/expected/batch.json", dir, name);
   if (!is_file(p)) return;
-  snprintf(r, sizeof r, "%s/%s/recipe.yaml", STEP_DIR, name);
+  snprintf(r, sizeof r, "%s/%s/recipe.yaml", dir, name);
   json_error_t je;
   json_t *want = json_load_file(p, 0, &je);
   cr_assert_not_null(want, "%s: %s", p, je.text);
@@ -193,21 +233,21 @@ static void expect_batch(const char *name) {
 
 // ---- tests -------------------------------------------------------------------------------------------------------
 
-static void run_case(const char *name, int *passed) {
+static void run_case(const char *dir, const char *name, int *passed) {
   char recipe[1024], dump[64];
-  snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", STEP_DIR, name);
+  snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", dir, name);
   tmpdir_make(dump, sizeof dump);
   df_step_result r;
   df_error err = {0};
   df_status st = df_step_run(recipe, dump, 2, &r, &err);
   cr_expect_eq(st, DF_OK, "%s: %s [%s]", name, err.msg, err.where);
   if (st == DF_OK) {
-    bool ok = expect_terms(name, &r);
-    ok = expect_grads(name, dump) && ok;
+    bool ok = expect_terms(dir, name, &r);
+    ok = expect_grads(dir, name, dump) && ok;
     *passed += ok;
     df_step_result_free(&r);
   }
-  expect_batch(name);
+  expect_batch(dir, name);
   tmpdir_remove(dump);
 }
 
@@ -217,8 +257,20 @@ Test(step_parity, every_fixture_case, .timeout = 600) {
   if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_dflash_fixtures.py writes it)", STEP_DIR);
   cr_assert_gt(n, 0, "no case directory (with recipe.yaml) under %s", STEP_DIR);
   int passed = 0;
-  for (int i = 0; i < n; i++) run_case(names[i], &passed);
+  for (int i = 0; i < n; i++) run_case(STEP_DIR, names[i], &passed);
   fprintf(stderr, "step parity: %d/%d cases pass\n", passed, n);
+  for (int i = 0; i < n; i++) free(names[i]);
+}
+
+// DSpark: each Markov head type, with and without the confidence head, with and without decay.
+Test(step_parity, every_dspark_fixture_case, .timeout = 600) {
+  char *names[MAX_CASES];
+  int n = list_cases_in(DSPARK_DIR, names, MAX_CASES);
+  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_dspark_fixtures.py writes it)", DSPARK_DIR);
+  cr_assert_gt(n, 0, "no case directory (with recipe.yaml) under %s", DSPARK_DIR);
+  int passed = 0;
+  for (int i = 0; i < n; i++) run_case(DSPARK_DIR, names[i], &passed);
+  fprintf(stderr, "dspark step parity: %d/%d cases pass\n", passed, n);
   for (int i = 0; i < n; i++) free(names[i]);
 }
 

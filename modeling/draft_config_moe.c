@@ -1,0 +1,50 @@
+// The draft config's MoE part: the MoE FFN resolved from the draft document (moe/config.c does the work), and
+// the parameter count of the whole draft, which is where an MoE draft's total and active sizes come from.
+#include "modeling/draft_config_internal.h"
+#include "moe/params.h"
+
+df_status df_draft_parse_moe(const df_cj *c, const json_t *root, df_draft_config_owned *o) {
+  bool is_moe = false;
+  DF_TRY(df_moe_config_resolve(root, c->source, &is_moe, &o->moe, c->err));
+  o->pub.moe = is_moe ? &o->moe : NULL;
+  return DF_OK;
+}
+
+// The DSpark heads (dflash-dspark.md 2.1): Markov W1 Embedding(V, r) and W2 Linear(r → V), plus the gated
+// head's gate_proj Linear(H + r → r) or the rnn head's joint_proj Linear(2r + H → 3r); the confidence head
+// Linear(H [+ r] → 1) with bias.
+static int64_t dspark_head_params(const df_draft_config *cfg) {
+  const df_dflash_config *d = &cfg->dflash;
+  const int64_t H = cfg->hidden_size, V = cfg->vocab_size, r = d->markov_rank;
+  int64_t n = 0;
+  if (r > 0) {
+    n += 2 * V * r;
+    if (d->markov_head_type == DF_MARKOV_GATED) n += (H + r) * r + r;
+    if (d->markov_head_type == DF_MARKOV_RNN) n += (2 * r + H) * 3 * r + 3 * r;
+  }
+  if (d->enable_confidence_head) n += H + (d->confidence_head_with_markov ? r : 0) + 1;
+  return n;
+}
+
+// One decoder layer without its FFN: q/k/v/o projections (+ biases), q_norm and k_norm, the two RMSNorms.
+static int64_t attention_layer_params(const df_draft_config *cfg) {
+  const int64_t H = cfg->hidden_size, d = cfg->head_dim;
+  const int64_t q = cfg->num_attention_heads * d, kv = cfg->num_key_value_heads * d;
+  int64_t n = H * q + 2 * H * kv + q * H + 2 * d + 2 * H;
+  if (cfg->attention_bias) n += q + 2 * kv + H;
+  return n;
+}
+
+void df_draft_config_param_counts(const df_draft_config *cfg, int64_t *total, int64_t *active) {
+  const int64_t H = cfg->hidden_size, K = cfg->dflash.num_target_layer_ids;
+  // fc (K·H → H, no bias), hidden_norm, the final norm, and the heads.
+  int64_t shared = K * H * H + 2 * H + dspark_head_params(cfg);
+  int64_t ffn_total = 3 * H * cfg->intermediate_size, ffn_active = ffn_total;
+  if (cfg->moe) {
+    ffn_total = df_moe_layer_params_total(cfg->moe, H);
+    ffn_active = df_moe_layer_params_active(cfg->moe, H);
+  }
+  const int64_t n = cfg->num_hidden_layers, attn = attention_layer_params(cfg);
+  *total = shared + n * (attn + ffn_total);
+  *active = shared + n * (attn + ffn_active);
+}

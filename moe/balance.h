@@ -1,0 +1,55 @@
+// MoE balance controllers: the selection-score shift they own (never the combine weights) and its update,
+// stashed by a training forward and applied at the start of the next one (noaux_tc), plus the collective
+// hook the deferred updates all-reduce through.
+#ifndef DF_MOE_BALANCE_H
+#define DF_MOE_BALANCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "moe/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// In-place SUM all-reduce of n fp32 values over the data-parallel ranks. A NULL function means one rank.
+typedef df_status (*df_moe_allreduce_fn)(void *user, float *buf, int64_t n, df_error *err);
+
+typedef struct {
+  df_moe_allreduce_fn sum; // NULL: world size 1, nothing to reduce
+  void *user;
+  int world_size; // the mean of a reduced sum divides by this (1 when sum is NULL)
+} df_moe_collective;
+
+// Reduces buf (n) over ranks (SUM), then divides by the world size when `mean`.
+df_status df_moe_allreduce(const df_moe_collective *c, float *buf, int64_t n, bool mean, df_error *err);
+
+typedef struct {
+  df_moe_balance kind;
+  int64_t E;
+  float rate;   // noaux_tc step: |Δβ_e| <= rate per update
+  float *bias;  // (E) β = gate.balance.bias (noaux_tc; bound by the layer), NULL for none
+  float *stash; // (E) the last training forward's counts (owned)
+  bool pending;
+} df_moe_balance_state;
+
+df_status df_moe_balance_init(df_moe_balance_state *b, df_moe_balance kind, int64_t E, double rate, df_error *err);
+void df_moe_balance_free(df_moe_balance_state *b);
+
+// The selection shift added to the scores before top-k: β for noaux_tc, NULL for none.
+const float *df_moe_balance_shift(const df_moe_balance_state *b);
+// Training forward only: stash this micro-batch's counts (E), overwriting any earlier stash.
+void df_moe_balance_observe(df_moe_balance_state *b, const int32_t *counts);
+// Consumes the stash: load = counts all-reduced (SUM); β_e += rate · sign(mean_e(load) − load_e), sign(0) = 0.
+// A second call without a new stash does nothing.
+df_status df_moe_balance_apply_pending(df_moe_balance_state *b, const df_moe_collective *coll, df_error *err);
+// max_e |β_e| (0 for none).
+float df_moe_balance_bias_abs_max(const df_moe_balance_state *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,180 @@
+// df_ffn vtable for the MoE layer: parameter table entries, binding by native name, and model-level hooks.
+#include "moe/ffn_moe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/params.h"
+
+typedef struct {
+  df_ffn base;
+  df_moe_layer L;
+} ffn_moe;
+
+static const df_ffn_vtable MOE_VT;
+
+df_moe_layer *df_ffn_moe_layer(df_ffn *f) { return f && f->vt == &MOE_VT ? &((ffn_moe *)f)->L : NULL; }
+bool df_ffn_is_moe(const df_ffn *f) { return f && f->vt == &MOE_VT; }
+
+static int64_t moe_saved_elems(const df_ffn *f, int64_t rows) {
+  return df_moe_layer_saved_elems(&((const ffn_moe *)f)->L, rows);
+}
+static int64_t moe_scratch_elems(const df_ffn *f, int64_t rows) {
+  return df_moe_layer_scratch_elems(&((const ffn_moe *)f)->L, rows);
+}
+
+// The weight (and gradient) view of one MoE tensor by its native name.
+static df_status view_of(const df_params *p, int64_t layer, df_moe_tensor t, float *flat, df_device dev, df_tensor *out,
+                         df_error *err) {
+  char name[DF_MOE_NAME_MAX];
+  DF_TRY(df_params_view_named(p, df_moe_param_name(layer, t, name, sizeof name), flat, out, err));
+  out->device = dev;
+  return DF_OK;
+}
+
+static df_status bind_pair(const df_params *p, int64_t layer, df_moe_tensor t, float *weights, float *grads,
+                           df_device dev, df_tensor *w, df_tensor *g, df_error *err) {
+  DF_TRY(view_of(p, layer, t, weights, dev, w, err));
+  return view_of(p, layer, t, grads, dev, g, err);
+}
+
+// A buffer's storage in the flat weights (0-dim entries included).
+static df_status buffer_of(const df_params *p, int64_t layer, df_moe_tensor t, float *weights, float **out,
+                           df_error *err) {
+  char name[DF_MOE_NAME_MAX];
+  df_moe_param_name(layer, t, name, sizeof name);
+  const df_param *e = df_params_find(p, name);
+  if (!e)
+    return DF_FAIL(err, DF_ERR_INVALID, name, "build the table with df_moe_params_add for this config",
+                   "the MoE buffer '%s' is not in the parameter table", name);
+  *out = weights + e->offset;
+  return DF_OK;
+}
+
+static df_status moe_bind(df_ffn *f, const df_params *p, float *weights, float *grads, df_device dev, df_error *err) {
+  df_moe_layer *L = &((ffn_moe *)f)->L;
+  const int64_t i = f->layer;
+  DF_TRY(bind_pair(p, i, DF_MOE_T_ROUTER_WEIGHT, weights, grads, dev, &L->w_router, &L->g_router, err));
+  if (L->cfg.moe_router_bias) DF_TRY(view_of(p, i, DF_MOE_T_ROUTER_BIAS, weights, dev, &L->logit_bias, err));
+  if (L->cfg.balance == DF_MOE_BALANCE_NOAUX_TC)
+    DF_TRY(buffer_of(p, i, DF_MOE_T_SELECTION_BIAS, weights, &L->balance.bias, err));
+  if (L->cfg.router_center != DF_MOE_CENTER_NONE) {
+    DF_TRY(buffer_of(p, i, DF_MOE_T_INPUT_MEAN, weights, &L->input_mean, err));
+    DF_TRY(buffer_of(p, i, DF_MOE_T_INPUT_MEAN_STEPS, weights, &L->input_mean_steps, err));
+  }
+  df_moe_experts_params *ep = &L->ep;
+  DF_TRY(bind_pair(p, i, DF_MOE_T_EXPERTS_W1, weights, grads, dev, &ep->w1, &ep->g1, err));
+  DF_TRY(bind_pair(p, i, DF_MOE_T_EXPERTS_W3, weights, grads, dev, &ep->w3, &ep->g3, err));
+  DF_TRY(bind_pair(p, i, DF_MOE_T_EXPERTS_W2, weights, grads, dev, &ep->w2, &ep->g2, err));
+  ep->frozen = L->cfg.freeze_experts;
+  if (!L->has_shared) return DF_OK;
+  df_moe_shared_params *sp = &L->sp;
+  DF_TRY(bind_pair(p, i, DF_MOE_T_SHARED_W1, weights, grads, dev, &sp->w1, &sp->g1, err));
+  DF_TRY(bind_pair(p, i, DF_MOE_T_SHARED_W3, weights, grads, dev, &sp->w3, &sp->g3, err));
+  DF_TRY(bind_pair(p, i, DF_MOE_T_SHARED_W2, weights, grads, dev, &sp->w2, &sp->g2, err));
+  if (L->shared.gated) DF_TRY(bind_pair(p, i, DF_MOE_T_SHARED_GATE, weights, grads, dev, &sp->gate, &sp->ggate, err));
+  return DF_OK;
+}
+
+static df_status moe_forward(df_ffn *f, df_ctx *ctx, const df_tensor *x, df_tensor *y, float *saved, float *scratch,
+                             df_error *err) {
+  return df_moe_layer_forward(&((ffn_moe *)f)->L, ctx, x, y, saved, scratch, err);
+}
+
+static df_status moe_backward(df_ffn *f, df_ctx *ctx, const df_tensor *x, const df_tensor *dy, df_tensor *dx,
+                              bool accumulate_dx, const float *saved, float *scratch, df_error *err) {
+  return df_moe_layer_backward(&((ffn_moe *)f)->L, ctx, x, dy, dx, accumulate_dx, saved, scratch, err);
+}
+
+static void moe_destroy(df_ffn *f) {
+  df_moe_layer_free(&((ffn_moe *)f)->L);
+  free(f);
+}
+
+static const df_ffn_vtable MOE_VT = {.kind = "moe",
+                                     .saved_elems = moe_saved_elems,
+                                     .scratch_elems = moe_scratch_elems,
+                                     .bind = moe_bind,
+                                     .forward = moe_forward,
+                                     .backward = moe_backward,
+                                     .destroy = moe_destroy};
+
+df_status df_ffn_moe_create_from(const df_moe_config *m, int64_t hidden_size, int64_t layer, df_params *p, df_ffn **out,
+                                 df_error *err) {
+  *out = NULL;
+  ffn_moe *f = calloc(1, sizeof *f);
+  if (!f) return DF_FAIL(err, DF_ERR_NOMEM, "mlp", NULL, "cannot allocate the MoE FFN of layer %lld", (long long)layer);
+  f->base = (df_ffn){.vt = &MOE_VT, .layer = layer};
+  df_status st = df_moe_layer_init(&f->L, m, hidden_size, layer, err);
+  if (st == DF_OK) st = df_moe_params_add(m, hidden_size, layer, p, err);
+  if (st != DF_OK) {
+    moe_destroy(&f->base);
+    return st;
+  }
+  *out = &f->base;
+  return DF_OK;
+}
+
+df_status df_ffn_moe_create(const df_draft_config *cfg, int64_t layer, df_params *p, df_ffn **out, df_error *err) {
+  *out = NULL;
+  if (!cfg->moe)
+    return DF_FAIL(err, DF_ERR_INVALID, "moe_preset", "name a moe_preset in the draft config for an MoE FFN",
+                   "layer %lld: the draft config has no MoE section", (long long)layer);
+  return df_ffn_moe_create_from(cfg->moe, cfg->hidden_size, layer, p, out, err);
+}
+
+// ---- model-level hooks ---------------------------------------------------------------------------------
+
+void df_moe_set_training(df_ffn *const *ffns, int n, bool training) {
+  for (int i = 0; i < n; i++)
+    if (df_ffn_is_moe(ffns[i])) df_moe_layer_set_training(df_ffn_moe_layer(ffns[i]), training);
+}
+
+void df_moe_set_rows_per_sample(df_ffn *const *ffns, int n, int64_t rows_per_sample) {
+  for (int i = 0; i < n; i++)
+    if (df_ffn_is_moe(ffns[i])) df_moe_layer_set_rows_per_sample(df_ffn_moe_layer(ffns[i]), rows_per_sample);
+}
+
+void df_moe_set_aux_grad_scale(df_ffn *const *ffns, int n, float scale) {
+  for (int i = 0; i < n; i++)
+    if (df_ffn_is_moe(ffns[i])) df_moe_layer_set_aux_grad_scale(df_ffn_moe_layer(ffns[i]), scale);
+}
+
+df_status df_moe_apply_pending(df_ffn *const *ffns, int n, df_error *err) {
+  for (int i = 0; i < n; i++)
+    if (df_ffn_is_moe(ffns[i])) DF_TRY(df_moe_layer_apply_pending(df_ffn_moe_layer(ffns[i]), err));
+  return DF_OK;
+}
+
+double df_moe_aux_loss_sum(df_ffn *const *ffns, int n) {
+  double s = 0.0;
+  for (int i = 0; i < n; i++)
+    if (df_ffn_is_moe(ffns[i])) s += df_moe_layer_aux_loss(df_ffn_moe_layer(ffns[i]));
+  return s;
+}
+
+int df_moe_collect_metrics(df_ffn *const *ffns, int n, df_moe_metric out[DF_MOE_MAX_METRICS]) {
+  df_moe_metrics sum = {0};
+  int layers = 0;
+  bool noaux = false;
+  for (int i = 0; i < n; i++) {
+    df_moe_metrics m;
+    df_moe_layer *L = df_ffn_moe_layer(ffns[i]);
+    if (!L || !df_moe_layer_metrics(L, &m)) continue;
+    sum.load_max_ratio += m.load_max_ratio;
+    sum.load_min_ratio += m.load_min_ratio;
+    sum.experts_unused_frac += m.experts_unused_frac;
+    sum.aux_loss += m.aux_loss;
+    sum.bias_abs_max += m.bias_abs_max;
+    noaux |= L->cfg.balance == DF_MOE_BALANCE_NOAUX_TC;
+    layers++;
+  }
+  if (!layers) return 0;
+  int c = 0;
+  out[c++] = (df_moe_metric){"moe/load_max_ratio", sum.load_max_ratio / layers};
+  out[c++] = (df_moe_metric){"moe/load_min_ratio", sum.load_min_ratio / layers};
+  out[c++] = (df_moe_metric){"moe/experts_unused_frac", sum.experts_unused_frac / layers};
+  out[c++] = (df_moe_metric){"moe/aux_loss", sum.aux_loss / layers};
+  if (noaux) out[c++] = (df_moe_metric){"moe/bias_abs_max", sum.bias_abs_max / layers};
+  return c;
+}

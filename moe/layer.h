@@ -1,0 +1,107 @@
+// One sparse-MoE FFN layer: centering → router → routed experts + shared expert → fp32 sum, forward and
+// backward on rows of (T, H) in caller memory, plus the training state the trainer drives: the training/eval
+// flag, the deferred updates (EMA centering mean, noaux_tc bias), the aux loss and the metrics.
+//
+// Per-step contract (SpecForge #993 TrainingState):
+// - A TRAINING forward first applies the pending updates stashed by the previous training forward
+//   (df_moe_layer_apply_pending, which the trainer may also call itself before the model forward; the stash
+//   is consumed once), then routes, then stashes (overwrites) this micro-batch's counts / input mean and
+//   computes the aux loss and the metrics. An EVAL forward applies nothing, stashes nothing, produces no aux
+//   loss and leaves the metrics alone; sample centering uses the running mean there.
+// - The aux loss is part of the objective: df_moe_layer_aux_loss gives its coefficient-scaled value from the
+//   last training forward, and the backward adds its gradient scaled by aux_grad_scale = ∂objective/∂aux
+//   (default 1: objective = loss + Σ_layers aux). A strategy that back-propagates (num + aux·den)/den/accum
+//   sets it to 1/accum (the value the loss gradient itself is scaled by), before the backward.
+#ifndef DF_MOE_LAYER_H
+#define DF_MOE_LAYER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "kernels/ops.h"
+#include "moe/aux_loss.h"
+#include "moe/balance.h"
+#include "moe/config.h"
+#include "moe/experts.h"
+#include "moe/router.h"
+#include "moe/shared_expert.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// The layer's metrics from its last training forward (names are "moe/<field>").
+typedef struct {
+  double load_max_ratio, load_min_ratio, experts_unused_frac;
+  double aux_loss;     // coefficient-scaled; 0 when off
+  double bias_abs_max; // noaux_tc only
+} df_moe_metrics;
+
+typedef struct {
+  df_moe_config cfg; // a copy of the resolved values (its strings stay the config's)
+  int64_t layer, H;
+  df_moe_router_spec router;
+  df_moe_experts_spec experts;
+  df_moe_shared_spec shared;
+  bool has_shared;
+  const df_moe_aux_loss *aux; // NULL when aux_loss_coeff = 0
+
+  // Bound tensors (views on the model's device; see df_moe_layer_bind_views).
+  df_tensor w_router, g_router; // (E, H)
+  df_tensor logit_bias;         // (E) gate.bias, when moe_router_bias
+  float *input_mean;            // (H) gate.input_mean (sample centering)
+  float *input_mean_steps;      // (1) gate.input_mean_steps, held as fp32
+  df_moe_experts_params ep;
+  df_moe_shared_params sp;
+  df_moe_balance_state balance; // its bias is gate.balance.bias (noaux_tc)
+
+  // Training state.
+  bool training;           // default true
+  int64_t rows_per_sample; // sample centering: the FFN rows of one sample (N·bs); 0 = all rows one sample
+  float aux_grad_scale;    // ∂objective/∂(this layer's aux loss); default 1
+  df_moe_collective coll;  // all-reduce for the deferred updates (default: one rank)
+  float *center_stash;     // (H) the last training forward's token mean (owned)
+  bool center_pending;
+  double last_aux;
+  df_moe_metrics last_metrics;
+  bool has_metrics;
+} df_moe_layer;
+
+// Validates the config for a layer of hidden size H and sets the layer up (unbound).
+df_status df_moe_layer_init(df_moe_layer *L, const df_moe_config *m, int64_t H, int64_t layer, df_error *err);
+void df_moe_layer_free(df_moe_layer *L);
+
+// fp32 elements of saved / scratch memory for T rows.
+int64_t df_moe_layer_saved_elems(const df_moe_layer *L, int64_t T);
+int64_t df_moe_layer_scratch_elems(const df_moe_layer *L, int64_t T);
+
+// y (T, H) = moe(x (T, H)); x may also be (B, Q, H), which sets rows_per_sample = Q for this call.
+df_status df_moe_layer_forward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x, df_tensor *y, float *saved,
+                               float *scratch, df_error *err);
+// dx (= or +=) ∂/∂x of dy (plus the aux loss's gradient when the forward produced one); parameter
+// gradients added (none for the experts when frozen; none ever for the buffers).
+df_status df_moe_layer_backward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x, const df_tensor *dy, df_tensor *dx,
+                                bool accumulate_dx, const float *saved, float *scratch, df_error *err);
+
+// Views of the routing a forward of T rows left in saved (scores, indices, weights, counts, ...).
+df_moe_routing df_moe_layer_saved_routing(const df_moe_layer *L, const float *saved, int64_t T);
+
+// Training-state hooks.
+void df_moe_layer_set_training(df_moe_layer *L, bool training);
+void df_moe_layer_set_rows_per_sample(df_moe_layer *L, int64_t rows_per_sample);
+void df_moe_layer_set_aux_grad_scale(df_moe_layer *L, float scale);
+void df_moe_layer_set_collective(df_moe_layer *L, const df_moe_collective *c);
+// Applies and consumes the pending updates (EMA centering mean, then the noaux_tc bias); a no-op without
+// a stash. Training forwards call it first themselves.
+df_status df_moe_layer_apply_pending(df_moe_layer *L, df_error *err);
+// The coefficient-scaled aux loss of the last training forward (0 when off or after an eval forward).
+double df_moe_layer_aux_loss(const df_moe_layer *L);
+// The metrics of the last training forward; false (and *out untouched) before the first one.
+bool df_moe_layer_metrics(const df_moe_layer *L, df_moe_metrics *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,99 @@
+// `draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N] [--no-prefetch]`:
+// argument parsing and the closing message around df_train. Exit codes: 0 done (or stopped by a signal with a
+// checkpoint), 1 the run failed, 2 bad arguments.
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/commands.h"
+#include "train/trainer.h"
+
+static const char *train_usage =
+    "usage: draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N]\n"
+    "                        [--no-prefetch]\n"
+    "\n"
+    "Trains the draft the recipe describes (docs/training.md). Checkpoints go to\n"
+    "<output_dir>/checkpoints/step-<N>/, metrics to <output_dir>/metrics.jsonl, and the resolved\n"
+    "recipe to <output_dir>/recipe.resolved.yaml.\n"
+    "  --set K=V      override a recipe key: --set training.max_steps=100, --set output_dir=runs/x\n"
+    "  --resume PATH  continue a run: PATH is its output_dir (latest checkpoint) or one checkpoint\n"
+    "                 directory (same as training.resume_from)\n"
+    "  --threads N    CPU threads (default: OpenMP's)\n"
+    "  --no-prefetch  read batches on the training thread\n"
+    "SIGINT/SIGTERM finish the current optimizer step, write a checkpoint and exit 0; a second one\n"
+    "stops at once.\n";
+
+typedef struct {
+  const char *recipe, *resume;
+  const char **sets;
+  int n_sets, threads;
+  bool no_prefetch;
+} train_args;
+
+// argv holds the arguments after "train". Returns 0 on success, 1 for --help (printed), 2 on a usage error.
+static int parse_train_args(int argc, char **argv, train_args *a) {
+  memset(a, 0, sizeof *a);
+  a->sets = calloc((size_t)argc + 1, sizeof *a->sets);
+  if (!a->sets) return fputs("draftforge train: out of memory\n", stderr), 2;
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    if (!strcmp(s, "-h") || !strcmp(s, "--help")) return fputs(train_usage, stdout), 1;
+    if (!strcmp(s, "--set") && i + 1 < argc)
+      a->sets[a->n_sets++] = argv[++i];
+    else if (!strncmp(s, "--set=", 6))
+      a->sets[a->n_sets++] = s + 6;
+    else if (!strcmp(s, "--resume") && i + 1 < argc)
+      a->resume = argv[++i];
+    else if (!strcmp(s, "--no-prefetch"))
+      a->no_prefetch = true;
+    else if (!strcmp(s, "--threads") && i + 1 < argc) {
+      char *end;
+      long v = strtol(argv[++i], &end, 10);
+      if (!*argv[i] || *end || v < 0 || v > 4096)
+        return fprintf(stderr, "draftforge train: --threads wants a count, got '%s'\n", argv[i]), 2;
+      a->threads = (int)v;
+    } else if (s[0] != '-' && !a->recipe)
+      a->recipe = s;
+    else
+      return fprintf(stderr, "draftforge train: unexpected argument '%s'\n%s", s, train_usage), 2;
+  }
+  if (!a->recipe) return fprintf(stderr, "draftforge train: RECIPE.yaml is required\n%s", train_usage), 2;
+  return 0;
+}
+
+int df_cmd_train(int argc, char **argv) {
+  train_args a;
+  int rc = parse_train_args(argc, argv, &a);
+  if (rc) {
+    free(a.sets);
+    return rc == 1 ? 0 : rc;
+  }
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  df_train_options o = {.recipe_path = a.recipe,
+                        .overrides = a.sets,
+                        .n_overrides = a.n_sets,
+                        .resume = a.resume,
+                        .threads = a.threads,
+                        .log = stdout,
+                        .handle_signals = true,
+                        .no_prefetch = a.no_prefetch};
+  df_train_summary s;
+  df_error err = {0};
+  df_status st = df_train(&o, &s, &err);
+  free(a.sets);
+  if (st != DF_OK) {
+    fflush(stdout);
+    df_error_print(&err);
+    return 1;
+  }
+  if (s.stopped_by_signal)
+    printf(
+        "stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: draftforge train %s --resume %s%s\n",
+        (long long)s.last_step, (long long)s.stop_step, s.last_checkpoint, a.recipe, s.output_dir,
+        a.n_sets ? "  (and the same --set options)" : "");
+  else
+    printf("done: step %lld of %lld (%lld skipped); last checkpoint %s\n", (long long)s.last_step,
+           (long long)s.stop_step, (long long)s.skipped_steps, s.last_checkpoint[0] ? s.last_checkpoint : "(none)");
+  return 0;
+}

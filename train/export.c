@@ -1,0 +1,335 @@
+// HF export of a trained draft (train/export.h): checkpoint resolution, SpecForge's config normaliser, a strict
+// reload through the draft's parameter table, and an atomic directory write (temp sibling + rename).
+#include "train/export.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "modeling/dflash_model.h"
+#include "modeling/strict_load.h"
+
+// ---- checkpoint directories ------------------------------------------------------------------------------
+
+static bool is_file(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+// dir/name into buf; false when it does not fit.
+static bool path_join(char *buf, size_t n, const char *dir, const char *name) {
+  int k = snprintf(buf, n, "%s/%s", dir, name);
+  return k >= 0 && (size_t)k < n;
+}
+
+// config.json next to model.safetensors or its sharded index.
+static bool is_checkpoint_dir(const char *dir) {
+  char p[PATH_MAX];
+  if (!path_join(p, sizeof p, dir, "config.json") || !is_file(p)) return false;
+  if (path_join(p, sizeof p, dir, DF_ST_SINGLE_NAME) && is_file(p)) return true;
+  return path_join(p, sizeof p, dir, DF_ST_INDEX_NAME) && is_file(p);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && !strcmp(s + n - k, suffix);
+}
+
+// The N of a name ending in "step<N>", "step-<N>" or "step_<N>" (N decimal digits), or -1.
+static long long step_number(const char *name) {
+  long long n = -1;
+  for (const char *s = strstr(name, "step"); s; s = strstr(s + 1, "step")) {
+    const char *d = s + 4 + (s[4] == '-' || s[4] == '_');
+    if (*d < '0' || *d > '9') continue;
+    char *end;
+    long long v = strtoll(d, &end, 10);
+    if (*end == 0) n = v;
+  }
+  return n;
+}
+
+df_status df_checkpoint_dir_resolve(const char *path, char *out, size_t out_size, df_error *err) {
+  static const char hint[] = "pass a checkpoint directory (config.json + model.safetensors) or a run directory";
+  if (is_checkpoint_dir(path)) {
+    snprintf(out, out_size, "%s", path);
+    return DF_OK;
+  }
+  char sub[PATH_MAX]; // a run directory keeps its checkpoints under checkpoints/ (train/checkpoint.h)
+  if (path_join(sub, sizeof sub, path, "checkpoints")) {
+    struct stat sb;
+    if (stat(sub, &sb) == 0 && S_ISDIR(sb.st_mode)) return df_checkpoint_dir_resolve(sub, out, out_size, err);
+  }
+  DIR *d = opendir(path);
+  if (!d) return DF_FAIL(err, DF_ERR_IO, path, hint, "cannot open the checkpoint: %s", strerror(errno));
+  char best[PATH_MAX] = "", latest[PATH_MAX] = "", p[PATH_MAX];
+  long long best_n = -1;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    if (!path_join(p, sizeof p, path, e->d_name) || !is_checkpoint_dir(p)) continue;
+    if (ends_with(e->d_name, "latest")) snprintf(latest, sizeof latest, "%s", p);
+    long long n = step_number(e->d_name);
+    if (n > best_n) best_n = n, snprintf(best, sizeof best, "%s", p);
+  }
+  closedir(d);
+  // Name the checkpoint the link points at (a relative target sits in the same directory).
+  char target[PATH_MAX];
+  ssize_t k = latest[0] ? readlink(latest, target, sizeof target - 1) : -1;
+  if (k > 0) {
+    target[k] = 0;
+    if (target[0] == '/' || !path_join(latest, sizeof latest, path, target))
+      snprintf(latest, sizeof latest, "%s", target);
+  }
+  const char *pick = latest[0] ? latest : best;
+  if (!pick[0])
+    return DF_FAIL(err, DF_ERR_INVALID, path, hint,
+                   "no checkpoint here: neither config.json + model.safetensors nor a *latest / *-step<N> directory");
+  snprintf(out, out_size, "%s", pick);
+  return DF_OK;
+}
+
+// ---- config normaliser -----------------------------------------------------------------------------------
+
+static bool positive_int(const json_t *v) { return v && json_is_integer(v) && json_integer_value(v) > 0; }
+
+static df_status norm_block_size(json_t *cfg, json_t *method, int64_t expect, const char *where, df_error *err) {
+  json_t *top = json_object_get(cfg, "block_size"), *nested = json_object_get(method, "block_size");
+  if (json_is_null(top)) top = NULL;
+  if (json_is_null(nested)) nested = NULL;
+  if (top && nested && !json_equal(top, nested))
+    return DF_FAIL(err, DF_ERR_INVALID, where, "keep one block_size (top level) or make the two equal",
+                   "block_size conflict: top level %lld != dflash_config.block_size %lld",
+                   (long long)json_integer_value(top), (long long)json_integer_value(nested));
+  json_t *bs = top ? top : nested;
+  if (!bs || !json_is_integer(bs) || json_integer_value(bs) < 2)
+    return DF_FAIL(err, DF_ERR_INVALID, where, "a DFlash-family draft predicts blocks of >= 2 tokens",
+                   "block_size must be an integer >= 2");
+  if (expect > 0 && json_integer_value(bs) != expect)
+    return DF_FAIL(err, DF_ERR_INVALID, where, "export with the block size the server will use (--block-size)",
+                   "block_size %lld, expected %lld", (long long)json_integer_value(bs), (long long)expect);
+  return DF_OK;
+}
+
+static df_status norm_method_choices(json_t *method, const char **projector, const char *where, df_error *err) {
+  json_t *pt = json_object_get(method, "projector_type"), *am = json_object_get(method, "attention_mode");
+  *projector = pt ? (json_is_string(pt) ? json_string_value(pt) : "") : "dflash";
+  if (strcmp(*projector, "dflash") && strcmp(*projector, "domino") && strcmp(*projector, "dspark"))
+    return DF_FAIL(err, DF_ERR_INVALID, where, "projector_type must be dflash, domino or dspark",
+                   "export is not DFlash-family: dflash_config.projector_type is not dflash/domino/dspark");
+  const char *mode = am ? (json_is_string(am) ? json_string_value(am) : "") : "gqa";
+  if (strcasecmp(mode, "gqa") && strcasecmp(mode, "mha"))
+    return DF_FAIL(err, DF_ERR_INVALID, where, "SGLang serves DFlash-family drafts with GQA or MHA attention",
+                   "dflash_config.attention_mode must be gqa or mha");
+  return DF_OK;
+}
+
+// DSpark: SGLang's standalone Qwen3DSparkModel reads the head settings at the top level.
+static df_status norm_dspark(json_t *cfg, json_t *method, const char *where, df_error *err) {
+  json_t *mt = json_object_get(cfg, "model_type");
+  if (!json_is_string(mt) || strcmp(json_string_value(mt), "qwen3"))
+    return DF_FAIL(err, DF_ERR_INVALID, where, "set model_type to \"qwen3\"",
+                   "SGLang's standalone DSpark export expects model_type \"qwen3\"");
+  json_t *rank = json_object_get(method, "markov_rank");
+  if (!rank) rank = json_object_get(cfg, "markov_rank");
+  if (!positive_int(rank))
+    return DF_FAIL(err, DF_ERR_INVALID, where, "set dflash_config.markov_rank > 0",
+                   "DSpark export requires a positive integer markov_rank");
+  json_t *type = json_object_get(method, "markov_head_type");
+  if (!type) type = json_object_get(cfg, "markov_head_type");
+  const char *t = json_is_string(type) ? json_string_value(type) : "";
+  if (strcasecmp(t, "vanilla") && strcasecmp(t, "gated") && strcasecmp(t, "rnn"))
+    return DF_FAIL(err, DF_ERR_INVALID, where, "use markov_head_type vanilla, gated or rnn",
+                   "DSpark export requires markov_head_type in {vanilla, gated, rnn}");
+  static const char *const lifted[] = {"markov_rank", "markov_head_type", "enable_confidence_head",
+                                       "confidence_head_with_markov"};
+  for (size_t i = 0; i < sizeof lifted / sizeof lifted[0]; i++) {
+    json_t *nested = json_object_get(method, lifted[i]), *top = json_object_get(cfg, lifted[i]);
+    if (!nested || json_is_null(nested)) continue;
+    if (top && !json_is_null(top) && !json_equal(top, nested))
+      return DF_FAIL(err, DF_ERR_INVALID, where, "remove the top-level copy or make it equal",
+                     "DSpark config conflict for %s: the top-level value differs from dflash_config's", lifted[i]);
+    json_object_set_new(cfg, lifted[i], json_deep_copy(nested));
+  }
+  json_object_set_new(cfg, "markov_rank", json_integer(json_integer_value(rank)));
+  char lower[16];
+  size_t n = strlen(t);
+  for (size_t i = 0; i <= n; i++) lower[i] = (char)(t[i] >= 'A' && t[i] <= 'Z' ? t[i] - 'A' + 'a' : t[i]);
+  json_object_set_new(cfg, "markov_head_type", json_string(lower));
+  json_object_set_new(cfg, "architectures", json_pack("[s]", "Qwen3DSparkModel"));
+  return DF_OK;
+}
+
+static df_status normalize(json_t *cfg, const char *torch_dtype, int64_t expect_bs, const char *where, df_error *err) {
+  json_t *method = json_object_get(cfg, "dflash_config");
+  if (method && !json_is_null(method) && !json_is_object(method))
+    return DF_FAIL(err, DF_ERR_INVALID, where, "dflash_config must be an object", "dflash_config is not an object");
+  if (!json_is_object(method)) {
+    method = json_object();
+    json_object_set_new(cfg, "dflash_config", method);
+  }
+  DF_TRY(norm_block_size(cfg, method, expect_bs, where, err));
+  const char *projector;
+  DF_TRY(norm_method_choices(method, &projector, where, err));
+  if (!strcmp(projector, "dspark")) {
+    json_t *ds = json_object_get(cfg, "dspark_config");
+    DF_TRY(norm_dspark(cfg, json_is_object(ds) ? ds : method, where, err));
+  } else {
+    json_t *domino = json_object_get(cfg, "domino_config");
+    if (!strcmp(projector, "domino") && json_is_object(domino)) json_object_update(method, domino);
+    json_object_set_new(cfg, "architectures", json_pack("[s]", "DFlashDraftModel"));
+  }
+  json_object_del(cfg, "auto_map");
+  json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype));
+  if (json_object_get(cfg, "dtype")) json_object_set_new(cfg, "dtype", json_string(torch_dtype));
+  return DF_OK;
+}
+
+df_status df_export_normalize_config(const json_t *src, const char *torch_dtype, int64_t expect_block_size,
+                                     const char *where, json_t **out, df_error *err) {
+  *out = NULL;
+  if (!json_is_object(src)) return DF_FAIL(err, DF_ERR_INVALID, where, NULL, "the draft config is not a JSON object");
+  json_t *cfg = json_deep_copy(src);
+  if (!cfg) return DF_FAIL(err, DF_ERR_NOMEM, where, NULL, "out of memory copying the config");
+  df_status st = normalize(cfg, torch_dtype, expect_block_size, where, err);
+  if (st != DF_OK) {
+    json_decref(cfg);
+    return st;
+  }
+  *out = cfg;
+  return DF_OK;
+}
+
+// ---- writing ---------------------------------------------------------------------------------------------
+
+// Removes the regular files of dir (one level) and dir itself.
+static void remove_flat_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d) {
+    char p[PATH_MAX];
+    for (struct dirent *e; (e = readdir(d));)
+      if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+        if (path_join(p, sizeof p, dir, e->d_name)) remove(p);
+      }
+    closedir(d);
+  }
+  rmdir(dir);
+}
+
+// An existing out_dir is replaced only when it holds nothing but regular files and config.json among them
+// (a previous export), or nothing at all: never a directory of the user's.
+static df_status check_replaceable(const char *out_dir, bool *exists, df_error *err) {
+  static const char hint[] = "choose a new --out directory, or remove this one";
+  struct stat sb;
+  *exists = stat(out_dir, &sb) == 0;
+  if (!*exists) return DF_OK;
+  if (!S_ISDIR(sb.st_mode))
+    return DF_FAIL(err, DF_ERR_INVALID, out_dir, hint, "the export path exists and is not a directory");
+  DIR *d = opendir(out_dir);
+  if (!d) return DF_FAIL(err, DF_ERR_IO, out_dir, hint, "cannot read the export directory: %s", strerror(errno));
+  bool files_only = true, has_config = false, empty = true;
+  char p[PATH_MAX];
+  for (struct dirent *e; (e = readdir(d));) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    empty = false;
+    files_only = files_only && path_join(p, sizeof p, out_dir, e->d_name) && is_file(p);
+    has_config = has_config || !strcmp(e->d_name, "config.json");
+  }
+  closedir(d);
+  if (empty || (files_only && has_config)) return DF_OK;
+  return DF_FAIL(err, DF_ERR_INVALID, out_dir, hint, "the directory exists and does not look like an export");
+}
+
+static df_status write_config(const json_t *cfg, const char *dir, df_error *err) {
+  char path[PATH_MAX];
+  if (!path_join(path, sizeof path, dir, "config.json"))
+    return DF_FAIL(err, DF_ERR_INVALID, dir, "use a shorter --out path", "path too long");
+  FILE *fp = fopen(path, "w");
+  bool ok = fp && json_dumpf(cfg, fp, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) == 0 && fputc('\n', fp) != EOF;
+  ok = fp && fflush(fp) == 0 && fsync(fileno(fp)) == 0 && ok;
+  if (fp) ok = fclose(fp) == 0 && ok;
+  if (ok) return DF_OK;
+  return DF_FAIL(err, DF_ERR_IO, path, "check the --out directory", "cannot write config.json: %s", strerror(errno));
+}
+
+// Writes the temporary sibling directory and renames it into place (the old export, if any, is moved aside
+// first and removed after).
+static df_status write_export(const df_params *p, const float *w, const json_t *cfg, const char *out_dir,
+                              df_st_dtype dt, df_error *err) {
+  bool exists;
+  DF_TRY(check_replaceable(out_dir, &exists, err));
+  char tmp[PATH_MAX], old[PATH_MAX], st_path[PATH_MAX];
+  int kt = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
+  int ko = snprintf(old, sizeof old, "%s.old.%ld", out_dir, (long)getpid());
+  if (kt < 0 || ko < 0 || (size_t)kt + sizeof DF_ST_SINGLE_NAME + 1 >= sizeof tmp || (size_t)ko >= sizeof old)
+    return DF_FAIL(err, DF_ERR_INVALID, out_dir, "use a shorter --out path", "path too long");
+  remove_flat_dir(tmp);
+  if (mkdir(tmp, 0777) != 0)
+    return DF_FAIL(err, DF_ERR_IO, tmp, "check that the parent of --out exists and is writable",
+                   "cannot create the export directory: %s", strerror(errno));
+  if (!path_join(st_path, sizeof st_path, tmp, DF_ST_SINGLE_NAME))
+    return DF_FAIL(err, DF_ERR_INVALID, out_dir, "use a shorter --out path", "path too long");
+  df_save_options so = {.dtype = dt};
+  df_status st = write_config(cfg, tmp, err);
+  if (st == DF_OK) st = df_params_save(p, w, st_path, &so, err);
+  if (st == DF_OK && exists && rename(out_dir, old) != 0)
+    st = DF_FAIL(err, DF_ERR_IO, out_dir, NULL, "cannot move the old export aside: %s", strerror(errno));
+  if (st == DF_OK && rename(tmp, out_dir) != 0) {
+    st = DF_FAIL(err, DF_ERR_IO, out_dir, NULL, "cannot rename the export into place: %s", strerror(errno));
+    if (exists) rename(old, out_dir);
+  }
+  if (st != DF_OK) {
+    remove_flat_dir(tmp);
+    return st;
+  }
+  if (exists) remove_flat_dir(old);
+  return DF_OK;
+}
+
+static df_status load_model(const char *ckpt, const df_draft_config *cfg, int threads, df_ctx **ctx,
+                            df_dflash_model **m, df_error *err) {
+  if (cfg->kind != DF_DRAFT_DFLASH)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, cfg->source, "export DSpark drafts once the DSpark model is built in",
+                   "only DFlash drafts can be exported by this build (this config is %s)",
+                   df_draft_kind_name(cfg->kind));
+  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
+  DF_TRY(df_ctx_create(&co, ctx, err));
+  DF_TRY(df_dflash_model_create(cfg, *ctx, m, err));
+  return df_dflash_model_load(*m, ckpt, err);
+}
+
+df_status df_export(const char *checkpoint, const char *out_dir, const df_export_options *opt, df_export_info *info,
+                    df_error *err) {
+  if (opt->dtype != DF_ST_BF16 && opt->dtype != DF_ST_F32)
+    return DF_FAIL(err, DF_ERR_INVALID, "--dtype", "use bfloat16 or float32", "cannot export as %s",
+                   df_st_dtype_name(opt->dtype));
+  char dir[PATH_MAX], cfg_path[PATH_MAX + 16];
+  DF_TRY(df_checkpoint_dir_resolve(checkpoint, dir, sizeof dir, err));
+  if (!path_join(cfg_path, sizeof cfg_path, dir, "config.json"))
+    return DF_FAIL(err, DF_ERR_INVALID, dir, "use a shorter checkpoint path", "path too long");
+  const df_draft_config *cfg = NULL;
+  DF_TRY(df_draft_config_from_file(cfg_path, &cfg, err));
+  df_ctx *ctx = NULL;
+  df_dflash_model *m = NULL;
+  json_t *norm = NULL;
+  df_status st = load_model(dir, cfg, opt->threads, &ctx, &m, err);
+  const char *torch_dtype = opt->dtype == DF_ST_BF16 ? "bfloat16" : "float32";
+  if (st == DF_OK)
+    st = df_export_normalize_config(cfg->json, torch_dtype, opt->expect_block_size, cfg_path, &norm, err);
+  if (st == DF_OK)
+    st = write_export(df_dflash_model_params(m), df_dflash_model_weights(m), norm, out_dir, opt->dtype, err);
+  if (st == DF_OK && info) {
+    snprintf(info->checkpoint, sizeof info->checkpoint, "%s", dir);
+    info->num_tensors = df_params_count(df_dflash_model_params(m));
+    info->num_params = df_params_param_numel(df_dflash_model_params(m));
+  }
+  json_decref(norm);
+  df_dflash_model_free(m);
+  df_ctx_destroy(ctx);
+  df_draft_config_free(cfg);
+  return st;
+}

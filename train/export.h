@@ -1,0 +1,57 @@
+// Export of a trained draft as the HF directory SGLang serves (docs/export-and-eval.md): config.json normalised
+// as SpecForge's scripts/gates/normalize_dflash_export.py does, and model.safetensors with the draft's tensors.
+#ifndef DF_TRAIN_EXPORT_H
+#define DF_TRAIN_EXPORT_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "modeling/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A checkpoint or export directory holds config.json and model.safetensors (or its sharded index). path may
+// also be a run directory (its checkpoints/ subdirectory is searched) or a directory of checkpoints: its
+// "*latest" link when there is one, else the "*step-<N>" / "*step<N>" subdirectory with the largest N.
+// out receives the directory.
+df_status df_checkpoint_dir_resolve(const char *path, char *out, size_t out_size, df_error *err);
+
+// SpecForge's export normaliser on a draft config document (src is not modified; *out is a new reference):
+// block_size (top level, or dflash_config.block_size; the two must agree) must be an integer >= 2 and, when
+// expect_block_size > 0, equal it; dflash_config.projector_type must be dflash/domino/dspark and attention_mode
+// gqa/mha; DFlash/Domino get architectures ["DFlashDraftModel"] (Domino's domino_config merged into
+// dflash_config); DSpark needs model_type "qwen3", a positive markov_rank and markov_head_type in
+// {vanilla, gated, rnn}, has its head keys copied to the top level (a conflicting top-level value fails) and
+// gets ["Qwen3DSparkModel"]; auto_map is removed; torch_dtype (and dtype, when present) is set to torch_dtype.
+// Every other key is kept as it is. where names the document in errors.
+df_status df_export_normalize_config(const json_t *src, const char *torch_dtype, int64_t expect_block_size,
+                                     const char *where, json_t **out, df_error *err);
+
+typedef struct {
+  df_st_dtype dtype;         // DF_ST_BF16 (round to nearest even) or DF_ST_F32; anything else is refused
+  int64_t expect_block_size; // > 0: the normaliser's --block-size check
+  int threads;               // CPU threads for loading (0: OpenMP default)
+} df_export_options;
+
+typedef struct {
+  char checkpoint[4096]; // the resolved checkpoint directory
+  int num_tensors;
+  int64_t num_params;
+} df_export_info;
+
+// Strictly loads the checkpoint's weights into the draft's parameter table (a missing, extra or misshapen
+// tensor fails, named), normalises its config.json, and writes out_dir/{config.json, model.safetensors} into
+// a temporary sibling directory renamed into place. An existing out_dir is replaced only when it looks like an
+// export (regular files, config.json among them) or is empty. info may be NULL.
+df_status df_export(const char *checkpoint, const char *out_dir, const df_export_options *opt, df_export_info *info,
+                    df_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,379 @@
+// The training loop: per optimizer step, accumulation_steps micro-batches add their numerator gradients, the
+// boundary divides by the window's Σ loss weight, clips, and steps AdamW; then log, eval, checkpoint, signals.
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "train/evaluate.h"
+#include "train/trainer_internal.h"
+
+// The one process-wide variable: set by the SIGINT/SIGTERM handler, read at optimizer-step boundaries.
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig) {
+  if (g_stop_signal) { // a second signal: stop now, the default way
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+typedef struct {
+  bool installed;
+  struct sigaction old_int, old_term;
+} signal_guard;
+
+static void signals_install(signal_guard *g) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  g_stop_signal = 0;
+  g->installed = sigaction(SIGINT, &sa, &g->old_int) == 0 && sigaction(SIGTERM, &sa, &g->old_term) == 0;
+}
+
+static void signals_restore(signal_guard *g) {
+  if (!g->installed) return;
+  sigaction(SIGINT, &g->old_int, NULL);
+  sigaction(SIGTERM, &g->old_term, NULL);
+  g->installed = false;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---- one accumulation window -------------------------------------------------------------------------------------
+
+// Sums over the window's micro-batches; ratios are taken only at the end (ratio metrics sum first).
+typedef struct {
+  double loss_num, loss_den, acc_num, acc_den, accept_len_sum;
+  int64_t num_blocks, tokens, epoch, bs;
+  double *pos_num, *pos_den; // (bs)
+  double data_wait_s;
+  bool numeric_fail; // a micro-step reported NaN/Inf itself (DF_ERR_NUMERIC): the step is skipped
+} window;
+
+typedef struct {
+  bool skipped;
+  const char *skip_reason;
+  double loss, acc, lr, grad_norm, clip_coef;
+  double step_time_s;
+} step_result;
+
+static void window_reset(window *w) {
+  w->loss_num = w->loss_den = w->acc_num = w->acc_den = w->accept_len_sum = w->data_wait_s = 0;
+  w->num_blocks = w->tokens = 0;
+  w->numeric_fail = false;
+  for (int64_t k = 0; k < w->bs; k++) w->pos_num[k] = w->pos_den[k] = 0;
+}
+
+static void window_add(window *w, const df_dflash_metrics *m, const df_batch *b) {
+  w->loss_num += m->loss_num, w->loss_den += m->loss_den;
+  w->acc_num += m->acc_num, w->acc_den += m->acc_den;
+  w->accept_len_sum += m->accept_len_sum, w->num_blocks += m->num_blocks;
+  for (int64_t k = 0; k < w->bs && k < m->bs; k++)
+    w->pos_num[k] += m->pos_acc_num[k], w->pos_den[k] += m->pos_acc_den[k];
+  for (int64_t i = 0; i < b->B; i++) w->tokens += b->length[i];
+}
+
+// Zeroes the gradient, then adds d(loss_num) of every micro-batch of step `step` into it.
+static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *err) {
+  const df_train_hooks *hooks = t->opt->hooks;
+  float *g = df_dflash_model_grads(t->model);
+  int64_t n = df_params_numel(t->table);
+  df_dflash_model_zero_grads(t->model);
+  window_reset(w);
+  for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
+    const df_batch *b;
+    double wait = 0;
+    DF_TRY(df_feed_next(t->feed, &b, &wait, err));
+    w->data_wait_s += wait;
+    df_dflash_metrics m;
+    int64_t N;
+    df_error micro_err = {0};
+    df_status st =
+        df_step_micro(t->ctx, t->model, t->draft, &t->frozen, b, &t->sampler, &t->step_opt, &N, &m, &micro_err);
+    if (st == DF_ERR_NUMERIC) { // finish the window (the data stays aligned), then skip the step
+      w->numeric_fail = true;
+      continue;
+    }
+    if (st != DF_OK) return *err = micro_err, st;
+    window_add(w, &m, b);
+    df_dflash_metrics_free(&m);
+    if (hooks && hooks->after_micro) hooks->after_micro(hooks->ctx, step, k, g, n);
+  }
+  int64_t e, c;
+  df_feed_position(t->feed, &e, &c);
+  w->epoch = c == 0 ? e - 1 : e; // the epoch of the window's last batch
+  return DF_OK;
+}
+
+// The boundary: grad /= Σ loss_den (the gradient of Σnum/Σden), global norm, clip, AdamW. A non-finite loss
+// or norm skips the update (r->skipped); the parameters and moments are then untouched.
+static df_status optimizer_step(df_trainer *t, int64_t step, const window *w, step_result *r, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  r->lr = df_lr_at(&t->sched, step);
+  r->loss = w->loss_den > 0 ? w->loss_num / w->loss_den : NAN;
+  r->acc = w->acc_den > 0 ? w->acc_num / w->acc_den : 0.0;
+  r->grad_norm = NAN, r->clip_coef = NAN;
+  if (w->numeric_fail) {
+    r->skipped = true, r->skip_reason = "a micro-step reported a non-finite value";
+    return DF_OK;
+  }
+  if (!isfinite(r->loss)) {
+    r->skipped = true, r->skip_reason = w->loss_den > 0 ? "non-finite loss" : "no supervised token in the window";
+    return DF_OK;
+  }
+  float inv = (float)(1.0 / w->loss_den);
+  for (int k = 0; k < t->ntrain; k++) {
+    float *g = t->gview[k].data;
+    for (int64_t i = 0, n = df_numel(&t->gview[k]); i < n; i++) g[i] *= inv;
+  }
+  DF_TRY(df_global_norm(t->ctx, t->gview, t->ntrain, &r->grad_norm, err));
+  df_error clip_err = {0};
+  df_status st =
+      df_clip_by_norm(t->ctx, t->gview, t->ntrain, r->grad_norm, rc->training.max_grad_norm, &r->clip_coef, &clip_err);
+  if (st == DF_ERR_NUMERIC) {
+    r->skipped = true, r->skip_reason = "non-finite gradient norm";
+    return DF_OK;
+  }
+  if (st != DF_OK) return *err = clip_err, st;
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (hooks && hooks->before_update)
+    hooks->before_update(hooks->ctx, step, df_dflash_model_grads(t->model), df_params_numel(t->table), r->grad_norm,
+                         r->clip_coef);
+  df_adamw_hparams hp = {.lr = (float)r->lr,
+                         .beta1 = (float)rc->training.adam_beta1,
+                         .beta2 = (float)rc->training.adam_beta2,
+                         .eps = (float)rc->training.adam_eps,
+                         .step = t->prog.adam_step + 1};
+  for (int k = 0; k < t->ntrain; k++) {
+    hp.weight_decay = t->decay[k] ? (float)rc->training.weight_decay : 0.0f;
+    DF_TRY(df_adamw_step(t->ctx, &t->pview[k], &t->gview[k], &t->mview[k], &t->vview[k], &hp, err));
+  }
+  t->prog.adam_step++;
+  if (hooks && hooks->after_update)
+    hooks->after_update(hooks->ctx, step, df_dflash_model_weights(t->model), df_params_numel(t->table));
+  return DF_OK;
+}
+
+// ---- logging ---------------------------------------------------------------------------------------------------
+
+static json_t *per_position(const double *num, const double *den, int64_t bs) {
+  json_t *a = json_array();
+  for (int64_t k = 0; k < bs; k++) json_array_append_new(a, den[k] > 0 ? json_real(num[k] / den[k]) : json_null());
+  return a;
+}
+
+static json_t *step_line(int64_t step, const window *w, const step_result *r, double elapsed) {
+  json_t *o = json_object();
+  json_object_set_new(o, "step", json_integer(step));
+  json_object_set_new(o, "epoch", json_integer(w->epoch));
+  json_object_set_new(o, "loss", df_metrics_real(r->loss));
+  json_object_set_new(o, "acc", json_real(r->acc));
+  json_object_set_new(o, "lr", json_real(r->lr));
+  json_object_set_new(o, "grad_norm", df_metrics_real(r->grad_norm));
+  json_object_set_new(o, "clip_coef", df_metrics_real(r->clip_coef));
+  json_object_set_new(o, "skipped", json_boolean(r->skipped));
+  if (r->skipped) json_object_set_new(o, "skip_reason", json_string(r->skip_reason));
+  json_object_set_new(o, "loss_den", json_real(w->loss_den));
+  json_object_set_new(o, "tokens", json_integer(w->tokens));
+  json_object_set_new(o, "num_blocks", json_integer(w->num_blocks));
+  json_object_set_new(o, "accept_len", json_real(w->num_blocks ? w->accept_len_sum / (double)w->num_blocks : 0.0));
+  json_object_set_new(o, "per_position_acc", per_position(w->pos_num, w->pos_den, w->bs));
+  // timing (df_metrics_is_timing_key): differs between identical runs
+  json_object_set_new(o, "tokens_per_s", json_real(r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : 0.0));
+  json_object_set_new(o, "step_time_s", json_real(r->step_time_s));
+  json_object_set_new(o, "data_wait_s", json_real(w->data_wait_s));
+  json_object_set_new(o, "elapsed_s", json_real(elapsed));
+  return o;
+}
+
+static df_status log_step(df_trainer *t, int64_t step, const window *w, const step_result *r, double elapsed,
+                          df_error *err) {
+  bool line = step % t->recipe->training.log_interval == 0 || r->skipped;
+  if (line) {
+    json_t *o = step_line(step, w, r, elapsed);
+    df_status st = df_metrics_append(&t->metrics, o, err);
+    json_decref(o);
+    DF_TRY(st);
+  }
+  if (!t->log || !(line || step == t->stop_step || g_stop_signal)) return DF_OK;
+  int64_t done = step - t->start_step;
+  df_progress p = {.step = step,
+                   .stop = t->stop_step,
+                   .epoch = w->epoch,
+                   .loss = r->loss,
+                   .acc = r->acc,
+                   .lr = r->lr,
+                   .grad_norm = r->grad_norm,
+                   .tokens_per_s = r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : NAN,
+                   .eta_s = done > 0 ? elapsed / (double)done * (double)(t->stop_step - step) : NAN,
+                   .skipped = r->skipped};
+  char buf[512];
+  df_progress_format(&p, buf, sizeof buf);
+  fprintf(t->log, "%s\n", buf);
+  fflush(t->log);
+  return DF_OK;
+}
+
+// ---- eval and checkpoints ------------------------------------------------------------------------------------------
+
+// Held-out eval (train/evaluate.h): an eval line in metrics.jsonl; *improved when τ beats the best so far.
+static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *improved, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  df_eval_options eo = {.batch_size = rc->training.batch_size,
+                        .max_length = rc->data.max_length,
+                        .num_anchors = rc->training.num_anchors,
+                        .loss_decay_gamma = rc->training.loss_decay_gamma,
+                        .mask_token_id = t->step_opt.mask_token_id,
+                        .chunk_blocks = rc->training.objective_chunk_blocks,
+                        .seed = rc->training.seed};
+  df_eval_report rep;
+  double t0 = now_s();
+  DF_TRY(df_evaluate(t->ctx, t->model, t->draft, &t->frozen, rc->data.eval_hidden_states_path, &eo, &rep, err));
+  json_t *o = json_object();
+  json_object_set_new(o, "step", json_integer(step));
+  json_object_set_new(o, "epoch", json_integer(epoch));
+  json_object_set_new(o, "eval/loss", df_metrics_real(rep.loss));
+  json_object_set_new(o, "eval/acc", df_metrics_real(rep.acc));
+  json_object_set_new(o, "eval/tau", df_metrics_real(rep.accept_len));
+  json_object_set_new(o, "eval/per_position_acc", per_position(rep.pos_acc_num, rep.pos_acc_den, rep.block_size));
+  json_object_set_new(o, "eval/samples", json_integer(rep.num_samples));
+  json_object_set_new(o, "eval_time_s", json_real(now_s() - t0));
+  df_status st = df_metrics_append(&t->metrics, o, err);
+  json_decref(o);
+  double tau = rep.accept_len;
+  if (t->log)
+    fprintf(t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f\n", (long long)step, rep.loss, rep.acc, tau);
+  df_eval_report_free(&rep);
+  *improved = st == DF_OK && isfinite(tau) && (!t->prog.has_best || tau > t->prog.best_eval_tau);
+  if (*improved) t->prog.has_best = true, t->prog.best_eval_tau = tau, t->prog.best_step = step;
+  return st;
+}
+
+// Never a NaN checkpoint: every trainable weight and moment must be finite; the error names the tensor.
+static df_status check_finite(const df_trainer *t, df_error *err) {
+  const float *bufs[3] = {df_dflash_model_weights(t->model), t->exp_avg, t->exp_avg_sq};
+  static const char *const what[3] = {"weight", "AdamW exp_avg", "AdamW exp_avg_sq"};
+  for (int i = 0; i < df_params_count(t->table); i++) {
+    const df_param *e = df_params_at(t->table, i);
+    for (int b = 0; e->trainable && b < 3; b++)
+      for (int64_t j = e->offset; j < e->offset + e->numel; j++)
+        if (!isfinite(bufs[b][j]))
+          return DF_FAIL(err, DF_ERR_NUMERIC, e->name,
+                         "lower training.learning_rate or training.max_grad_norm and resume from the last checkpoint",
+                         "refusing to checkpoint step %lld: %s[%lld] (%s) is not finite", (long long)t->prog.step,
+                         e->name, (long long)(j - e->offset), what[b]);
+  }
+  return DF_OK;
+}
+
+df_status df_trainer_save(df_trainer *t, df_error *err) {
+  DF_TRY(check_finite(t, err)); // t->prog (feed position, anchor RNG) is current after every step
+  df_ckpt_state s = {.table = t->table,
+                     .params = df_dflash_model_weights(t->model),
+                     .exp_avg = t->exp_avg,
+                     .exp_avg_sq = t->exp_avg_sq,
+                     .contract = &t->contract,
+                     .progress = &t->prog,
+                     .draft_config = t->draft->json,
+                     .recipe_yaml = t->recipe_yaml};
+  DF_TRY(df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
+                       sizeof t->last_ckpt, err));
+  if (t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
+  return DF_OK;
+}
+
+// ---- the loop --------------------------------------------------------------------------------------------------
+
+static df_status after_step(df_trainer *t, int64_t step, const window *w, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  bool improved = false;
+  if (rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
+    DF_TRY(run_eval(t, step, w->epoch, &improved, err));
+  bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
+              step == t->stop_step || g_stop_signal;
+  if (save) DF_TRY(df_trainer_save(t, err));
+  if (improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
+  return DF_OK;
+}
+
+static df_status one_step(df_trainer *t, window *w, step_result *r, double t_start, df_error *err) {
+  int64_t step = t->prog.step + 1;
+  double t0 = now_s();
+  memset(r, 0, sizeof *r);
+  DF_TRY(run_window(t, step, w, err));
+  DF_TRY(optimizer_step(t, step, w, r, err));
+  df_ckpt_progress *p = &t->prog;
+  p->step = step;
+  p->tokens_seen += w->tokens;
+  p->last_lr = r->lr;
+  p->consecutive_skips = r->skipped ? p->consecutive_skips + 1 : 0;
+  p->skipped_steps += r->skipped;
+  df_feed_position(t->feed, &p->epoch, &p->cursor);
+  p->anchor_rng = t->sampler.rng;
+  r->step_time_s = now_s() - t0;
+  DF_TRY(log_step(t, step, w, r, now_s() - t_start, err));
+  if (r->skipped && p->consecutive_skips >= t->recipe->training.max_consecutive_skips)
+    return DF_FAIL(err, DF_ERR_NUMERIC, "training.max_consecutive_skips",
+                   "lower training.learning_rate or training.max_grad_norm, check the data for NaN/Inf, and resume "
+                   "from the last checkpoint",
+                   "stopping: %lld optimizer steps in a row were skipped (last: step %lld, %s)",
+                   (long long)p->consecutive_skips, (long long)step, r->skip_reason);
+  return after_step(t, step, w, err);
+}
+
+static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err) {
+  window w = {.bs = t->draft->block_size};
+  w.pos_num = calloc((size_t)w.bs, sizeof(double));
+  w.pos_den = calloc((size_t)w.bs, sizeof(double));
+  if (!w.pos_num || !w.pos_den) {
+    free(w.pos_num), free(w.pos_den);
+    return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
+  }
+  if (t->prog.step >= t->stop_step && t->log)
+    fprintf(t->log, "nothing to do: the run is at step %lld and stops at %lld (raise training.max_steps)\n",
+            (long long)t->prog.step, (long long)t->stop_step);
+  double t_start = now_s();
+  df_status st = DF_OK;
+  while (st == DF_OK && t->prog.step < t->stop_step) {
+    step_result r;
+    st = one_step(t, &w, &r, t_start, err);
+    if (st == DF_OK && !r.skipped) sum->last_loss = r.loss;
+    if (st == DF_OK && g_stop_signal) {
+      sum->stopped_by_signal = true;
+      break;
+    }
+  }
+  free(w.pos_num), free(w.pos_den);
+  return st;
+}
+
+df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error *err) {
+  memset(sum, 0, sizeof *sum);
+  sum->last_loss = NAN;
+  df_trainer t;
+  signal_guard sg = {0};
+  g_stop_signal = 0;
+  df_status st = df_trainer_setup(&t, opt, err);
+  if (st == DF_OK) {
+    sum->start_step = t.start_step, sum->stop_step = t.stop_step, sum->horizon = t.sched.horizon;
+    snprintf(sum->output_dir, sizeof sum->output_dir, "%s", t.recipe->output_dir);
+    if (opt->handle_signals) signals_install(&sg);
+    st = train_loop(&t, sum, err);
+    signals_restore(&sg);
+  }
+  sum->last_step = t.prog.step;
+  sum->skipped_steps = t.prog.skipped_steps;
+  snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.last_ckpt);
+  df_trainer_teardown(&t);
+  return st;
+}

@@ -1,0 +1,59 @@
+// Internal to train/trainer*.c: everything one training run owns, built by trainer_setup.c (resources,
+// horizon, fresh start or resume) and driven by trainer.c (the loop).
+#ifndef DF_TRAIN_TRAINER_INTERNAL_H
+#define DF_TRAIN_TRAINER_INTERNAL_H
+
+#include "kernels/ops.h"
+#include "modeling/dflash_model.h"
+#include "train/checkpoint.h"
+#include "train/data_feed.h"
+#include "train/lr_schedule.h"
+#include "train/metrics_log.h"
+#include "train/recipe.h"
+#include "train/step.h"
+#include "train/trainer.h"
+#include "train/trainer_resources.h"
+
+typedef struct {
+  const df_train_options *opt;
+  FILE *log;
+
+  // resources
+  const df_recipe *recipe;
+  df_run_resources res;         // configs, frozen target pieces, mask token
+  const df_draft_config *draft; // = res.draft
+  df_step_frozen frozen;        // = res.frozen
+  df_ctx *ctx;
+  df_dflash_model *model;
+  df_feed *feed;
+  df_step_options step_opt;
+
+  // optimizer state: the model's weights are the fp32 masters; m and v share the parameter table's layout
+  const df_params *table;
+  float *exp_avg, *exp_avg_sq;
+  int ntrain;                               // trainable entries
+  df_tensor *gview, *pview, *mview, *vview; // (ntrain) views of grads, params, m, v
+  bool *decay;                              // (ntrain) the table's weight-decay flag
+
+  df_lr_schedule sched;
+  df_dflash_sampler sampler;
+  df_ckpt_contract contract;
+  df_ckpt_progress prog;
+  int64_t stop_step;
+  int64_t start_step;
+
+  char *recipe_yaml; // the resolved recipe text
+  df_metrics_log metrics;
+  char last_ckpt[4200];
+} df_trainer;
+
+// Loads the recipe (with overrides), the configs, the frozen target pieces, the model, the data feed; sets
+// the schedule, contract and progress; then either initialises (fresh run: init or warm start) or restores a
+// checkpoint (resume); writes recipe.resolved.yaml and opens metrics.jsonl.
+df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err);
+void df_trainer_teardown(df_trainer *t);
+
+// Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).
+df_status df_trainer_save(df_trainer *t, df_error *err);
+
+#endif

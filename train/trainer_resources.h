@@ -1,0 +1,36 @@
+// What a recipe needs loaded before any step runs: the target and draft configs (checked against each other
+// and against training.strategy), the frozen target pieces (the LM head scaled by logits_mup_width_multiplier
+// when the target has one) and the resolved mask token. Shared by the trainer; `draftforge step` and
+// `draftforge eval` load the same things the same way.
+#ifndef DF_TRAIN_TRAINER_RESOURCES_H
+#define DF_TRAIN_TRAINER_RESOURCES_H
+
+#include "base/error.h"
+#include "modeling/draft_config.h"
+#include "modeling/target_config.h"
+#include "modeling/target_pieces.h"
+#include "train/recipe.h"
+#include "train/step.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  const df_target_config *target;
+  const df_draft_config *draft;
+  df_target_pieces pieces;
+  float *scaled_head;    // lm_head / logits_mup_width_multiplier (NULL when the target has none)
+  df_step_frozen frozen; // embed and the (scaled) head, as the step reads them
+  int64_t mask_token_id; // model.mask_token_id, else the draft config's dflash_config.mask_token_id
+} df_run_resources;
+
+// Loads everything above for rc; on failure what was loaded is freed and err names the key or file.
+df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_error *err);
+void df_run_resources_free(df_run_resources *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,208 @@
+// Building a training run: recipe (with --set overrides), configs, frozen target pieces, model, data feed, the
+// horizon and schedule, the optimizer buffers, the contract; then a fresh start or a resume from a checkpoint.
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/trainer_internal.h"
+
+// ---- resources ---------------------------------------------------------------------------------------------------
+
+static df_status load_resources(df_trainer *t, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  DF_TRY(df_run_resources_load(rc, &t->res, err));
+  t->draft = t->res.draft, t->frozen = t->res.frozen;
+  t->step_opt = (df_step_options){.num_anchors = rc->training.num_anchors,
+                                  .loss_decay_gamma = rc->training.loss_decay_gamma,
+                                  .mask_token_id = t->res.mask_token_id,
+                                  .loss = {.type = rc->training.loss_type,
+                                           .dpace_alpha = rc->training.dpace_alpha,
+                                           .chunk_blocks = rc->training.objective_chunk_blocks},
+                                  .grad_scale = 1.0,
+                                  .accumulate = true,
+                                  .dspark = {.set = true,
+                                             .ce_alpha = rc->training.dspark_ce_loss_alpha,
+                                             .l1_alpha = rc->training.dspark_l1_loss_alpha,
+                                             .conf_alpha = rc->training.dspark_confidence_head_alpha}};
+  bool dspark = t->draft->kind == DF_DRAFT_DSPARK;
+  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = t->opt->threads};
+  DF_TRY(df_ctx_create(&co, &t->ctx, err));
+  DF_TRY(df_dflash_model_create(t->draft, t->ctx, &t->model, err));
+  t->table = df_dflash_model_params(t->model);
+  df_feed_options fo = {.path = rc->data.hidden_states_path,
+                        .batch_size = rc->training.batch_size,
+                        .max_length = rc->data.max_length,
+                        .seed = rc->training.seed,
+                        .rank = 0,
+                        .world_size = 1,
+                        .prefetch = !t->opt->no_prefetch,
+                        .cfg = t->draft,
+                        // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
+                        .need_last_hidden = dspark && (rc->training.dspark_l1_loss_alpha > 0 ||
+                                                       rc->training.dspark_confidence_head_alpha > 0)};
+  return df_feed_open(&fo, &t->feed, err);
+}
+
+// ---- schedule, optimizer buffers, contract -----------------------------------------------------------------------
+
+static df_status plan_schedule(df_trainer *t, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  df_train_plan plan = {.total_steps = rc->training.total_steps,
+                        .max_steps = rc->training.max_steps,
+                        .num_epochs = rc->training.num_epochs,
+                        .batches_per_epoch = df_feed_batches_per_epoch(t->feed),
+                        .accumulation_steps = rc->training.accumulation_steps};
+  int64_t horizon;
+  DF_TRY(df_train_horizon(&plan, &horizon, &t->stop_step, err));
+  return df_lr_schedule_init(&t->sched, rc->training.lr_scheduler, rc->training.learning_rate,
+                             rc->training.warmup_ratio, horizon, err);
+}
+
+static df_status alloc_optimizer(df_trainer *t, df_error *err) {
+  int64_t numel = df_params_numel(t->table);
+  int n = df_params_count(t->table);
+  t->exp_avg = calloc((size_t)numel, sizeof(float));
+  t->exp_avg_sq = calloc((size_t)numel, sizeof(float));
+  t->gview = calloc((size_t)n, sizeof(df_tensor)), t->pview = calloc((size_t)n, sizeof(df_tensor));
+  t->mview = calloc((size_t)n, sizeof(df_tensor)), t->vview = calloc((size_t)n, sizeof(df_tensor));
+  t->decay = calloc((size_t)n, sizeof(bool));
+  if (!t->exp_avg || !t->exp_avg_sq || !t->gview || !t->pview || !t->mview || !t->vview || !t->decay)
+    return DF_FAIL(err, DF_ERR_NOMEM, "optimizer", "a smaller draft or more memory",
+                   "out of memory for the AdamW moments (%lld parameters)", (long long)numel);
+  float *w = df_dflash_model_weights(t->model), *g = df_dflash_model_grads(t->model);
+  for (int i = 0; i < n; i++) {
+    const df_param *e = df_params_at(t->table, i);
+    if (!e->trainable) continue;
+    int k = t->ntrain++;
+    t->gview[k] = df_params_view(e, g), t->pview[k] = df_params_view(e, w);
+    t->mview[k] = df_params_view(e, t->exp_avg), t->vview[k] = df_params_view(e, t->exp_avg_sq);
+    t->decay[k] = e->weight_decay;
+  }
+  return DF_OK;
+}
+
+static void fill_contract(df_trainer *t) {
+  const df_recipe *rc = t->recipe;
+  df_ckpt_contract *c = &t->contract;
+  memset(c, 0, sizeof *c);
+  snprintf(c->strategy, sizeof c->strategy, "%s", rc->training.strategy == DF_STRATEGY_DSPARK ? "dspark" : "dflash");
+  df_ckpt_config_hash(t->draft->json, c->draft_config_hash);
+  snprintf(c->loss_type, sizeof c->loss_type, "%s", df_dflash_loss_type_name(rc->training.loss_type));
+  snprintf(c->lr_scheduler, sizeof c->lr_scheduler, "%s",
+           rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant");
+  c->data_size = df_feed_num_samples(t->feed);
+  c->batch_size = rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
+  c->world_size = 1;
+  c->block_size = t->draft->block_size, c->num_anchors = rc->training.num_anchors;
+  c->max_length = rc->data.max_length, c->mask_token_id = t->step_opt.mask_token_id;
+  c->seed = (int64_t)rc->training.seed, c->horizon = t->sched.horizon;
+  c->loss_decay_gamma = rc->training.loss_decay_gamma, c->dpace_alpha = rc->training.dpace_alpha;
+  c->learning_rate = rc->training.learning_rate, c->warmup_ratio = rc->training.warmup_ratio;
+  c->max_grad_norm = rc->training.max_grad_norm, c->weight_decay = rc->training.weight_decay;
+  c->dspark_ce_alpha = rc->training.dspark_ce_loss_alpha, c->dspark_l1_alpha = rc->training.dspark_l1_loss_alpha;
+  c->dspark_conf_alpha = rc->training.dspark_confidence_head_alpha;
+  c->adam_beta1 = rc->training.adam_beta1, c->adam_beta2 = rc->training.adam_beta2, c->adam_eps = rc->training.adam_eps;
+}
+
+// ---- outputs -------------------------------------------------------------------------------------------------
+
+static df_status write_resolved(df_trainer *t, df_error *err) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  if (!mem) return DF_FAIL(err, DF_ERR_NOMEM, "recipe", NULL, "out of memory");
+  df_status st = df_recipe_write_resolved(t->recipe, mem, err);
+  fclose(mem);
+  if (st != DF_OK) return free(text), st;
+  t->recipe_yaml = text;
+  char path[4200];
+  snprintf(path, sizeof path, "%.4000s/recipe.resolved.yaml", t->recipe->output_dir);
+  return df_ckpt_write_atomic(path, text, len, err);
+}
+
+// ---- fresh start or resume ---------------------------------------------------------------------------------
+
+static df_status fresh_start(df_trainer *t, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  int64_t *steps = NULL;
+  int n = 0;
+  DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
+  free(steps);
+  if (n > 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "output_dir",
+                   "continue it with --resume <output_dir>, or choose another output_dir (--set output_dir=...)",
+                   "%s already holds %d checkpoint(s) of an earlier run", rc->output_dir, n);
+  if (rc->model.draft_checkpoint_path) {
+    if (t->log) fprintf(t->log, "warm start: weights from %s\n", rc->model.draft_checkpoint_path);
+    DF_TRY(df_dflash_model_load(t->model, rc->model.draft_checkpoint_path, err));
+  } else {
+    DF_TRY(df_dflash_model_init(t->model, rc->training.seed, err));
+  }
+  df_dflash_sampler_init(&t->sampler, rc->training.seed);
+  memset(&t->prog, 0, sizeof t->prog);
+  t->prog.last_lr = 0.0;
+  return df_metrics_open(&t->metrics, rc->output_dir, 0, err);
+}
+
+static df_status resume(df_trainer *t, const char *path, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  char dir[4200];
+  DF_TRY(df_ckpt_resolve(path, dir, sizeof dir, err));
+  df_ckpt_contract have;
+  DF_TRY(
+      df_ckpt_read(dir, t->table, df_dflash_model_weights(t->model), t->exp_avg, t->exp_avg_sq, &have, &t->prog, err));
+  DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
+  DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
+  t->sampler.rng = t->prog.anchor_rng;
+  if (t->log) {
+    fprintf(t->log, "resuming from %s: step %lld, epoch %lld, batch %lld\n", dir, (long long)t->prog.step,
+            (long long)t->prog.epoch, (long long)t->prog.cursor);
+    if (rc->model.draft_checkpoint_path)
+      fprintf(t->log, "note: model.draft_checkpoint_path is not read on resume (the checkpoint has the weights)\n");
+  }
+  return df_metrics_open(&t->metrics, rc->output_dir, t->prog.step, err);
+}
+
+static void print_plan(const df_trainer *t) {
+  if (!t->log) return;
+  const df_recipe *rc = t->recipe;
+  fprintf(t->log,
+          "draftforge train: %s -> %s\n  draft %lld parameters (%d tensors); data %lld samples, %lld batches/epoch of "
+          "%lld, accumulation %lld\n  schedule %s, lr %g, warmup %lld of %lld steps; stop at step %lld\n",
+          rc->path, rc->output_dir, (long long)df_params_param_numel(t->table), df_params_count(t->table),
+          (long long)df_feed_num_samples(t->feed), (long long)df_feed_batches_per_epoch(t->feed),
+          (long long)rc->training.batch_size, (long long)rc->training.accumulation_steps,
+          rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
+          (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
+}
+
+df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err) {
+  memset(t, 0, sizeof *t);
+  t->opt = opt, t->log = opt->log;
+  df_recipe_options ro = {
+      .log = opt->log ? stderr : NULL, .overrides = opt->overrides, .n_overrides = opt->n_overrides};
+  DF_TRY(df_recipe_load(opt->recipe_path, &ro, &t->recipe, err));
+  DF_TRY(load_resources(t, err));
+  DF_TRY(plan_schedule(t, err));
+  DF_TRY(alloc_optimizer(t, err));
+  fill_contract(t);
+  DF_TRY(df_ckpt_mkdirs(t->recipe->output_dir, err));
+  const char *from = opt->resume ? opt->resume : t->recipe->training.resume_from;
+  DF_TRY(from ? resume(t, from, err) : fresh_start(t, err));
+  DF_TRY(write_resolved(t, err));
+  t->start_step = t->prog.step;
+  print_plan(t);
+  return DF_OK;
+}
+
+void df_trainer_teardown(df_trainer *t) {
+  df_metrics_close(&t->metrics);
+  df_feed_close(t->feed);
+  df_dflash_model_free(t->model);
+  df_ctx_destroy(t->ctx);
+  df_run_resources_free(&t->res);
+  df_recipe_free(t->recipe);
+  free(t->exp_avg), free(t->exp_avg_sq);
+  free(t->gview), free(t->pview), free(t->mview), free(t->vview), free(t->decay);
+  free(t->recipe_yaml);
+  memset(t, 0, sizeof *t);
+}
