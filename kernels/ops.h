@@ -185,13 +185,14 @@ typedef struct {
   const df_tensor *conf;      // [R] confidence logits, or NULL
 } df_lmhead_dspark_in;
 
+// Outputs; dhidden NULL means forward only, du and dw2 come with markov_u, dconf with conf.
 typedef struct {
-  df_tensor *ce, *correct;                         // [R] f32, u8 (required)
-  df_tensor *draft_top1;                           // [R] f32 or NULL
-  df_tensor *l1, *agree, *teacher_top1;            // [R] f32, u8, f32 or NULL (need the teacher)
-  df_tensor *bce;                                  // [R] f32 or NULL (needs conf)
-  df_tensor *dhidden, *du, *dw2, *dconf;           // dhidden NULL: forward only; du, dw2 with markov_u; dconf
-} df_lmhead_dspark_out;                            // with conf
+  df_tensor *ce, *correct;               // [R] f32, u8 (required)
+  df_tensor *draft_top1;                 // [R] f32 or NULL
+  df_tensor *l1, *agree, *teacher_top1;  // [R] f32, u8, f32 or NULL (need the teacher)
+  df_tensor *bce;                        // [R] f32 or NULL (needs conf)
+  df_tensor *dhidden, *du, *dw2, *dconf; // [R, H], [R, r], [V, r], [R]
+} df_lmhead_dspark_out;
 
 df_status df_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,
                            const df_lmhead_dspark_out *out, df_error *err);

@@ -12,6 +12,8 @@
 #include "modeling/dflash_layer.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
+#include "moe/ffn_moe.h"
+#include "moe/layout.h"
 
 struct df_dflash_model {
   const df_draft_config *cfg; // borrowed: outlives the model
@@ -24,6 +26,7 @@ struct df_dflash_model {
   float eps;
   dflash_pview fc, hidden_norm, norm; // [H, K·H], [H], [H]
   dflash_layer *layers;               // [L]
+  df_ffn **ffns;                      // [L] layers[i].ffn, for the MoE hooks (moe/ffn_moe.h)
   float *inv_freq;                    // (hd/2) on dev
   float mscale;
   df_dspark_heads *dspark; // DSpark drafts: the Markov/confidence heads (parameters after norm)
@@ -120,6 +123,7 @@ static df_status alloc_state(df_dflash_model *m, df_error *err) {
     DF_TRY(dflash_layer_bind(&m->layers[i], m->params, m->weights, m->grads, m->dev, err));
   if (m->cfg->kind == DF_DRAFT_DSPARK)
     DF_TRY(df_dspark_heads_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->dspark, err));
+  for (int64_t i = 0; i < m->L; i++) m->ffns[i] = m->layers[i].ffn;
   return DF_OK;
 }
 
@@ -146,7 +150,8 @@ df_status df_dflash_model_create(const df_draft_config *cfg, df_ctx *ctx, df_dfl
   m->layers = calloc((size_t)m->L, sizeof *m->layers);
   m->acts = calloc((size_t)m->L, sizeof *m->acts);
   m->h = calloc((size_t)m->L + 1, sizeof *m->h);
-  df_status st = m->layers && m->acts && m->h
+  m->ffns = calloc((size_t)m->L, sizeof *m->ffns);
+  df_status st = m->layers && m->acts && m->h && m->ffns
                      ? DF_OK
                      : DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "cannot allocate %lld layers", (long long)m->L);
   if (st == DF_OK) st = build_table(m, err);
@@ -173,6 +178,7 @@ void df_dflash_model_free(df_dflash_model *m) {
   free(m->layers);
   free(m->acts);
   free(m->h);
+  free(m->ffns);
   free(m);
 }
 
@@ -181,6 +187,15 @@ float *df_dflash_model_weights(df_dflash_model *m) { return m->weights; }
 float *df_dflash_model_grads(df_dflash_model *m) { return m->grads; }
 int64_t df_dflash_model_activation_bytes(const df_dflash_model *m) { return (int64_t)m->arena_used; }
 df_dspark_heads *df_dflash_model_dspark_heads(df_dflash_model *m) { return m->dspark; }
+
+df_ffn *const *df_dflash_model_ffns(const df_dflash_model *m, int *n) {
+  if (n) *n = (int)m->L;
+  return m->ffns;
+}
+bool df_dflash_model_is_moe(const df_dflash_model *m) { return m->cfg->moe != NULL; }
+void df_dflash_model_set_training(df_dflash_model *m, bool training) {
+  df_moe_set_training(m->ffns, (int)m->L, training);
+}
 
 // Zeroes n floats of device memory (the op interface has no fill; a host zero block is copied over).
 static df_status zero_device(df_dflash_model *m, float *dst, int64_t n, df_error *err) {
@@ -221,11 +236,13 @@ static df_status host_flat_commit(df_dflash_model *m, float *host, df_status st,
   return st;
 }
 
-// 2-D weights (linear, router, embedding) draw normals; norms are 1; biases and anything else 0.
+// Weights of two or more dimensions (linear, router, embedding, the stacked MoE experts [E, out, in]) draw
+// normals; norms are 1; biases, buffers and anything else 0. Every dense weight is 2-D, so the dense draws are
+// unchanged by counting the stacked experts in.
 static void init_entry(const df_param *e, float *flat, df_rng *rng, double std) {
   float *x = flat + e->offset;
   const bool normal =
-      e->ndim == 2 && (e->role == DF_ROLE_WEIGHT || e->role == DF_ROLE_ROUTER || e->role == DF_ROLE_EMBED);
+      e->ndim >= 2 && (e->role == DF_ROLE_WEIGHT || e->role == DF_ROLE_ROUTER || e->role == DF_ROLE_EMBED);
   for (int64_t j = 0; j < e->numel; j++)
     x[j] = normal ? (float)(std * df_rng_normal(rng)) : (e->role == DF_ROLE_NORM ? 1.0f : 0.0f);
 }
@@ -242,6 +259,10 @@ df_status df_dflash_model_init(df_dflash_model *m, uint64_t seed, df_error *err)
 }
 
 df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *err) {
+  return df_dflash_model_load_ex(m, path, false, err);
+}
+
+df_status df_dflash_model_load_ex(df_dflash_model *m, const char *path, bool centering_optional, df_error *err) {
   df_st_model *sm;
   DF_TRY(df_st_model_open(path, &sm, err));
   float *host;
@@ -252,9 +273,11 @@ df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *e
   }
   // inv_freq is derived from the config, never a parameter (older HF checkpoints persisted it).
   static const char *const ignore[] = {"rotary_emb.inv_freq"};
-  df_load_options opt = {.ignore_suffixes = ignore, .n_ignore = 1};
-  if (m->dspark) opt.renames = df_dspark_heads_legacy_renames(&opt.n_renames); // logit_head.* (SpecForge)
-  st = df_params_load_strict(m->params, host, sm, &opt, NULL, err);
+  df_moe_load_options opt = {.base = {.ignore_suffixes = ignore, .n_ignore = 1},
+                             .centering_optional = centering_optional};
+  if (m->dspark) opt.base.renames = df_dspark_heads_legacy_renames(&opt.base.n_renames); // logit_head.* (SpecForge)
+  // MoE tensors pass through the config's checkpoint layout; a dense draft (moe NULL) loads strictly as before.
+  st = df_moe_layout_load(m->cfg->moe, m->params, host, sm, &opt, NULL, err);
   df_st_model_close(sm);
   return host_flat_commit(m, host, st, err);
 }
@@ -460,6 +483,7 @@ df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *bat
   DF_TRY(check_batch(m, batch, err));
   const dflash_dims d = make_dims(m, batch);
   DF_TRY(ensure_arena(m, &d, err));
+  df_moe_set_rows_per_sample(m->ffns, (int)m->L, d.Q); // sample centering: one sample's N·bs block rows
   DF_TRY(upload_batch(m, batch, err));
   DF_TRY(context_forward(m, err));
   const dflash_shared sh = shared_inputs(m);

@@ -3,11 +3,13 @@
 #ifndef DF_MODELING_DFLASH_MODEL_H
 #define DF_MODELING_DFLASH_MODEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "modeling/draft_config.h"
+#include "modeling/ffn.h"
 #include "modeling/param_table.h"
 #include "modeling/safetensors.h"
 
@@ -19,11 +21,11 @@ typedef struct df_dflash_model df_dflash_model;
 
 // One micro-batch as the strategy prepared it (CPU pointers; the model copies to its device if needed).
 typedef struct {
-  int64_t B, S, N;             // batch, padded context length, blocks per sample (block size from config)
-  const float *target_hidden;  // (B, S, K·H) raw concatenated target features
-  const float *block_embed;    // (B, N·bs, H) frozen-embedding rows of the block input ids
-  const int32_t *anchors;      // (B, N) block n of sample b covers positions anchor .. anchor+bs−1
-  const uint8_t *keep;         // (B, N) 0 = padding block: sees nothing, outputs 0 from attention
+  int64_t B, S, N;            // batch, padded context length, blocks per sample (block size from config)
+  const float *target_hidden; // (B, S, K·H) raw concatenated target features
+  const float *block_embed;   // (B, N·bs, H) frozen-embedding rows of the block input ids
+  const int32_t *anchors;     // (B, N) block n of sample b covers positions anchor .. anchor+bs−1
+  const uint8_t *keep;        // (B, N) 0 = padding block: sees nothing, outputs 0 from attention
 } df_dflash_batch;
 
 // Builds the parameter table from the config and allocates params and grads (grads zeroed).
@@ -38,11 +40,24 @@ const df_params *df_dflash_model_params(const df_dflash_model *m);
 float *df_dflash_model_weights(df_dflash_model *m); // flat (df_params_numel) fp32 parameters
 float *df_dflash_model_grads(df_dflash_model *m);   // flat fp32 gradients, same layout
 
-// HF post_init: every 2-D linear weight ~ N(0, initializer_range) drawn in table order, row-major, from
-// df_rng_init(seed, DF_RNG_STREAM_INIT) as (float)(initializer_range · df_rng_normal); biases 0; norms 1.
+// HF post_init: every weight / router / embedding of ndim >= 2 (linear weights, and the stacked MoE experts
+// [E, out, in]) ~ N(0, initializer_range) drawn in table order, row-major, from df_rng_init(seed,
+// DF_RNG_STREAM_INIT) as (float)(initializer_range · df_rng_normal); biases and buffers 0; norms 1.
 df_status df_dflash_model_init(df_dflash_model *m, uint64_t seed, df_error *err);
-// Strict warm start from a safetensors file or HF directory (every parameter filled, nothing extra).
+// Strict load from a safetensors file or HF directory (every parameter filled, nothing extra); MoE tensors
+// pass through the config's checkpoint layout (moe/layout.h). The MoE centering buffers (gate.input_mean,
+// gate.input_mean_steps) are required.
 df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *err);
+// The same; centering_optional (warm start) lets the centering buffers be absent (they keep their values).
+df_status df_dflash_model_load_ex(df_dflash_model *m, const char *path, bool centering_optional, df_error *err);
+
+// The decoder layers' FFNs ([n] = num_hidden_layers), for the MoE hooks of moe/ffn_moe.h (dense FFNs are
+// skipped by every hook). The model forward sets their rows per sample (N·bs) itself.
+df_ffn *const *df_dflash_model_ffns(const df_dflash_model *m, int *n);
+bool df_dflash_model_is_moe(const df_dflash_model *m);
+// Training (default) or eval for every MoE layer: eval forwards apply no deferred update, stash nothing and
+// produce no aux loss. A no-op for dense drafts.
+void df_dflash_model_set_training(df_dflash_model *m, bool training);
 
 // Forward of one micro-batch; *out_hidden points at the final-normed hidden states (B, N·bs, H), owned by
 // the model and valid until the next forward. Activations needed by the backward are kept; the batch is

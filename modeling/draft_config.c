@@ -42,7 +42,17 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
     cfg->kind = DF_DRAFT_DSPARK;
     return DF_OK;
   }
-  // An MoE draft trains as its dense class plus moe_preset; the *Moe* names are serving classes.
+  // An MoE draft trains as its dense class plus moe_preset; the *Moe* names are the serving classes an MoE
+  // export names (train/export.c), read back as their training class when the config names a moe_preset.
+  const bool has_preset = df_cj_get(root, "moe_preset") != NULL;
+  if (has_preset && !strcmp(name, "DFlashMoEDraftModel")) {
+    cfg->kind = DF_DRAFT_DFLASH;
+    return DF_OK;
+  }
+  if (has_preset && (!strcmp(name, "Qwen3MoeDSparkModel") || !strcmp(name, "Qwen3MoEDSparkModel"))) {
+    cfg->kind = DF_DRAFT_DSPARK;
+    return DF_OK;
+  }
   if (strstr(name, "Moe") || strstr(name, "MoE"))
     return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "architectures[0]",
                       "train an MoE draft as [\"DFlashDraftModel\"] or [\"DSparkDraftModel\"] with \"moe_preset\"",

@@ -81,6 +81,8 @@ typedef struct {
   double *pos_acc_num, *pos_acc_den; // (bs) the same split by slot k (slot 0 is never supervised)
   double accept_len_sum; // Σ over kept blocks of 1 + the leading run of correct slots k >= 1 (invalid slots
                          // neither break nor extend the run, as SpecForge's compute_accept_len)
+  double aux_loss;       // MoE drafts (train/step.c): Σ over layers of the coefficient-scaled router aux loss of this
+                         // training micro-batch, already added to loss_num as aux_loss·loss_den; 0 otherwise
 } df_dflash_metrics;
 
 void df_dflash_metrics_free(df_dflash_metrics *m);

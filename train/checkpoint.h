@@ -61,6 +61,9 @@ typedef struct {
   const df_ckpt_progress *progress;
   const json_t *draft_config; // written as config.json
   const char *recipe_yaml;    // the resolved recipe, stored in state.h5 (NULL: none)
+  // MoE drafts: model.safetensors is written through this config's checkpoint layout (moe/layout.h), buffers
+  // (router bias, centering mean and step counter, noaux_tc bias) included and kept fp32 / int64. NULL: dense.
+  const struct df_moe_config *moe;
 } df_ckpt_state;
 
 // FNV-1a 64 over json_dumps(cfg, JSON_SORT_KEYS | JSON_COMPACT), as 16 hex digits.

@@ -175,7 +175,11 @@ df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cf
   df_status st = df_hs_open(data_path, &ds, err);
   if (st == DF_OK)
     st = df_hs_check_target(ds, cfg->dflash.num_target_layer_ids, cfg->dflash.target_layer_ids, cfg->hidden_size, err);
+  // MoE: eval forwards route with the running centering mean, apply and stash nothing and have no aux loss
+  // (the loss is the objective alone); the model is handed back in training mode.
+  df_dflash_model_set_training(m, false);
   if (st == DF_OK) st = eval_loop(ctx, m, cfg, frozen, ds, opt, out, err);
+  df_dflash_model_set_training(m, true);
   df_hs_close(ds);
   if (st == DF_OK && out->num_blocks == 0)
     st = DF_FAIL(err, DF_ERR_INVALID, data_path, "evaluate on data with supervised tokens (loss_mask = 1)",

@@ -14,6 +14,7 @@
 
 #include "modeling/dflash_model.h"
 #include "modeling/strict_load.h"
+#include "moe/layout.h"
 
 // ---- checkpoint directories ------------------------------------------------------------------------------
 
@@ -258,8 +259,8 @@ static df_status write_config(const json_t *cfg, const char *dir, df_error *err)
 
 // Writes the temporary sibling directory and renames it into place (the old export, if any, is moved aside
 // first and removed after).
-static df_status write_export(const df_params *p, const float *w, const json_t *cfg, const char *out_dir,
-                              df_st_dtype dt, df_error *err) {
+static df_status write_export(const df_moe_config *moe, const df_params *p, const float *w, const json_t *cfg,
+                              const char *out_dir, df_st_dtype dt, df_error *err) {
   bool exists;
   DF_TRY(check_replaceable(out_dir, &exists, err));
   char tmp[PATH_MAX], old[PATH_MAX], st_path[PATH_MAX];
@@ -275,7 +276,7 @@ static df_status write_export(const df_params *p, const float *w, const json_t *
     return DF_FAIL(err, DF_ERR_INVALID, out_dir, "use a shorter --out path", "path too long");
   df_save_options so = {.dtype = dt};
   df_status st = write_config(cfg, tmp, err);
-  if (st == DF_OK) st = df_params_save(p, w, st_path, &so, err);
+  if (st == DF_OK) st = df_moe_layout_save(moe, p, w, st_path, &so, err); // moe NULL: df_params_save
   if (st == DF_OK && exists && rename(out_dir, old) != 0)
     st = DF_FAIL(err, DF_ERR_IO, out_dir, NULL, "cannot move the old export aside: %s", strerror(errno));
   if (st == DF_OK && rename(tmp, out_dir) != 0) {
@@ -292,14 +293,31 @@ static df_status write_export(const df_params *p, const float *w, const json_t *
 
 static df_status load_model(const char *ckpt, const df_draft_config *cfg, int threads, df_ctx **ctx,
                             df_dflash_model **m, df_error *err) {
-  if (cfg->kind != DF_DRAFT_DFLASH)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, cfg->source, "export DSpark drafts once the DSpark model is built in",
-                   "only DFlash drafts can be exported by this build (this config is %s)",
-                   df_draft_kind_name(cfg->kind));
+  // DSpark drafts export too: the model carries their Markov / confidence heads under SpecForge's names.
   df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
   DF_TRY(df_ctx_create(&co, ctx, err));
   DF_TRY(df_dflash_model_create(cfg, *ctx, m, err));
   return df_dflash_model_load(*m, ckpt, err);
+}
+
+// MoE: the export draft (centering folded into gate.bias) as its own config and model; *ecfg / *em stay NULL
+// for a dense draft (the trained model is exported as it is).
+static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_dflash_model *m,
+                                  const df_draft_config **ecfg, df_dflash_model **em, df_error *err) {
+  *ecfg = NULL, *em = NULL;
+  if (!cfg->moe) return DF_OK;
+  json_t *ej = NULL;
+  DF_TRY(df_export_moe_draft_json(cfg->json, cfg->moe, &ej, err));
+  char *text = json_dumps(ej, JSON_COMPACT | JSON_REAL_PRECISION(17));
+  json_decref(ej);
+  if (!text) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "out of memory");
+  df_status st = df_draft_config_from_json(text, strlen(text), cfg->source, ecfg, err);
+  free(text);
+  if (st == DF_OK) st = df_dflash_model_create(*ecfg, ctx, em, err);
+  if (st == DF_OK)
+    st = df_export_fold_centering(cfg->moe, df_dflash_model_params(m), df_dflash_model_weights(m),
+                                  df_dflash_model_params(*em), df_dflash_model_weights(*em), err);
+  return st;
 }
 
 df_status df_export(const char *checkpoint, const char *out_dir, const df_export_options *opt, df_export_info *info,
@@ -316,18 +334,27 @@ df_status df_export(const char *checkpoint, const char *out_dir, const df_export
   df_ctx *ctx = NULL;
   df_dflash_model *m = NULL;
   json_t *norm = NULL;
-  df_status st = load_model(dir, cfg, opt->threads, &ctx, &m, err);
+  const df_draft_config *ecfg = NULL; // MoE: the export draft (folded centering)
+  df_dflash_model *em = NULL;
+  df_status st = df_export_moe_check(cfg->moe, err);
+  if (st == DF_OK) st = load_model(dir, cfg, opt->threads, &ctx, &m, err);
+  if (st == DF_OK) st = moe_export_model(cfg, ctx, m, &ecfg, &em, err);
   const char *torch_dtype = opt->dtype == DF_ST_BF16 ? "bfloat16" : "float32";
   if (st == DF_OK)
     st = df_export_normalize_config(cfg->json, torch_dtype, opt->expect_block_size, cfg_path, &norm, err);
+  if (st == DF_OK) st = df_export_moe_config_updates(norm, cfg->moe, cfg->kind == DF_DRAFT_DSPARK, err);
+  df_dflash_model *out_m = em ? em : m;
   if (st == DF_OK)
-    st = write_export(df_dflash_model_params(m), df_dflash_model_weights(m), norm, out_dir, opt->dtype, err);
+    st = write_export(ecfg ? ecfg->moe : cfg->moe, df_dflash_model_params(out_m), df_dflash_model_weights(out_m), norm,
+                      out_dir, opt->dtype, err);
   if (st == DF_OK && info) {
     snprintf(info->checkpoint, sizeof info->checkpoint, "%s", dir);
-    info->num_tensors = df_params_count(df_dflash_model_params(m));
-    info->num_params = df_params_param_numel(df_dflash_model_params(m));
+    info->num_tensors = df_params_count(df_dflash_model_params(out_m));
+    info->num_params = df_params_param_numel(df_dflash_model_params(out_m));
   }
   json_decref(norm);
+  df_dflash_model_free(em);
+  df_draft_config_free(ecfg);
   df_dflash_model_free(m);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);

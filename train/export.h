@@ -4,11 +4,14 @@
 #define DF_TRAIN_EXPORT_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/error.h"
+#include "modeling/param_table.h"
 #include "modeling/safetensors.h"
+#include "moe/config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,8 +50,30 @@ typedef struct {
 // tensor fails, named), normalises its config.json, and writes out_dir/{config.json, model.safetensors} into
 // a temporary sibling directory renamed into place. An existing out_dir is replaced only when it looks like an
 // export (regular files, config.json among them) or is empty. info may be NULL.
+// MoE drafts (moe.md §4.5, §6.11, §9): recipes the serving classes cannot run are refused first
+// (df_export_moe_check); router centering is folded into an fp32 gate.bias = b − W·μ (fp32 even in a bf16
+// export; gate.input_mean(_steps) are dropped), config.json gets moe_router_bias, the serving fields
+// (df_moe_serving_fields) and architectures DFlashMoEDraftModel (DFlash) or Qwen3MoeDSparkModel (DSpark), and
+// model.safetensors is written through the config's checkpoint layout (per-expert names for qwen / deepseek).
 df_status df_export(const char *checkpoint, const char *out_dir, const df_export_options *opt, df_export_info *info,
                     df_error *err);
+
+// ---- MoE exports (train/export_moe.c) --------------------------------------------------------------------
+
+// Refuses an MoE recipe the serving classes cannot run, naming the field: scoring_func other than softmax,
+// balance noaux_tc (topk_method), n_group / topk_group != 1, n_shared_experts > 1, num_experts_per_tok > E, a
+// shared expert without width, routed_scaling_factor != 1, swiglu_limit > 0. NULL (dense) passes.
+df_status df_export_moe_check(const df_moe_config *m, df_error *err);
+// The draft config the export's tensors describe: with router centering, moe_router_bias true and
+// dflash_config.moe_router_center(_momentum) removed (the fold replaced them). *out is a new reference.
+df_status df_export_moe_draft_json(const json_t *src, const df_moe_config *m, json_t **out, df_error *err);
+// On a normalised config.json: the serving fields, moe_router_bias (true when centering was folded), the folded
+// centering keys removed, and architectures [DFlashMoEDraftModel] or [Qwen3MoeDSparkModel] (dspark).
+df_status df_export_moe_config_updates(json_t *cfg, const df_moe_config *m, bool dspark, df_error *err);
+// Fills dflat (table dp: the export draft) from sflat (table sp: the trained draft with config src) by name;
+// with centering, each layer's gate.bias = b − W·μ (b = the trained bias or 0; fp32 inputs, double sums).
+df_status df_export_fold_centering(const df_moe_config *src, const df_params *sp, const float *sflat,
+                                   const df_params *dp, float *dflat, df_error *err);
 
 #ifdef __cplusplus
 }

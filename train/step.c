@@ -12,6 +12,8 @@
 #include "modeling/strict_load.h"
 #include "modeling/target_config.h"
 #include "modeling/target_pieces.h"
+#include "moe/ffn_moe.h"
+#include "moe/layout.h"
 #include "train/recipe.h"
 
 // ---- the micro-step ------------------------------------------------------------------------------------------
@@ -44,6 +46,32 @@ static df_status micro_inputs(df_ctx *ctx, const df_draft_config *cfg, const df_
   df_tensor table = df_f32((float *)fz->embed, fz->vocab, H), ids = df_i32(b->blk.input_ids, R);
   df_tensor out = df_f32(b->block_embed, R, H);
   return df_embedding_forward(ctx, &table, &ids, &out, err);
+}
+
+// ---- the MoE aux loss (docs/training.md "MoE drafts") -------------------------------------------------------------
+
+// After the objective of a training forward, before the backward. The routers' aux loss A = Σ_layers aux
+// (coefficient-scaled; 0 for dense drafts, with the coefficient 0, and in eval) joins the ratio objective as
+//   loss_num += A·loss_den,  so loss = loss_num / loss_den = CE ratio + A,
+// and the layers' backward adds A's gradient times ∂(what this backward differentiates)/∂A:
+// - the step command (grad_scale 0) differentiates loss_num / loss_den: the scale is 1;
+// - the trainer (grad_scale g > 0) differentiates g·loss_num and divides the window's sum by Σ_i loss_den_i at
+//   the optimizer boundary: the scale is g·loss_den, so the window's gradient is that of
+//   Σ_i (num_i + A_i·den_i) / Σ_i den_i — each micro-batch's aux loss weighted like its objective.
+// A micro-batch with no loss weight (loss_den = 0) adds nothing and back-propagates no aux gradient.
+static double moe_aux_begin(df_dflash_model *m, const df_step_options *opt, double loss_den) {
+  int n = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
+  if (!df_dflash_model_is_moe(m)) return 0.0;
+  const double aux = loss_den > 0 ? df_moe_aux_loss_sum(ffns, n) : 0.0;
+  const double scale = loss_den > 0 ? (opt->grad_scale > 0 ? opt->grad_scale * loss_den : 1.0) : 0.0;
+  df_moe_set_aux_grad_scale(ffns, n, (float)scale);
+  return aux;
+}
+
+static void moe_aux_finish(double aux, df_dflash_metrics *out) {
+  out->aux_loss = aux;
+  out->loss_num += aux * out->loss_den;
 }
 
 // ---- the DSpark micro-step (docs/dflash-step.md §6) -------------------------------------------------------------
@@ -90,7 +118,7 @@ static df_status dspark_check(const df_draft_config *cfg, const df_step_frozen *
 // gradients during it, so the grads are zeroed first); the backbone's backward.
 static df_status dspark_passes(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                                const df_batch *bt, df_dflash_sampler *s, const df_step_options *opt, micro_bufs *b,
-                               df_dspark_labels *lab, df_dspark_metrics *dm, df_error *err) {
+                               df_dspark_labels *lab, df_dspark_metrics *dm, double *aux, df_error *err) {
   DF_TRY(dspark_check(cfg, fz, bt, opt, err));
   DF_TRY(micro_inputs(ctx, cfg, fz, bt, s, opt, b, err));
   DF_TRY(df_dspark_build_labels(bt->input_ids, bt->loss_mask, bt->S, &b->a, cfg->block_size, opt->loss_decay_gamma, lab,
@@ -104,6 +132,7 @@ static df_status dspark_passes(df_ctx *ctx, df_dflash_model *m, const df_draft_c
   df_dspark_loss_options lo = dspark_loss_options(opt);
   DF_TRY(df_dspark_objective(ctx, &lo, df_dflash_model_dspark_heads(m), &h, &head, bt->last_hidden, bt->S, lab, &b->a,
                              b->dhidden, dm, err));
+  *aux = moe_aux_begin(m, opt, dm->loss_den);
   return df_dflash_model_backward(m, b->dhidden, err);
 }
 
@@ -113,8 +142,10 @@ static df_status step_micro_dspark(df_ctx *ctx, df_dflash_model *m, const df_dra
   micro_bufs b = {0};
   df_dspark_labels lab = {0};
   df_dspark_metrics dm = {0};
-  df_status st = dspark_passes(ctx, m, cfg, fz, bt, s, opt, &b, &lab, &dm, err);
+  double aux = 0.0;
+  df_status st = dspark_passes(ctx, m, cfg, fz, bt, s, opt, &b, &lab, &dm, &aux, err);
   if (st == DF_OK) st = dspark_shared_metrics(&dm, out, err);
+  if (st == DF_OK) moe_aux_finish(aux, out);
   if (out_n) *out_n = b.a.N;
   if (st == DF_OK && opt->dspark_metrics)
     *opt->dspark_metrics = dm; // moved
@@ -149,10 +180,13 @@ df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *
     int64_t n = batch->B * b.a.N * cfg->block_size * frozen->hidden;
     for (int64_t i = 0; i < n; i++) b.dhidden[i] *= k;
   }
+  double aux = 0.0;
   if (st == DF_OK) {
+    aux = moe_aux_begin(m, opt, out->loss_den);
     if (!opt->accumulate) df_dflash_model_zero_grads(m);
     st = df_dflash_model_backward(m, b.dhidden, err);
   }
+  if (st == DF_OK) moe_aux_finish(aux, out);
   if (out_n) *out_n = b.a.N;
   if (st != DF_OK) df_dflash_metrics_free(out);
   micro_free(&b);
@@ -237,8 +271,10 @@ static df_status load_model(step_run *r, int threads, df_error *err) {
   DF_TRY(df_ctx_create(&co, &r->ctx, err));
   DF_TRY(df_dflash_model_create(r->draft, r->ctx, &r->model, err));
   const df_recipe *rc = r->recipe;
-  if (rc->model.draft_checkpoint_path) return df_dflash_model_load(r->model, rc->model.draft_checkpoint_path, err);
-  return df_dflash_model_init(r->model, rc->training.seed, err);
+  if (!rc->model.draft_checkpoint_path) return df_dflash_model_init(r->model, rc->training.seed, err);
+  // A warm start: MoE centering buffers may be absent (they keep the init values: mean 0, steps 0).
+  if (df_dflash_model_is_moe(r->model)) DF_TRY(df_dflash_model_init(r->model, rc->training.seed, err));
+  return df_dflash_model_load_ex(r->model, rc->model.draft_checkpoint_path, true, err);
 }
 
 // training.strategy names the algorithm the draft config already decides (architectures): they must agree.
@@ -334,6 +370,9 @@ static json_t *result_json(const df_step_result *r) {
   json_object_set_new(o, "N", json_integer(r->N));
   json_object_set_new(o, "block_size", json_integer(r->bs));
   json_object_set_new(o, "mean_accept_len", json_real(r->mean_accept_len));
+  // MoE drafts: the summed, coefficient-scaled router aux loss; loss = loss_num / loss_den = CE ratio + aux_loss
+  // (loss_num includes aux_loss·loss_den). 0 for dense drafts.
+  json_object_set_new(o, "aux_loss", json_real(r->aux_loss));
   json_object_set_new(o, "per_position_acc", per_position_json(&r->metrics));
   if (r->dspark) dspark_json(o, &r->dspark_metrics);
   return o;
@@ -358,8 +397,10 @@ static df_status write_dump(const step_run *run, const df_step_result *r, const 
   DF_TRY(make_dir(dir, err));
   char path[4096];
   snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+  // Every trainable parameter (no buffers), MoE tensors named by the config's checkpoint layout.
   df_save_options so = {.dtype = DF_ST_F32, .trainable_only = true};
-  DF_TRY(df_params_save(df_dflash_model_params(run->model), df_dflash_model_grads(run->model), path, &so, err));
+  DF_TRY(df_moe_layout_save(run->draft->moe, df_dflash_model_params(run->model), df_dflash_model_grads(run->model),
+                            path, &so, err));
   return df_step_write_json(r, dir, err);
 }
 
@@ -388,6 +429,7 @@ static void fill_result(const df_batch *bt, int64_t N, df_step_result *r) {
   const df_dflash_metrics *m = &r->metrics;
   r->loss_num = m->loss_num, r->loss_den = m->loss_den;
   r->loss = m->loss_den > 0 ? m->loss_num / m->loss_den : 0.0;
+  r->aux_loss = m->aux_loss;
   r->acc_num = m->acc_num, r->acc_den = m->acc_den;
   r->num_blocks = m->num_blocks;
   r->B = bt->B, r->S = bt->S, r->N = N, r->bs = m->bs;

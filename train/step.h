@@ -52,12 +52,15 @@ typedef struct {
 // loss_num / loss_den of the DSpark loss, acc_num / acc_den = correct / valid (prefix-valid) slots, the
 // per-slot accuracy counts and, as accept_len_sum, Σ over kept blocks of 1 + the leading run of correct valid
 // slots; opt->dspark_metrics gets the rest. The batch must carry last_hidden when the loss needs the teacher.
+// An MoE draft adds the routers' aux loss to the objective (out->aux_loss; loss_num += aux_loss·loss_den) and its
+// gradient to the backward, scaled for the gradient mode (docs/training.md "MoE drafts").
 df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                         const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
                         df_dflash_metrics *out, df_error *err);
 
 typedef struct {
   double loss_num, loss_den, loss, acc_num, acc_den;
+  double aux_loss; // MoE: Σ_layers coefficient-scaled router aux loss; loss_num includes aux_loss·loss_den
   int64_t num_blocks;
   int64_t B, S, N, bs;
   double mean_accept_len;    // over kept blocks
@@ -68,7 +71,9 @@ typedef struct {
 
 // Parses the recipe, loads the target pieces, configs, model (init or warm start) and the first batch, runs
 // one micro-step on threads CPU threads (0: OpenMP default) and, when dump_dir is not NULL, writes
-// dump_dir/grads.safetensors (F32, every trainable parameter) and dump_dir/step.json atomically. The draft
+// dump_dir/grads.safetensors (F32, every trainable parameter, no buffers; MoE tensors named by the config's
+// checkpoint layout, e.g. experts.{e}.gate_proj.weight for qwen) and dump_dir/step.json atomically. For an MoE
+// draft step.json's loss = CE ratio + aux_loss (the routers' summed aux loss) and the gradients include it. The draft
 // config decides the strategy (DFlash or DSpark); training.strategy must agree with it.
 df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_step_result *out, df_error *err);
 void df_step_result_free(df_step_result *r);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "moe/ffn_moe.h"
 #include "train/evaluate.h"
 #include "train/trainer_internal.h"
 
@@ -58,6 +59,9 @@ typedef struct {
   double *pos_num, *pos_den; // (bs)
   double data_wait_s;
   bool numeric_fail; // a micro-step reported NaN/Inf itself (DF_ERR_NUMERIC): the step is skipped
+  // MoE drafts: the moe/* metrics (layer averages, moe/ffn_moe.h) summed over the window's micro-batches
+  int moe_n, moe_micro;
+  df_moe_metric moe[DF_MOE_MAX_METRICS];
 } window;
 
 typedef struct {
@@ -72,6 +76,22 @@ static void window_reset(window *w) {
   w->num_blocks = w->tokens = 0;
   w->numeric_fail = false;
   for (int64_t k = 0; k < w->bs; k++) w->pos_num[k] = w->pos_den[k] = 0;
+  w->moe_n = w->moe_micro = 0;
+}
+
+// The moe/* metrics of the micro-batch that just ran (its training forward), added to the window's sums.
+static void window_add_moe(window *w, df_dflash_model *m) {
+  int n = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
+  df_moe_metric cur[DF_MOE_MAX_METRICS];
+  const int c = df_moe_collect_metrics(ffns, n, cur);
+  if (!c) return;
+  if (!w->moe_micro) {
+    w->moe_n = c;
+    for (int i = 0; i < c; i++) w->moe[i] = (df_moe_metric){cur[i].name, 0.0};
+  }
+  for (int i = 0; i < c && i < w->moe_n; i++) w->moe[i].value += cur[i].value;
+  w->moe_micro++;
 }
 
 static void window_add(window *w, const df_dflash_metrics *m, const df_batch *b) {
@@ -89,6 +109,7 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
   float *g = df_dflash_model_grads(t->model);
   int64_t n = df_params_numel(t->table);
   df_dflash_model_zero_grads(t->model);
+  df_dflash_model_set_training(t->model, true); // MoE: routing stashes, deferred updates and the aux loss
   window_reset(w);
   for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
     const df_batch *b;
@@ -106,13 +127,20 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     }
     if (st != DF_OK) return *err = micro_err, st;
     window_add(w, &m, b);
+    window_add_moe(w, t->model);
     df_dflash_metrics_free(&m);
     if (hooks && hooks->after_micro) hooks->after_micro(hooks->ctx, step, k, g, n);
   }
   int64_t e, c;
   df_feed_position(t->feed, &e, &c);
   w->epoch = c == 0 ? e - 1 : e; // the epoch of the window's last batch
-  return DF_OK;
+  // MoE: the last micro-batch's deferred updates (centering mean, noaux_tc bias) are applied here, at the
+  // boundary, rather than at the start of the next training forward. The next training forward sees the same
+  // state either way; eval and checkpoints see every training forward's update, and no stash is left pending
+  // at a checkpoint, so state.h5's buffers are all a bit-exact resume needs.
+  int nf = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nf);
+  return df_moe_apply_pending(ffns, nf, err);
 }
 
 // The boundary: grad /= Σ loss_den (the gradient of Σnum/Σden), global norm, clip, AdamW. A non-finite loss
@@ -188,6 +216,10 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
   json_object_set_new(o, "num_blocks", json_integer(w->num_blocks));
   json_object_set_new(o, "accept_len", json_real(w->num_blocks ? w->accept_len_sum / (double)w->num_blocks : 0.0));
   json_object_set_new(o, "per_position_acc", per_position(w->pos_num, w->pos_den, w->bs));
+  // MoE: moe/load_max_ratio, moe/load_min_ratio, moe/experts_unused_frac, moe/aux_loss (+ moe/bias_abs_max for
+  // noaux_tc): layer averages, averaged over the window's micro-batches
+  for (int i = 0; w->moe_micro > 0 && i < w->moe_n; i++)
+    json_object_set_new(o, w->moe[i].name, df_metrics_real(w->moe[i].value / (double)w->moe_micro));
   // timing (df_metrics_is_timing_key): differs between identical runs
   json_object_set_new(o, "tokens_per_s", json_real(r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : 0.0));
   json_object_set_new(o, "step_time_s", json_real(r->step_time_s));
@@ -285,7 +317,8 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
                      .contract = &t->contract,
                      .progress = &t->prog,
                      .draft_config = t->draft->json,
-                     .recipe_yaml = t->recipe_yaml};
+                     .recipe_yaml = t->recipe_yaml,
+                     .moe = t->draft->moe};
   DF_TRY(df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
                        sizeof t->last_ckpt, err));
   if (t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);

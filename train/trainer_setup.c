@@ -133,7 +133,10 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
                    "%s already holds %d checkpoint(s) of an earlier run", rc->output_dir, n);
   if (rc->model.draft_checkpoint_path) {
     if (t->log) fprintf(t->log, "warm start: weights from %s\n", rc->model.draft_checkpoint_path);
-    DF_TRY(df_dflash_model_load(t->model, rc->model.draft_checkpoint_path, err));
+    // MoE: the centering buffers are optional in a warm start (a serving export has none); absent ones start
+    // from the init values (mean 0, steps 0).
+    if (df_dflash_model_is_moe(t->model)) DF_TRY(df_dflash_model_init(t->model, rc->training.seed, err));
+    DF_TRY(df_dflash_model_load_ex(t->model, rc->model.draft_checkpoint_path, true, err));
   } else {
     DF_TRY(df_dflash_model_init(t->model, rc->training.seed, err));
   }

@@ -27,7 +27,7 @@ enum {
   LD_BLOCK = 48,      // rows per aligned block, as lmhead_ce.c
   LD_TILE_BLOCKS = 5, // blocks per tile at most
   LD_PAD = 16,        // floats; scratch pieces start 64-byte aligned
-  LD_VSLICE = 1536,   // vocabulary rows per dw2 slice (fixed: the dw2 rounding must not depend on threads)
+  LD_VSLICE = 768,   // vocabulary rows per dw2 slice (fixed: the dw2 rounding must not depend on threads)
 };
 #define LD_SCRATCH_BYTES ((size_t)48 << 20) // per-thread cap on the two logit sets
 

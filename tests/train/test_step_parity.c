@@ -1,8 +1,9 @@
 // `draftforge step` against the PyTorch reference: every case directory under tests/fixtures/dflash_step/
-// (tools/reference/make_dflash_fixtures.py) and tests/fixtures/dspark_step/ (make_dspark_fixtures.py) runs
-// through df_step_run; loss terms (and DSpark's metric sums) must agree to rel 1e-5 and every gradient tensor to
-// max|Δ| <= 1e-4·max|ref| + 1e-6, with the same set of names. Also the batch order and anchors
-// (expected/batch.json), and a smoke test of the CLI entry point.
+// (tools/reference/make_dflash_fixtures.py), tests/fixtures/dspark_step/ (make_dspark_fixtures.py) and
+// tests/fixtures/moe_step/ (make_moe_step_fixtures.py: MoE drafts, gradients named through the checkpoint layout)
+// runs through df_step_run; loss terms (the MoE aux loss and DSpark's metric sums included) must agree to rel 1e-5
+// and every gradient tensor to max|Δ| <= 1e-4·max|ref| + 1e-6, with the same set of names. Also the batch order
+// and anchors (expected/batch.json), and a smoke test of the CLI entry point.
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -20,6 +21,7 @@
 
 #define STEP_DIR   DF_FIXTURE_DIR "/dflash_step"
 #define DSPARK_DIR DF_FIXTURE_DIR "/dspark_step"
+#define MOE_DIR    DF_FIXTURE_DIR "/moe_step"
 
 enum { MAX_CASES = 64 };
 
@@ -116,13 +118,20 @@ static bool expect_terms(const char *dir, const char *name, const df_step_result
     cr_expect_leq(e, 1e-5, "%s: %s = %.10g, expected %.10g (rel err %.3g)", name, keys[i], got[i], w, e);
     ok = ok && e <= 1e-5;
   }
+  // MoE drafts: the summed, coefficient-scaled aux loss (loss_num carries aux_loss·loss_den); dense drafts: 0.
+  if (json_object_get(want, "aux_loss"))
+    ok = expect_close_key(name, want, "aux_loss", r->aux_loss) && ok;
+  else {
+    cr_expect_eq(r->aux_loss, 0.0, "%s: aux_loss %.10g on a dense draft", name, r->aux_loss);
+    ok = ok && r->aux_loss == 0.0;
+  }
   json_int_t nb = json_integer_value(json_object_get(want, "num_blocks"));
   cr_expect_eq(r->num_blocks, nb, "%s: num_blocks %lld, expected %lld", name, (long long)r->num_blocks, (long long)nb);
   cr_expect_eq(r->dspark, json_object_get(want, "strategy") != NULL, "%s: strategy", name);
   if (r->dspark) ok = expect_dspark_terms(name, want, &r->dspark_metrics) && ok;
-  fprintf(stderr, "  %-26s loss %.9f (ref %.9f, rel %.1e)  acc %.0f/%.0f  blocks %lld\n", name, r->loss,
+  fprintf(stderr, "  %-26s loss %.9f (ref %.9f, rel %.1e)  aux %.6g  acc %.0f/%.0f  blocks %lld\n", name, r->loss,
           json_number_value(json_object_get(want, "loss")),
-          rel_err(r->loss, json_number_value(json_object_get(want, "loss"))), r->acc_num, r->acc_den,
+          rel_err(r->loss, json_number_value(json_object_get(want, "loss"))), r->aux_loss, r->acc_num, r->acc_den,
           (long long)r->num_blocks);
   json_decref(want);
   return ok && r->num_blocks == nb;
@@ -274,6 +283,19 @@ Test(step_parity, every_dspark_fixture_case, .timeout = 600) {
   for (int i = 0; i < n; i++) free(names[i]);
 }
 
+// MoE drafts (qwen3_5_moe / deepseek_v4 presets; qwen, deepseek and native layouts; centering, router and
+// selection biases, aux loss, D-PACE, frozen experts, warm starts in layout file names).
+Test(step_parity, every_moe_fixture_case, .timeout = 600) {
+  char *names[MAX_CASES];
+  int n = list_cases_in(MOE_DIR, names, MAX_CASES);
+  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_moe_step_fixtures.py writes it)", MOE_DIR);
+  cr_assert_gt(n, 0, "no case directory (with recipe.yaml) under %s", MOE_DIR);
+  int passed = 0;
+  for (int i = 0; i < n; i++) run_case(MOE_DIR, names[i], &passed);
+  fprintf(stderr, "moe step parity: %d/%d cases pass\n", passed, n);
+  for (int i = 0; i < n; i++) free(names[i]);
+}
+
 // The CLI entry point: exit codes and the two files.
 Test(step_cli, smoke) {
   char *names[MAX_CASES];
@@ -322,4 +344,29 @@ Test(step_errors, mask_token_resolution) {
   cr_expect_str_eq(err.where, "model.mask_token_id");
   remove(path);
   for (int i = 0; i < n; i++) free(names[i]);
+}
+
+// A DSpark draft whose loss needs the teacher, on data without target_last_hidden_states, fails naming them;
+// training.strategy must agree with the draft config.
+Test(step_errors, dspark_teacher_and_strategy) {
+  char path[1024];
+  snprintf(path, sizeof path, "/tmp/df_step_dspark_%d.yaml", (int)getpid());
+  const char *cases[][3] = {
+      {"dspark", DSPARK_DIR "/vanilla.json", "target_last_hidden_states"}, // default alphas: L1 + confidence
+      {"dflash", DSPARK_DIR "/vanilla.json", "training.strategy"},
+      {"dspark", STEP_DIR "/tiny-dflash.json", "training.strategy"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    FILE *fp = fopen(path, "w");
+    fprintf(fp,
+            "model:\n  target_model_path: %s/target\n  draft_model_config: %s\ndata:\n  hidden_states_path: %s/data\n"
+            "training:\n  strategy: %s\n  batch_size: 2\n",
+            STEP_DIR, cases[i][1], STEP_DIR, cases[i][0]);
+    fclose(fp);
+    df_step_result r;
+    df_error err = {0};
+    cr_expect_eq(df_step_run(path, NULL, 1, &r, &err), DF_ERR_INVALID, "case %zu", i);
+    cr_expect_str_eq(err.where, cases[i][2], "case %zu: %s", i, err.msg);
+  }
+  remove(path);
 }

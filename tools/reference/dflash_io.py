@@ -209,7 +209,7 @@ def write_safetensors(path: str, tensors: Dict[str, np.ndarray], meta: Optional[
     header: Dict[str, Any] = {}
     blobs, off = [], 0
     for name, arr in tensors.items():
-        a = np.ascontiguousarray(arr)
+        a = np.ascontiguousarray(arr).reshape(np.shape(arr))  # keeps 0-dim tensors 0-dim
         raw = a.astype(a.dtype.newbyteorder("<")).tobytes()
         header[name] = {"dtype": _ST_WRITE[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)

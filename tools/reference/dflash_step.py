@@ -366,7 +366,16 @@ def open_data(recipe: dio.Recipe, cfg: dio.DraftConfig):
     return ds
 
 
+def names_moe_preset(config_path: str) -> bool:
+    """Whether a draft config names moe_preset (an MoE draft: tools/reference/moe_step.py runs it)."""
+    with open(config_path, encoding="utf-8") as f:
+        return json.load(f).get("moe_preset") is not None
+
+
 def prepare(recipe: dio.Recipe, fast_init: bool = False) -> Prepared:
+    if names_moe_preset(recipe.draft_model_config):
+        raise ValueError(f"{recipe.draft_model_config} names moe_preset: this dense reference would ignore the MoE "
+                         "FFN; run tools/reference/moe_step.py")
     cfg = dio.load_draft_config(recipe.draft_model_config, recipe.mask_token_id)
     embed, head = dio.load_target_pieces(recipe.target_model_path, recipe.embedding_key, recipe.lm_head_key)
     if embed.shape[1] != cfg.hidden_size or cfg.mask_token_id >= embed.shape[0]:
@@ -509,6 +518,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not a.dump and not a.bench:
         ap.error("give --dump DIR and/or --bench")
     recipe = dio.load_recipe(a.recipe)
+    if names_moe_preset(recipe.draft_model_config):  # an MoE draft: the MoE step reference
+        if a.bench:
+            ap.error("--bench does not cover MoE drafts")
+        import moe_step
+
+        return moe_step.main([a.recipe, "--dump", a.dump, "--dtype", a.dtype, "--threads", str(a.threads)])
     if a.dump:
         torch.set_num_threads(a.threads)
         prep = prepare(recipe)

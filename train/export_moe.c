@@ -1,0 +1,122 @@
+// The MoE part of the HF export (train/export.h; moe.md §4.5, §6.11, §9): refusal of recipes the serving
+// classes cannot run, the folded draft config, the serving fields and class names of config.json, and the fold
+// of router centering into an fp32 logit bias gate.bias = b − W·μ.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/config.h"
+#include "moe/params.h"
+#include "train/export.h"
+
+static const char SERVE_HINT[] = "the MoE serving classes (Qwen3MoeDSparkModel, DFlashMoEDraftModel) run softmax "
+                                 "top-k routing without selection bias, groups, scaling or clamp; train such a recipe";
+
+df_status df_export_moe_check(const df_moe_config *m, df_error *err) {
+  if (!m) return DF_OK;
+  if (m->scoring_func != DF_MOE_SCORE_SOFTMAX)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "scoring_func", SERVE_HINT,
+                   "cannot export: the serving class routes with softmax scores, this draft with %s",
+                   df_moe_score_func_name(m->scoring_func));
+  if (m->balance == DF_MOE_BALANCE_NOAUX_TC)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "balance", SERVE_HINT,
+                   "cannot export: balance noaux_tc (topk_method \"noaux_tc\", a selection bias) is not served");
+  if (m->n_group != 1 || m->topk_group != 1)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, m->n_group != 1 ? "n_group" : "topk_group", SERVE_HINT,
+                   "cannot export: group-limited routing (n_group %lld, topk_group %lld) is not served",
+                   (long long)m->n_group, (long long)m->topk_group);
+  if (m->n_shared_experts < 0 || m->n_shared_experts > 1)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "n_shared_experts", SERVE_HINT,
+                   "cannot export: n_shared_experts %lld (the serving class has 0 or 1)",
+                   (long long)m->n_shared_experts);
+  if (m->num_experts_per_tok < 1 || m->num_experts_per_tok > m->n_routed_experts)
+    return DF_FAIL(err, DF_ERR_INVALID, "num_experts_per_tok", "use 1 <= num_experts_per_tok <= n_routed_experts",
+                   "cannot export: top-%lld of %lld experts", (long long)m->num_experts_per_tok,
+                   (long long)m->n_routed_experts);
+  if (m->n_shared_experts == 1 && m->shared_expert_intermediate_size <= 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "shared_expert_intermediate_size", "set a positive shared expert width",
+                   "cannot export: a shared expert of width %lld", (long long)m->shared_expert_intermediate_size);
+  if (m->routed_scaling_factor != 1.0)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "routed_scaling_factor", SERVE_HINT,
+                   "cannot export: routed_scaling_factor %g (the serving class scales by 1)", m->routed_scaling_factor);
+  if (m->swiglu_limit > 0.0)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "swiglu_limit", SERVE_HINT,
+                   "cannot export: swiglu_limit %g (the serving class has no SwiGLU clamp)", m->swiglu_limit);
+  return DF_OK;
+}
+
+// Router centering is folded into the logit bias, so the export routes with a bias and without centering.
+static bool folds(const df_moe_config *m) { return m->router_center != DF_MOE_CENTER_NONE; }
+
+df_status df_export_moe_draft_json(const json_t *src, const df_moe_config *m, json_t **out, df_error *err) {
+  *out = NULL;
+  json_t *cfg = json_deep_copy(src);
+  if (!cfg) return DF_FAIL(err, DF_ERR_NOMEM, "config.json", NULL, "out of memory copying the config");
+  if (m && folds(m)) {
+    json_object_set_new(cfg, "moe_router_bias", json_true());
+    json_t *dc = json_object_get(cfg, "dflash_config");
+    if (json_is_object(dc)) {
+      json_object_del(dc, "moe_router_center");
+      json_object_del(dc, "moe_router_center_momentum");
+    }
+  }
+  *out = cfg;
+  return DF_OK;
+}
+
+df_status df_export_moe_config_updates(json_t *cfg, const df_moe_config *m, bool dspark, df_error *err) {
+  if (!m) return DF_OK;
+  json_t *fields = NULL;
+  DF_TRY(df_moe_serving_fields(m, &fields, err)); // the qwen layout refuses what its block cannot run, too
+  json_object_update(cfg, fields);
+  json_decref(fields);
+  json_object_set_new(cfg, "moe_router_bias", json_boolean(m->moe_router_bias || folds(m)));
+  json_t *dc = json_object_get(cfg, "dflash_config");
+  if (json_is_object(dc) && folds(m)) {
+    json_object_del(dc, "moe_router_center");
+    json_object_del(dc, "moe_router_center_momentum");
+  }
+  json_object_set_new(cfg, "architectures", json_pack("[s]", dspark ? "Qwen3MoeDSparkModel" : "DFlashMoEDraftModel"));
+  return DF_OK;
+}
+
+// ---- the fold --------------------------------------------------------------------------------------------
+
+static df_status fold_bias(const df_moe_config *src, const df_params *sp, const float *sflat, int64_t layer,
+                           float *bias, int64_t E, df_error *err) {
+  char name[DF_MOE_NAME_MAX];
+  const df_param *w = df_params_find(sp, df_moe_param_name(layer, DF_MOE_T_ROUTER_WEIGHT, name, sizeof name));
+  const df_param *b = df_params_find(sp, df_moe_param_name(layer, DF_MOE_T_ROUTER_BIAS, name, sizeof name));
+  const df_param *mu = df_params_find(sp, df_moe_param_name(layer, DF_MOE_T_INPUT_MEAN, name, sizeof name));
+  if (!w || w->ndim != 2 || w->shape[0] != E || (src->router_center != DF_MOE_CENTER_NONE && !mu))
+    return DF_FAIL(err, DF_ERR_INVALID, name, "export a checkpoint of this draft config",
+                   "layer %lld: the router tensors to fold are missing", (long long)layer);
+  const int64_t H = w->shape[1];
+  for (int64_t e = 0; e < E; e++) {
+    // b − W·μ in fp32 inputs, accumulated in double, stored fp32 (moe.md §6.11)
+    double acc = b ? (double)sflat[b->offset + e] : 0.0;
+    for (int64_t c = 0; mu && c < H; c++) acc -= (double)sflat[w->offset + e * H + c] * (double)sflat[mu->offset + c];
+    bias[e] = (float)acc;
+  }
+  return DF_OK;
+}
+
+df_status df_export_fold_centering(const df_moe_config *src, const df_params *sp, const float *sflat,
+                                   const df_params *dp, float *dflat, df_error *err) {
+  for (int i = 0; i < df_params_count(dp); i++) {
+    const df_param *d = df_params_at(dp, i);
+    int64_t layer = 0;
+    df_moe_tensor t = DF_MOE_T_COUNT;
+    const bool moe = src && df_moe_param_parse(d->name, &layer, &t);
+    if (moe && t == DF_MOE_T_ROUTER_BIAS && folds(src)) {
+      DF_TRY(fold_bias(src, sp, sflat, layer, dflat + d->offset, d->numel, err));
+      continue;
+    }
+    const df_param *s = df_params_find(sp, d->name);
+    if (!s || s->numel != d->numel)
+      return DF_FAIL(err, DF_ERR_INVALID, d->name, "export a checkpoint of this draft config",
+                     "the export tensor '%s' has no source of the same shape", d->name);
+    memcpy(dflat + d->offset, sflat + s->offset, sizeof(float) * (size_t)d->numel);
+  }
+  return DF_OK;
+}
