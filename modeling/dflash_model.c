@@ -110,11 +110,15 @@ static void copy_sizes(df_dflash_model *m, const df_draft_config *cfg) {
   m->eps = (float)cfg->rms_norm_eps;
 }
 
+static df_status zero_device(df_dflash_model *m, float *dst, int64_t n, df_error *err);
+
 static df_status alloc_state(df_dflash_model *m, df_error *err) {
   m->numel = df_params_numel(m->params);
   const size_t bytes = (size_t)m->numel * sizeof(float);
   DF_TRY(df_buffer_alloc(m->ctx, bytes, (void **)&m->weights, err));
   DF_TRY(df_buffer_alloc(m->ctx, bytes, (void **)&m->grads, err));
+  // Alignment padding belongs to no parameter: zero it once so whole-buffer comparisons are defined.
+  DF_TRY(zero_device(m, m->weights, m->numel, err));
   df_dflash_model_zero_grads(m);
   DF_TRY(bind_top(m, "fc.weight", &m->fc, err));
   DF_TRY(bind_top(m, "hidden_norm.weight", &m->hidden_norm, err));

@@ -14,7 +14,9 @@ static const char *export_usage =
     "DIR/model.safetensors (exactly the draft's tensors, bfloat16 by default) from CHECKPOINT: a checkpoint\n"
     "directory (config.json + model.safetensors) or a run directory (its latest checkpoint). Every tensor is\n"
     "checked against the draft's parameter table first. DIR appears whole or not at all. --block-size N fails\n"
-    "unless the draft's block size is N (the size the server will run).\n";
+    "unless the draft's block size is N (the size the server will run). DFlash and DSpark drafts: a DSpark\n"
+    "export carries its markov_head.* / confidence_head.* tensors and architectures [\"Qwen3DSparkModel\"] with\n"
+    "the head settings (markov_rank, markov_head_type, ...) copied to the top level of config.json.\n";
 
 typedef struct {
   const char *checkpoint, *out;

@@ -11,9 +11,11 @@
 static const char *step_usage = "usage: draftforge step RECIPE.yaml --dump DIR [--threads N]\n"
                                 "       draftforge step --schema\n"
                                 "\n"
-                                "Runs one DFlash micro-step (docs/dflash-step.md) on the first batch of the recipe's\n"
-                                "data and writes DIR/grads.safetensors (the F32 gradient of loss_num/loss_den for\n"
-                                "every trainable parameter) and DIR/step.json (loss terms and metrics). No optimizer\n"
+                                "Runs one DFlash or DSpark micro-step (docs/dflash-step.md; the draft config decides\n"
+                                "which, and training.strategy must agree) on the first batch of the recipe's data and\n"
+                                "writes DIR/grads.safetensors (the F32 gradient of loss_num/loss_den for every\n"
+                                "trainable parameter, DSpark heads included) and DIR/step.json (loss terms and\n"
+                                "metrics; DSpark adds ce/l1/confidence terms and tau_probabilistic). No optimizer\n"
                                 "step. --threads: CPU threads (default: OpenMP's). --schema: every recipe key.\n";
 
 typedef struct {

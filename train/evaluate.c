@@ -1,5 +1,5 @@
-// Held-out evaluation (train/evaluate.h): file-order batches, the DFlash forward and objective without a
-// backward, and counts summed over the whole set before any ratio is taken.
+// Held-out evaluation (train/evaluate.h): file-order batches, the draft forward and its objective (DFlash's, or
+// DSpark's for a DSpark draft) without a backward, and counts summed over the whole set before any ratio is taken.
 #include "train/evaluate.h"
 
 #include <errno.h>
@@ -14,6 +14,20 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+df_eval_options df_eval_options_from_recipe(const df_recipe *rc, int64_t mask_token_id) {
+  return (df_eval_options){.batch_size = rc->training.batch_size,
+                           .max_length = rc->data.max_length,
+                           .num_anchors = rc->training.num_anchors,
+                           .loss_decay_gamma = rc->training.loss_decay_gamma,
+                           .mask_token_id = mask_token_id,
+                           .chunk_blocks = rc->training.objective_chunk_blocks,
+                           .seed = rc->training.seed,
+                           .dspark = {.set = true,
+                                      .ce_alpha = rc->training.dspark_ce_loss_alpha,
+                                      .l1_alpha = rc->training.dspark_l1_loss_alpha,
+                                      .conf_alpha = rc->training.dspark_confidence_head_alpha}};
 }
 
 void df_eval_report_free(df_eval_report *r) {
@@ -79,44 +93,54 @@ static df_status eval_check(const df_draft_config *cfg, const df_step_frozen *fz
   return DF_OK;
 }
 
-// Forward-only on one batch: anchors, block rows and their embeddings, the draft, and the DFlash objective.
-// met is zeroed (nothing to add) when no sample of the batch has an anchor candidate.
+// The forward shared by both kinds: anchors, block rows and their embeddings, the draft. f->hidden stays NULL
+// (nothing to score) when no sample of the batch has an anchor candidate.
+typedef struct {
+  df_dflash_anchors a;
+  df_dflash_blocks blk;
+  float *embed;
+  const float *hidden; // (B·N·bs, H), owned by the model
+} eval_fwd;
+
+static void eval_fwd_free(eval_fwd *f) {
+  free(f->embed);
+  df_dflash_blocks_free(&f->blk);
+  df_dflash_anchors_free(&f->a);
+}
+
+static df_status eval_forward(df_dflash_model *m, df_ctx *ctx, const df_draft_config *cfg, const df_step_frozen *fz,
+                              const df_batch *bt, const df_eval_options *o, eval_fwd *f, int64_t *skipped,
+                              df_error *err) {
+  DF_TRY(eval_anchors(bt, o, &f->a, skipped, err));
+  if (f->a.N == 0) return DF_OK;
+  DF_TRY(df_dflash_build_blocks(bt->input_ids, bt->loss_mask, bt->S, &f->a, cfg->block_size, o->mask_token_id,
+                                o->loss_decay_gamma, &f->blk, err));
+  int64_t R = bt->B * f->a.N * cfg->block_size, H = fz->hidden;
+  if (!(f->embed = malloc((size_t)(R * H) * sizeof *f->embed)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "eval block rows", "lower training.num_anchors or training.batch_size",
+                   "out of memory for %lld block rows of width %lld", (long long)R, (long long)H);
+  df_tensor table = df_f32((float *)fz->embed, fz->vocab, H), ids = df_i32(f->blk.input_ids, R);
+  df_tensor out = df_f32(f->embed, R, H);
+  DF_TRY(df_embedding_forward(ctx, &table, &ids, &out, err));
+  df_dflash_batch mb = {bt->B, bt->S, f->a.N, bt->hidden, f->embed, f->a.anchors, f->a.keep};
+  return df_dflash_model_forward(m, &mb, &f->hidden, err);
+}
+
+// Forward-only on one batch with the DFlash objective. met is zeroed (nothing to add) when no sample of the
+// batch has an anchor candidate.
 static df_status eval_batch(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                             const df_batch *bt, const df_eval_options *o, df_dflash_metrics *met, int64_t *skipped,
                             df_error *err) {
   memset(met, 0, sizeof *met);
-  df_dflash_anchors a = {0};
-  df_dflash_blocks blk = {0};
-  float *embed = NULL;
-  const float *hidden = NULL;
-  df_status st = eval_anchors(bt, o, &a, skipped, err);
-  if (st != DF_OK || a.N == 0) {
-    df_dflash_anchors_free(&a);
-    return st;
-  }
-  st = df_dflash_build_blocks(bt->input_ids, bt->loss_mask, bt->S, &a, cfg->block_size, o->mask_token_id,
-                              o->loss_decay_gamma, &blk, err);
-  int64_t R = bt->B * a.N * cfg->block_size, H = fz->hidden;
-  if (st == DF_OK && !(embed = malloc((size_t)(R * H) * sizeof *embed)))
-    st = DF_FAIL(err, DF_ERR_NOMEM, "eval block rows", "lower training.num_anchors or training.batch_size",
-                 "out of memory for %lld block rows of width %lld", (long long)R, (long long)H);
-  if (st == DF_OK) {
-    df_tensor table = df_f32((float *)fz->embed, fz->vocab, H), ids = df_i32(blk.input_ids, R);
-    df_tensor out = df_f32(embed, R, H);
-    st = df_embedding_forward(ctx, &table, &ids, &out, err);
-  }
-  if (st == DF_OK) {
-    df_dflash_batch mb = {bt->B, bt->S, a.N, bt->hidden, embed, a.anchors, a.keep};
-    st = df_dflash_model_forward(m, &mb, &hidden, err);
-  }
-  if (st == DF_OK) {
-    df_tensor h = df_f32((float *)hidden, R, H), head = df_f32((float *)fz->lm_head, fz->vocab, H);
+  eval_fwd f = {0};
+  df_status st = eval_forward(m, ctx, cfg, fz, bt, o, &f, skipped, err);
+  if (st == DF_OK && f.hidden) {
+    int64_t R = bt->B * f.a.N * cfg->block_size;
+    df_tensor h = df_f32((float *)f.hidden, R, fz->hidden), head = df_f32((float *)fz->lm_head, fz->vocab, fz->hidden);
     df_dflash_loss_options lo = {.type = DF_LOSS_DFLASH, .chunk_blocks = o->chunk_blocks};
-    st = df_dflash_objective(ctx, &lo, &h, &head, &blk, &a, NULL, met, err);
+    st = df_dflash_objective(ctx, &lo, &h, &head, &f.blk, &f.a, NULL, met, err);
   }
-  free(embed);
-  df_dflash_blocks_free(&blk);
-  df_dflash_anchors_free(&a);
+  eval_fwd_free(&f);
   return st;
 }
 
@@ -129,16 +153,106 @@ static void eval_add(df_eval_report *r, const df_dflash_metrics *m) {
     r->pos_acc_num[k] += m->pos_acc_num[k], r->pos_acc_den[k] += m->pos_acc_den[k];
 }
 
+static double ratio_or_nan(bool ran, double num, double den) { return ran && den > 0 ? num / den : NAN; }
+
 static void eval_finish(df_eval_report *r) {
   r->loss = r->loss_den > 0 ? r->loss_num / r->loss_den : NAN;
   r->acc = r->acc_den > 0 ? r->acc_num / r->acc_den : NAN;
   r->accept_len = r->num_blocks > 0 ? r->accept_len_sum / (double)r->num_blocks : NAN;
+  bool ds = r->dspark, t = ds && r->has_teacher, c = ds && r->has_confidence;
+  r->ce_loss = ratio_or_nan(ds, r->ce_num, r->loss_den);
+  r->l1_loss = ratio_or_nan(t, r->l1_num, r->loss_den);
+  r->confidence_loss = ratio_or_nan(c, r->conf_num, r->loss_den);
+  r->confidence_abs_error = ratio_or_nan(c, r->conf_err_num, r->loss_den);
+  r->teacher_agreement = ratio_or_nan(t, r->teacher_agree_num, r->acc_den);
+  r->tau_probabilistic = ratio_or_nan(t, r->tau_num, r->tau_den);
+}
+
+// ---- DSpark drafts (strategies/dspark.h) -----------------------------------------------------------------------
+
+// The loss weights and chunking of the objective; grad_scale 0 (no backward runs anyway).
+static df_dspark_loss_options dspark_loss(const df_eval_options *o) {
+  df_dspark_loss_options lo = {.ce_alpha = 0.1, .l1_alpha = 0.9, .conf_alpha = 1.0}; // SpecForge's defaults
+  if (o->dspark.set)
+    lo.ce_alpha = o->dspark.ce_alpha, lo.l1_alpha = o->dspark.l1_alpha, lo.conf_alpha = o->dspark.conf_alpha;
+  lo.chunk_blocks = o->chunk_blocks;
+  return lo;
+}
+
+// Whether the objective reads the teacher (target_last_hidden_states): the L1 term or an active confidence head,
+// as df_dspark_objective decides.
+static bool dspark_needs_teacher(df_dflash_model *m, const df_eval_options *o) {
+  df_dspark_loss_options lo = dspark_loss(o);
+  return lo.l1_alpha > 0 || (df_dspark_heads_has_confidence(df_dflash_model_dspark_heads(m)) && lo.conf_alpha > 0);
+}
+
+// Forward-only on one batch with the DSpark labels, heads and objective (dhidden NULL: no gradient anywhere).
+// dm is zeroed (nothing to add) when no sample of the batch has an anchor candidate.
+static df_status eval_batch_dspark(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg,
+                                   const df_step_frozen *fz, const df_batch *bt, const df_eval_options *o,
+                                   df_dspark_metrics *dm, int64_t *skipped, df_error *err) {
+  memset(dm, 0, sizeof *dm);
+  if (bt->last_hidden && bt->hidden_size != fz->hidden)
+    return DF_FAIL(err, DF_ERR_INVALID, "target_last_hidden_states", "capture the eval data with this target",
+                   "the batch's last hidden states are %lld wide, the LM head reads %lld", (long long)bt->hidden_size,
+                   (long long)fz->hidden);
+  eval_fwd f = {0};
+  df_dspark_labels lab = {0};
+  df_status st = eval_forward(m, ctx, cfg, fz, bt, o, &f, skipped, err);
+  if (st == DF_OK && f.hidden)
+    st = df_dspark_build_labels(bt->input_ids, bt->loss_mask, bt->S, &f.a, cfg->block_size, o->loss_decay_gamma, &lab,
+                                err);
+  if (st == DF_OK && f.hidden) {
+    int64_t R = bt->B * f.a.N * cfg->block_size;
+    df_tensor h = df_f32((float *)f.hidden, R, fz->hidden), head = df_f32((float *)fz->lm_head, fz->vocab, fz->hidden);
+    df_dspark_loss_options lo = dspark_loss(o);
+    st = df_dspark_objective(ctx, &lo, df_dflash_model_dspark_heads(m), &h, &head, bt->last_hidden, bt->S, &lab, &f.a,
+                             NULL, dm, err);
+  }
+  df_dspark_labels_free(&lab);
+  eval_fwd_free(&f);
+  return st;
+}
+
+static void eval_add_dspark(df_eval_report *r, const df_dspark_metrics *m) {
+  r->loss_num += m->loss_num, r->loss_den += m->loss_den;
+  r->acc_num += m->acc_num, r->acc_den += m->eval_den;
+  r->num_blocks += m->num_blocks;
+  r->accept_len_sum += m->greedy_accept_sum;
+  r->ce_num += m->ce_num, r->l1_num += m->l1_num, r->conf_num += m->conf_num, r->conf_err_num += m->conf_err_num;
+  r->teacher_agree_num += m->teacher_agree_num;
+  r->tau_num += m->tau_num, r->tau_den += m->tau_den;
+  r->has_teacher = r->has_teacher || m->has_teacher;
+  r->has_confidence = r->has_confidence || m->has_confidence;
+  for (int64_t k = 0; k < r->block_size && m->pos_acc_num; k++)
+    r->pos_acc_num[k] += m->pos_acc_num[k], r->pos_acc_den[k] += m->pos_den[k];
+}
+
+// ---- the loop ----------------------------------------------------------------------------------------------------
+
+// One batch of either kind, its counts added to r.
+static df_status eval_one(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+                          const df_batch *bt, const df_eval_options *o, df_eval_report *r, df_error *err) {
+  df_status st;
+  if (r->dspark) {
+    df_dspark_metrics dm;
+    st = eval_batch_dspark(ctx, m, cfg, fz, bt, o, &dm, &r->skipped_samples, err);
+    if (st == DF_OK) eval_add_dspark(r, &dm);
+    df_dspark_metrics_free(&dm);
+    return st;
+  }
+  df_dflash_metrics met;
+  st = eval_batch(ctx, m, cfg, fz, bt, o, &met, &r->skipped_samples, err);
+  if (st == DF_OK) eval_add(r, &met);
+  df_dflash_metrics_free(&met);
+  return st;
 }
 
 static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                            df_hs_dataset *ds, const df_eval_options *o, df_eval_report *r, df_error *err) {
   int64_t n = df_hs_get_info(ds)->num_samples;
   if (o->max_samples > 0 && o->max_samples < n) n = o->max_samples;
+  bool teacher = r->dspark && dspark_needs_teacher(m, o); // DSpark: read target_last_hidden_states too
   int64_t *index = malloc((size_t)o->batch_size * sizeof *index);
   if (!index) return DF_FAIL(err, DF_ERR_NOMEM, "eval", NULL, "out of memory");
   df_status st = DF_OK;
@@ -146,13 +260,10 @@ static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_confi
     int64_t B = n - first < o->batch_size ? n - first : o->batch_size;
     for (int64_t i = 0; i < B; i++) index[i] = first + i;
     df_batch bt;
-    st = df_batch_read(ds, index, B, o->max_length, &bt, err);
+    st = df_batch_read_ex(ds, index, B, o->max_length, teacher, &bt, err);
     if (st != DF_OK) break;
     r->num_samples += B, r->num_batches++;
-    df_dflash_metrics met;
-    st = eval_batch(ctx, m, cfg, fz, &bt, o, &met, &r->skipped_samples, err);
-    if (st == DF_OK) eval_add(r, &met);
-    df_dflash_metrics_free(&met);
+    st = eval_one(ctx, m, cfg, fz, &bt, o, r, err);
     df_batch_free(&bt);
   }
   free(index);
@@ -165,6 +276,7 @@ df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cf
   DF_TRY(eval_check(cfg, frozen, opt, err));
   double t0 = now_s();
   out->block_size = cfg->block_size;
+  out->dspark = cfg->kind == DF_DRAFT_DSPARK;
   out->pos_acc_num = calloc((size_t)cfg->block_size, sizeof(double));
   out->pos_acc_den = calloc((size_t)cfg->block_size, sizeof(double));
   if (!out->pos_acc_num || !out->pos_acc_den) {
@@ -200,8 +312,12 @@ void df_eval_report_print(const df_eval_report *r, FILE *fp) {
           (long long)r->block_size, r->seconds);
   fprintf(fp, "  loss %.6f   acc %.4f (%.0f/%.0f)   accept_len τ %.4f\n", r->loss, r->acc, r->acc_num, r->acc_den,
           r->accept_len);
+  if (r->dspark)
+    fprintf(fp, "  dspark: ce_loss %.6f   l1_loss %.6f   confidence_loss %.6f   tau_probabilistic %.4f\n", r->ce_loss,
+            r->l1_loss, r->confidence_loss, r->tau_probabilistic);
   fprintf(fp, "  per-position acc:");
-  for (int64_t k = 1; k < r->block_size; k++)
+  // DFlash slot 0 is the anchor token (never supervised); a DSpark slot 0 predicts the token after it.
+  for (int64_t k = r->dspark ? 0 : 1; k < r->block_size; k++)
     fprintf(fp, " %.3f", r->pos_acc_den[k] > 0 ? r->pos_acc_num[k] / r->pos_acc_den[k] : NAN);
   fprintf(fp, "\n");
   if (r->skipped_samples)
@@ -210,6 +326,20 @@ void df_eval_report_print(const df_eval_report *r, FILE *fp) {
 }
 
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+// DSpark: SpecForge's ratio metrics (null when the term did not run) and the numerators behind them.
+static void dspark_json(json_t *o, const df_eval_report *r) {
+  json_object_set_new(o, "strategy", json_string("dspark"));
+  const char *keys[] = {
+      "ce_loss", "l1_loss", "confidence_loss", "confidence_abs_error",     "teacher_agreement",     "tau_probabilistic",
+      "ce_num",  "l1_num",  "confidence_num",  "confidence_abs_error_num", "teacher_agreement_num", "tau_num",
+      "tau_den"};
+  const double vals[] = {
+      r->ce_loss, r->l1_loss, r->confidence_loss, r->confidence_abs_error, r->teacher_agreement, r->tau_probabilistic,
+      r->ce_num,  r->l1_num,  r->conf_num,        r->conf_err_num,         r->teacher_agree_num, r->tau_num,
+      r->tau_den};
+  for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) json_object_set_new(o, keys[i], num_or_null(vals[i]));
+}
 
 static json_t *report_json(const df_eval_report *r, const char *checkpoint, const char *data) {
   json_t *o = json_object(), *pos = json_array();
@@ -231,6 +361,7 @@ static json_t *report_json(const df_eval_report *r, const char *checkpoint, cons
   json_object_set_new(o, "num_blocks", json_integer(r->num_blocks));
   json_object_set_new(o, "block_size", json_integer(r->block_size));
   json_object_set_new(o, "seconds", json_real(r->seconds));
+  if (r->dspark) dspark_json(o, r);
   return o;
 }
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "modeling/dflash_model.h"
+#include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
 #include "moe/layout.h"
 
@@ -96,8 +97,6 @@ df_status df_checkpoint_dir_resolve(const char *path, char *out, size_t out_size
 
 // ---- config normaliser -----------------------------------------------------------------------------------
 
-static bool positive_int(const json_t *v) { return v && json_is_integer(v) && json_integer_value(v) > 0; }
-
 static df_status norm_block_size(json_t *cfg, json_t *method, int64_t expect, const char *where, df_error *err) {
   json_t *top = json_object_get(cfg, "block_size"), *nested = json_object_get(method, "block_size");
   if (json_is_null(top)) top = NULL;
@@ -129,42 +128,6 @@ static df_status norm_method_choices(json_t *method, const char **projector, con
   return DF_OK;
 }
 
-// DSpark: SGLang's standalone Qwen3DSparkModel reads the head settings at the top level.
-static df_status norm_dspark(json_t *cfg, json_t *method, const char *where, df_error *err) {
-  json_t *mt = json_object_get(cfg, "model_type");
-  if (!json_is_string(mt) || strcmp(json_string_value(mt), "qwen3"))
-    return DF_FAIL(err, DF_ERR_INVALID, where, "set model_type to \"qwen3\"",
-                   "SGLang's standalone DSpark export expects model_type \"qwen3\"");
-  json_t *rank = json_object_get(method, "markov_rank");
-  if (!rank) rank = json_object_get(cfg, "markov_rank");
-  if (!positive_int(rank))
-    return DF_FAIL(err, DF_ERR_INVALID, where, "set dflash_config.markov_rank > 0",
-                   "DSpark export requires a positive integer markov_rank");
-  json_t *type = json_object_get(method, "markov_head_type");
-  if (!type) type = json_object_get(cfg, "markov_head_type");
-  const char *t = json_is_string(type) ? json_string_value(type) : "";
-  if (strcasecmp(t, "vanilla") && strcasecmp(t, "gated") && strcasecmp(t, "rnn"))
-    return DF_FAIL(err, DF_ERR_INVALID, where, "use markov_head_type vanilla, gated or rnn",
-                   "DSpark export requires markov_head_type in {vanilla, gated, rnn}");
-  static const char *const lifted[] = {"markov_rank", "markov_head_type", "enable_confidence_head",
-                                       "confidence_head_with_markov"};
-  for (size_t i = 0; i < sizeof lifted / sizeof lifted[0]; i++) {
-    json_t *nested = json_object_get(method, lifted[i]), *top = json_object_get(cfg, lifted[i]);
-    if (!nested || json_is_null(nested)) continue;
-    if (top && !json_is_null(top) && !json_equal(top, nested))
-      return DF_FAIL(err, DF_ERR_INVALID, where, "remove the top-level copy or make it equal",
-                     "DSpark config conflict for %s: the top-level value differs from dflash_config's", lifted[i]);
-    json_object_set_new(cfg, lifted[i], json_deep_copy(nested));
-  }
-  json_object_set_new(cfg, "markov_rank", json_integer(json_integer_value(rank)));
-  char lower[16];
-  size_t n = strlen(t);
-  for (size_t i = 0; i <= n; i++) lower[i] = (char)(t[i] >= 'A' && t[i] <= 'Z' ? t[i] - 'A' + 'a' : t[i]);
-  json_object_set_new(cfg, "markov_head_type", json_string(lower));
-  json_object_set_new(cfg, "architectures", json_pack("[s]", "Qwen3DSparkModel"));
-  return DF_OK;
-}
-
 static df_status normalize(json_t *cfg, const char *torch_dtype, int64_t expect_bs, const char *where, df_error *err) {
   json_t *method = json_object_get(cfg, "dflash_config");
   if (method && !json_is_null(method) && !json_is_object(method))
@@ -177,8 +140,8 @@ static df_status normalize(json_t *cfg, const char *torch_dtype, int64_t expect_
   const char *projector;
   DF_TRY(norm_method_choices(method, &projector, where, err));
   if (!strcmp(projector, "dspark")) {
-    json_t *ds = json_object_get(cfg, "dspark_config");
-    DF_TRY(norm_dspark(cfg, json_is_object(ds) ? ds : method, where, err));
+    // SGLang's standalone Qwen3DSparkModel reads the head settings at the top level (modeling/dspark_heads.h).
+    DF_TRY(df_dspark_normalize_export_config(cfg, where, err));
   } else {
     json_t *domino = json_object_get(cfg, "domino_config");
     if (!strcmp(projector, "domino") && json_is_object(domino)) json_object_update(method, domino);

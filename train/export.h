@@ -27,10 +27,11 @@ df_status df_checkpoint_dir_resolve(const char *path, char *out, size_t out_size
 // block_size (top level, or dflash_config.block_size; the two must agree) must be an integer >= 2 and, when
 // expect_block_size > 0, equal it; dflash_config.projector_type must be dflash/domino/dspark and attention_mode
 // gqa/mha; DFlash/Domino get architectures ["DFlashDraftModel"] (Domino's domino_config merged into
-// dflash_config); DSpark needs model_type "qwen3", a positive markov_rank and markov_head_type in
-// {vanilla, gated, rnn}, has its head keys copied to the top level (a conflicting top-level value fails) and
-// gets ["Qwen3DSparkModel"]; auto_map is removed; torch_dtype (and dtype, when present) is set to torch_dtype.
-// Every other key is kept as it is. where names the document in errors.
+// dflash_config); DSpark goes through df_dspark_normalize_export_config (modeling/dspark_heads.h: model_type
+// "qwen3", a positive markov_rank and markov_head_type in {vanilla, gated, rnn}, its head keys copied to the top
+// level — a conflicting top-level value fails with err->where naming the key — and ["Qwen3DSparkModel"]);
+// auto_map is removed; torch_dtype (and dtype, when present) is set to torch_dtype. Every other key is kept as
+// it is. where names the document in errors.
 df_status df_export_normalize_config(const json_t *src, const char *torch_dtype, int64_t expect_block_size,
                                      const char *where, json_t **out, df_error *err);
 

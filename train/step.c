@@ -10,11 +10,10 @@
 #include <unistd.h>
 
 #include "modeling/strict_load.h"
-#include "modeling/target_config.h"
-#include "modeling/target_pieces.h"
 #include "moe/ffn_moe.h"
 #include "moe/layout.h"
 #include "train/recipe.h"
+#include "train/trainer_resources.h"
 
 // ---- the micro-step ------------------------------------------------------------------------------------------
 
@@ -198,10 +197,7 @@ df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *
 // Everything df_step_run owns, released in reverse order by run_free.
 typedef struct {
   const df_recipe *recipe;
-  const df_target_config *target;
-  const df_draft_config *draft;
-  df_target_pieces pieces;
-  float *scaled_head; // lm_head / logits_mup_width_multiplier, when the target has one
+  df_run_resources res; // configs, frozen pieces (scaled head), mask token (train/trainer_resources.h)
   df_ctx *ctx;
   df_dflash_model *model;
   df_batch batch;
@@ -211,65 +207,14 @@ static void run_free(step_run *r) {
   df_batch_free(&r->batch);
   df_dflash_model_free(r->model);
   df_ctx_destroy(r->ctx);
-  free(r->scaled_head);
-  df_target_pieces_free(&r->pieces);
-  df_draft_config_free(r->draft);
-  df_target_config_free(r->target);
+  df_run_resources_free(&r->res);
   df_recipe_free(r->recipe);
-}
-
-// model.draft_model_config: a JSON file or a directory holding config.json (as SpecForge accepts).
-static df_status load_draft_config(const df_recipe *rc, const df_draft_config **out, df_error *err) {
-  const char *p = rc->model.draft_model_config;
-  if (!p)
-    return DF_FAIL(err, DF_ERR_INVALID, "model.draft_model_config", "point it at the draft's config.json",
-                   "%s: model.draft_model_config is required (draft configs are not derived from the target yet)",
-                   rc->path);
-  struct stat sb;
-  if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) return df_draft_config_from_file(p, out, err);
-  char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", p);
-  return df_draft_config_from_file(path, out, err);
-}
-
-static df_status load_pieces(step_run *r, df_error *err) {
-  const df_recipe *rc = r->recipe;
-  df_target_pieces_options o = {.embed_key = rc->model.embedding_key,
-                                .lm_head_key = rc->model.lm_head_key,
-                                .tied = r->target->tie_word_embeddings,
-                                .expect_vocab = r->target->vocab_size,
-                                .expect_hidden = r->target->hidden_size};
-  DF_TRY(df_target_pieces_load(rc->model.target_model_path, &o, &r->pieces, err));
-  if (!r->target->has_logits_mup) return DF_OK;
-  // SpecForge divides the frozen head by the target's logits_mup_width_multiplier (reference §1.6).
-  int64_t n = r->pieces.vocab * r->pieces.hidden;
-  r->scaled_head = malloc((size_t)n * sizeof(float));
-  if (!r->scaled_head) return DF_FAIL(err, DF_ERR_NOMEM, "lm_head", NULL, "out of memory for the scaled LM head");
-  float inv = (float)(1.0 / r->target->logits_mup_width_multiplier);
-  for (int64_t i = 0; i < n; i++) r->scaled_head[i] = r->pieces.lm_head[i] * inv;
-  return DF_OK;
-}
-
-// model.mask_token_id overrides dflash_config.mask_token_id; one of them must be set, below the vocabulary.
-static df_status resolve_mask_token(const step_run *r, int64_t *out, df_error *err) {
-  const df_recipe *rc = r->recipe;
-  int64_t id = rc->model.has_mask_token_id ? rc->model.mask_token_id : r->draft->dflash.mask_token_id;
-  if (id < 0)
-    return DF_FAIL(err, DF_ERR_INVALID, "model.mask_token_id",
-                   "set model.mask_token_id in the recipe or dflash_config.mask_token_id in the draft config",
-                   "%s: no mask token id (neither the recipe nor %s sets one)", rc->path, r->draft->source);
-  if (id >= r->pieces.vocab)
-    return DF_FAIL(err, DF_ERR_INVALID, rc->model.has_mask_token_id ? "model.mask_token_id" : "dflash_config",
-                   "the mask token must be a row of the target embedding", "mask_token_id %lld >= vocabulary %lld",
-                   (long long)id, (long long)r->pieces.vocab);
-  *out = id;
-  return DF_OK;
 }
 
 static df_status load_model(step_run *r, int threads, df_error *err) {
   df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
   DF_TRY(df_ctx_create(&co, &r->ctx, err));
-  DF_TRY(df_dflash_model_create(r->draft, r->ctx, &r->model, err));
+  DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
   const df_recipe *rc = r->recipe;
   if (!rc->model.draft_checkpoint_path) return df_dflash_model_init(r->model, rc->training.seed, err);
   // A warm start: MoE centering buffers may be absent (they keep the init values: mean 0, steps 0).
@@ -277,29 +222,16 @@ static df_status load_model(step_run *r, int threads, df_error *err) {
   return df_dflash_model_load_ex(r->model, rc->model.draft_checkpoint_path, true, err);
 }
 
-// training.strategy names the algorithm the draft config already decides (architectures): they must agree.
-static df_status check_strategy(const df_recipe *rc, const df_draft_config *cfg, df_error *err) {
-  bool dspark = cfg->kind == DF_DRAFT_DSPARK;
-  if (dspark == (rc->training.strategy == DF_STRATEGY_DSPARK)) return DF_OK;
-  return DF_FAIL(err, DF_ERR_INVALID, "training.strategy",
-                 dspark ? "set training.strategy: dspark for a DSparkDraftModel config"
-                        : "set training.strategy: dflash for a DFlashDraftModel config",
-                 "%s: training.strategy is %s but %s is a %s draft", rc->path, dspark ? "dflash" : "dspark",
-                 cfg->source, df_draft_kind_name(cfg->kind));
-}
-
+// Recipe; configs, strategy check, frozen pieces and mask token (df_run_resources_load, as the trainer); model;
+// the first batch.
 static df_status load_all(step_run *r, const char *recipe, int threads, df_error *err) {
   df_recipe_options ro = {.log = stderr};
   DF_TRY(df_recipe_load(recipe, &ro, &r->recipe, err));
   const df_recipe *rc = r->recipe;
-  DF_TRY(df_target_config_from_dir(rc->model.target_model_path, &r->target, err));
-  DF_TRY(load_draft_config(rc, &r->draft, err));
-  DF_TRY(check_strategy(rc, r->draft, err));
-  DF_TRY(df_draft_config_check_target(r->draft, r->target, err));
-  DF_TRY(load_pieces(r, err));
+  DF_TRY(df_run_resources_load(rc, &r->res, err));
   DF_TRY(load_model(r, threads, err));
   return df_batch_first(rc->data.hidden_states_path, rc->training.seed, rc->training.batch_size, rc->data.max_length,
-                        r->draft, &r->batch, err);
+                        r->res.draft, &r->batch, err);
 }
 
 // ---- outputs ---------------------------------------------------------------------------------------------------
@@ -399,7 +331,7 @@ static df_status write_dump(const step_run *run, const df_step_result *r, const 
   snprintf(path, sizeof path, "%s/grads.safetensors", dir);
   // Every trainable parameter (no buffers), MoE tensors named by the config's checkpoint layout.
   df_save_options so = {.dtype = DF_ST_F32, .trainable_only = true};
-  DF_TRY(df_moe_layout_save(run->draft->moe, df_dflash_model_params(run->model), df_dflash_model_grads(run->model),
+  DF_TRY(df_moe_layout_save(run->res.draft->moe, df_dflash_model_params(run->model), df_dflash_model_grads(run->model),
                             path, &so, err));
   return df_step_write_json(r, dir, err);
 }
@@ -440,17 +372,14 @@ df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_
   memset(out, 0, sizeof *out);
   step_run r = {0};
   df_status st = load_all(&r, recipe, threads, err);
-  int64_t mask_id = -1, N = 0;
-  if (st == DF_OK) st = resolve_mask_token(&r, &mask_id, err);
+  int64_t N = 0;
   if (st == DF_OK) {
-    df_step_frozen fz = {r.pieces.embed, r.scaled_head ? r.scaled_head : r.pieces.lm_head, r.pieces.vocab,
-                         r.pieces.hidden};
     df_dflash_sampler s;
     df_dflash_sampler_init(&s, r.recipe->training.seed);
-    df_step_options opt = step_options(r.recipe, mask_id);
-    out->dspark = r.draft->kind == DF_DRAFT_DSPARK;
+    df_step_options opt = step_options(r.recipe, r.res.mask_token_id);
+    out->dspark = r.res.draft->kind == DF_DRAFT_DSPARK;
     if (out->dspark) opt.dspark_metrics = &out->dspark_metrics;
-    st = df_step_micro(r.ctx, r.model, r.draft, &fz, &r.batch, &s, &opt, &N, &out->metrics, err);
+    st = df_step_micro(r.ctx, r.model, r.res.draft, &r.res.frozen, &r.batch, &s, &opt, &N, &out->metrics, err);
   }
   if (st == DF_OK) fill_result(&r.batch, N, out);
   if (st == DF_OK && dump_dir) st = write_dump(&r, out, dump_dir, err);

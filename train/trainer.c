@@ -258,16 +258,18 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
 
 // ---- eval and checkpoints ------------------------------------------------------------------------------------------
 
+// DSpark eval metrics (train/evaluate.h; null where the term did not run).
+static void eval_dspark_json(json_t *o, const df_eval_report *r) {
+  json_object_set_new(o, "eval/ce_loss", df_metrics_real(r->ce_loss));
+  json_object_set_new(o, "eval/l1_loss", df_metrics_real(r->l1_loss));
+  json_object_set_new(o, "eval/confidence_loss", df_metrics_real(r->confidence_loss));
+  json_object_set_new(o, "eval/tau_probabilistic", df_metrics_real(r->tau_probabilistic));
+}
+
 // Held-out eval (train/evaluate.h): an eval line in metrics.jsonl; *improved when τ beats the best so far.
 static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *improved, df_error *err) {
   const df_recipe *rc = t->recipe;
-  df_eval_options eo = {.batch_size = rc->training.batch_size,
-                        .max_length = rc->data.max_length,
-                        .num_anchors = rc->training.num_anchors,
-                        .loss_decay_gamma = rc->training.loss_decay_gamma,
-                        .mask_token_id = t->step_opt.mask_token_id,
-                        .chunk_blocks = rc->training.objective_chunk_blocks,
-                        .seed = rc->training.seed};
+  df_eval_options eo = df_eval_options_from_recipe(rc, t->step_opt.mask_token_id); // DSpark alphas included
   df_eval_report rep;
   double t0 = now_s();
   DF_TRY(df_evaluate(t->ctx, t->model, t->draft, &t->frozen, rc->data.eval_hidden_states_path, &eo, &rep, err));
@@ -279,11 +281,16 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   json_object_set_new(o, "eval/tau", df_metrics_real(rep.accept_len));
   json_object_set_new(o, "eval/per_position_acc", per_position(rep.pos_acc_num, rep.pos_acc_den, rep.block_size));
   json_object_set_new(o, "eval/samples", json_integer(rep.num_samples));
+  if (rep.dspark) eval_dspark_json(o, &rep);
   json_object_set_new(o, "eval_time_s", json_real(now_s() - t0));
   df_status st = df_metrics_append(&t->metrics, o, err);
   json_decref(o);
   double tau = rep.accept_len;
-  if (t->log)
+  if (t->log && rep.dspark)
+    fprintf(
+        t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f | tau_prob %.4f | ce %.4f | l1 %.4f | conf %.4f\n",
+        (long long)step, rep.loss, rep.acc, tau, rep.tau_probabilistic, rep.ce_loss, rep.l1_loss, rep.confidence_loss);
+  else if (t->log)
     fprintf(t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f\n", (long long)step, rep.loss, rep.acc, tau);
   df_eval_report_free(&rep);
   *improved = st == DF_OK && isfinite(tau) && (!t->prog.has_best || tau > t->prog.best_eval_tau);

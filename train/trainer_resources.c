@@ -66,9 +66,16 @@ static df_status check_strategy(const df_recipe *rc, const df_draft_config *cfg,
 }
 
 df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_error *err) {
+  return df_run_resources_load_ex(rc, NULL, out, err);
+}
+
+df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config_path, df_run_resources *out,
+                                   df_error *err) {
   memset(out, 0, sizeof *out);
   df_status st = df_target_config_from_dir(rc->model.target_model_path, &out->target, err);
-  if (st == DF_OK) st = load_draft_config(rc, &out->draft, err);
+  if (st == DF_OK)
+    st = draft_config_path ? df_draft_config_from_file(draft_config_path, &out->draft, err)
+                           : load_draft_config(rc, &out->draft, err);
   if (st == DF_OK) st = check_strategy(rc, out->draft, err);
   if (st == DF_OK) st = df_draft_config_check_target(out->draft, out->target, err);
   if (st == DF_OK) st = load_pieces(rc, out, err);

@@ -27,6 +27,10 @@ typedef struct {
 
 // Loads everything above for rc; on failure what was loaded is freed and err names the key or file.
 df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_error *err);
+// The same with the draft config read from draft_config_path (a config.json; NULL: model.draft_model_config),
+// as `draftforge eval` does with a checkpoint's or export's own config.json. training.strategy must still agree.
+df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config_path, df_run_resources *out,
+                                   df_error *err);
 void df_run_resources_free(df_run_resources *r);
 
 #ifdef __cplusplus

@@ -1,5 +1,7 @@
 // Held-out evaluation: the report does not depend on the batch size, is deterministic, its counts agree with
-// each other and with the data; the failing inputs; and `draftforge eval` on a checkpoint and on its export.
+// each other and with the data; the failing inputs; DSpark drafts (the DSpark objective, forward only: the
+// α-weighted loss, equal to the step's forward on the same anchors, no gradient, the teacher read when needed);
+// and `draftforge eval` on a checkpoint and on its export.
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -10,6 +12,7 @@
 
 #include "modeling/target_pieces.h"
 #include "tests/common/fixture.h"
+#include "train/batch.h"
 #include "train/evaluate.h"
 #include "train/hidden_states.h"
 
@@ -158,6 +161,177 @@ Test(evaluate, failing_inputs) {
   cr_expect_eq(df_evaluate(s.ctx, s.m, s.cfg, &s.fz, DATA, &o, &r, &err), DF_ERR_INVALID, "mask token >= V");
   o = opts(0);
   cr_expect_eq(df_evaluate(s.ctx, s.m, s.cfg, &s.fz, DATA, &o, &r, &err), DF_ERR_INVALID, "batch size 0");
+  unload(&s);
+}
+
+// ---- DSpark drafts ----------------------------------------------------------------------------------------------
+
+#define DSPARK_DIR  DF_FIXTURE_DIR "/dspark_step"
+#define DSPARK_DATA DSPARK_DIR "/data" // with target_last_hidden_states
+
+// ckpt_rnn: rnn Markov head (r = 8), confidence head on h, large head weights.
+static setup load_dspark(void) {
+  setup s = {0};
+  df_error err = {0};
+  DF_ASSERT_OK(df_draft_config_from_file(DSPARK_DIR "/ckpt_rnn/config.json", &s.cfg, &err), &err);
+  cr_assert_eq(s.cfg->kind, DF_DRAFT_DSPARK);
+  s.ctx = df_test_cpu_ctx(2);
+  DF_ASSERT_OK(df_dflash_model_create(s.cfg, s.ctx, &s.m, &err), &err);
+  DF_ASSERT_OK(df_dflash_model_load(s.m, DSPARK_DIR "/ckpt_rnn", &err), &err);
+  df_target_pieces_options o = {.expect_vocab = 256, .expect_hidden = 64};
+  DF_ASSERT_OK(df_target_pieces_load(STEP_DIR "/target", &o, &s.tp, &err), &err);
+  s.fz = (df_step_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
+  return s;
+}
+
+static df_eval_options dspark_opts(int64_t batch) {
+  df_eval_options o = opts(batch);
+  o.loss_decay_gamma = 4.0;
+  o.dspark.set = true, o.dspark.ce_alpha = 0.3, o.dspark.l1_alpha = 0.7, o.dspark.conf_alpha = 2.0;
+  return o;
+}
+
+static df_eval_report run_on(setup *s, const char *data, const df_eval_options *o) {
+  df_eval_report r;
+  df_error err = {0};
+  DF_ASSERT_OK(df_evaluate(s->ctx, s->m, s->cfg, &s->fz, data, o, &r, &err), &err);
+  return r;
+}
+
+static void expect_same_dspark(const df_eval_report *a, const df_eval_report *b, double rel, const char *what) {
+  expect_same_counts(a, b, what);
+  const double x[] = {a->loss, a->ce_loss, a->l1_loss, a->confidence_loss, a->tau_probabilistic, a->accept_len};
+  const double y[] = {b->loss, b->ce_loss, b->l1_loss, b->confidence_loss, b->tau_probabilistic, b->accept_len};
+  for (size_t i = 0; i < sizeof x / sizeof *x; i++)
+    cr_expect(fabs(x[i] - y[i]) <= rel * fabs(x[i]), "%s: metric %zu %.12g vs %.12g", what, i, x[i], y[i]);
+}
+
+Test(evaluate, dspark_is_deterministic_and_independent_of_the_batch_size) {
+  setup s = load_dspark();
+  df_eval_options o1 = dspark_opts(1);
+  df_eval_report ref = run_on(&s, DSPARK_DATA, &o1), again = run_on(&s, DSPARK_DATA, &o1);
+  cr_expect(ref.dspark && ref.has_teacher && ref.has_confidence);
+  expect_same_dspark(&ref, &again, 0.0, "rerun");
+  cr_expect_eq(ref.loss, again.loss, "bit-identical on a rerun");
+  cr_expect_eq(ref.num_samples, 6);
+  cr_expect(ref.pos_acc_den[0] > 0, "DSpark slot 0 predicts the token after the anchor");
+  for (int64_t B = 2; B <= 6; B += 2) {
+    df_eval_options o = dspark_opts(B);
+    df_eval_report r = run_on(&s, DSPARK_DATA, &o);
+    expect_same_dspark(&ref, &r, 1e-5, "batch size");
+    cr_expect_eq(r.num_batches, (6 + B - 1) / B);
+    df_eval_report_free(&r);
+  }
+  df_eval_options o = dspark_opts(3);
+  o.seed = 12;
+  df_eval_report c = run_on(&s, DSPARK_DATA, &o);
+  cr_expect_neq(c.loss, ref.loss, "another seed draws other anchors");
+  df_eval_report_free(&c), df_eval_report_free(&again), df_eval_report_free(&ref);
+  unload(&s);
+}
+
+// The report's loss is the α-weighted ratio of the objective's terms (nothing else, e.g. no aux loss, added);
+// ratios and counts agree; and the weights and gradients of the model are untouched.
+Test(evaluate, dspark_loss_is_the_alpha_weighted_ratio_and_writes_no_gradient) {
+  setup s = load_dspark();
+  const df_params *p = df_dflash_model_params(s.m);
+  int64_t n = df_params_numel(p);
+  float *g = df_dflash_model_grads(s.m), *w0 = malloc((size_t)n * sizeof *w0);
+  for (int64_t i = 0; i < n; i++) g[i] = 0.25f + (float)(i % 7);
+  memcpy(w0, df_dflash_model_weights(s.m), (size_t)n * sizeof *w0);
+  df_eval_options o = dspark_opts(4);
+  df_eval_report r = run_on(&s, DSPARK_DATA, &o);
+  int64_t changed = 0;
+  for (int64_t i = 0; i < n; i++) changed += g[i] != 0.25f + (float)(i % 7);
+  cr_expect_eq(changed, 0, "eval writes no gradient (%lld changed)", (long long)changed);
+  cr_expect_arr_eq(w0, df_dflash_model_weights(s.m), (size_t)n * sizeof *w0, "weights untouched");
+  double want = 0.3 * r.ce_num + 0.7 * r.l1_num + 2.0 * r.conf_num;
+  cr_expect(fabs(r.loss_num - want) <= 1e-9 * fabs(want), "loss_num %.12g = Σ α·term %.12g", r.loss_num, want);
+  cr_expect_eq(r.loss, r.loss_num / r.loss_den);
+  cr_expect_eq(r.ce_loss, r.ce_num / r.loss_den);
+  cr_expect_eq(r.tau_probabilistic, r.tau_num / r.tau_den);
+  cr_expect_eq(r.acc, r.acc_num / r.acc_den);
+  double num = 0, den = 0;
+  for (int64_t k = 0; k < r.block_size; k++) num += r.pos_acc_num[k], den += r.pos_acc_den[k];
+  cr_expect_eq(num, r.acc_num);
+  cr_expect_eq(den, r.acc_den);
+  cr_expect(r.accept_len >= 1 && r.accept_len <= (double)r.block_size + 1, "τ %g", r.accept_len);
+  cr_expect(r.tau_probabilistic >= 1 && r.tau_probabilistic <= (double)r.block_size + 1, "tau_prob %g",
+            r.tau_probabilistic);
+  df_eval_report_free(&r);
+  free(w0);
+  unload(&s);
+}
+
+// Eval with batch size 1 draws sample i's anchors from seed + i, so df_step_micro on the one-sample batch i with
+// a sampler seeded seed + i sees the same blocks: its forward metrics, summed over the samples, are the report.
+Test(evaluate, dspark_equals_the_step_forward_on_the_same_anchors) {
+  setup s = load_dspark();
+  df_eval_options o = dspark_opts(1);
+  df_eval_report r = run_on(&s, DSPARK_DATA, &o);
+  df_hs_dataset *ds;
+  df_error err = {0};
+  DF_ASSERT_OK(df_hs_open(DSPARK_DATA, &ds, &err), &err);
+  df_step_options so = {.num_anchors = o.num_anchors,
+                        .loss_decay_gamma = o.loss_decay_gamma,
+                        .mask_token_id = o.mask_token_id,
+                        .loss = {.type = DF_LOSS_DFLASH, .chunk_blocks = o.chunk_blocks},
+                        .dspark = {.set = true, .ce_alpha = 0.3, .l1_alpha = 0.7, .conf_alpha = 2.0}};
+  double loss_num = 0, loss_den = 0, acc_num = 0, acc_den = 0, greedy = 0, tau_num = 0, tau_den = 0, ce = 0;
+  int64_t blocks = 0;
+  for (int64_t i = 0; i < 6; i++) {
+    df_batch bt;
+    DF_ASSERT_OK(df_batch_read_ex(ds, &i, 1, o.max_length, true, &bt, &err), &err);
+    int64_t c = 0;
+    for (int64_t q = 0; q + 1 < bt.length[0]; q++) c += bt.loss_mask[q] && bt.loss_mask[q + 1];
+    if (c > 0) {
+      df_dflash_sampler smp;
+      df_dflash_sampler_init(&smp, o.seed + (uint64_t)i);
+      df_dspark_metrics dm = {0};
+      so.dspark_metrics = &dm;
+      df_dflash_metrics met;
+      DF_ASSERT_OK(df_step_micro(s.ctx, s.m, s.cfg, &s.fz, &bt, &smp, &so, NULL, &met, &err), &err);
+      loss_num += dm.loss_num, loss_den += dm.loss_den, acc_num += dm.acc_num, acc_den += dm.eval_den;
+      greedy += dm.greedy_accept_sum, tau_num += dm.tau_num, tau_den += dm.tau_den, ce += dm.ce_num;
+      blocks += dm.num_blocks;
+      cr_expect_eq(met.aux_loss, 0.0, "a dense draft has no aux loss");
+      df_dspark_metrics_free(&dm);
+      df_dflash_metrics_free(&met);
+    }
+    df_batch_free(&bt);
+  }
+  df_hs_close(ds);
+  cr_expect_eq(r.num_blocks, blocks);
+  cr_expect_eq(r.loss_den, loss_den);
+  cr_expect_eq(r.acc_num, acc_num);
+  cr_expect_eq(r.acc_den, acc_den);
+  cr_expect_eq(r.accept_len_sum, greedy);
+  cr_expect_eq(r.tau_den, tau_den);
+  cr_expect(fabs(r.loss_num - loss_num) <= 1e-12 * fabs(loss_num), "loss_num %.15g vs step %.15g", r.loss_num,
+            loss_num);
+  cr_expect(fabs(r.ce_num - ce) <= 1e-12 * fabs(ce), "ce_num %.15g vs step %.15g", r.ce_num, ce);
+  cr_expect(fabs(r.tau_num - tau_num) <= 1e-12 * fabs(tau_num), "tau_num %.15g vs step %.15g", r.tau_num, tau_num);
+  cr_expect(fabs(r.loss - loss_num / loss_den) <= 1e-12 * r.loss, "loss %.15g", r.loss);
+  df_eval_report_free(&r);
+  unload(&s);
+}
+
+// The teacher is read only when the objective needs it: without the L1 term and the confidence term, data
+// without target_last_hidden_states evaluates (teacher metrics NaN); with them it fails naming the dataset.
+Test(evaluate, dspark_reads_the_teacher_only_when_needed) {
+  setup s = load_dspark();
+  df_eval_options o = dspark_opts(2);
+  df_eval_report r;
+  df_error err = {0};
+  cr_expect_eq(df_evaluate(s.ctx, s.m, s.cfg, &s.fz, DATA, &o, &r, &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "target_last_hidden_states");
+  o.dspark.l1_alpha = 0, o.dspark.conf_alpha = 0;
+  r = run_on(&s, DATA, &o);
+  cr_expect(!r.has_teacher && !r.has_confidence);
+  cr_expect(isnan(r.tau_probabilistic) && isnan(r.l1_loss) && isnan(r.confidence_loss));
+  cr_expect(isfinite(r.loss) && isfinite(r.ce_loss) && r.loss > 0);
+  cr_expect(fabs(r.loss - 0.3 * r.ce_loss) <= 1e-12 * r.loss, "CE alone: loss %.12g", r.loss);
+  df_eval_report_free(&r);
   unload(&s);
 }
 

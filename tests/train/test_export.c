@@ -1,6 +1,7 @@
 // HF export: SpecForge's config normaliser (kinds, checks, kept keys), float32 exports that reload into
-// bit-identical forwards, bfloat16 values equal to the RNE rounding of the weights, strict refusal of a
-// checkpoint with a missing or extra tensor, run-directory resolution and the CLI.
+// bit-identical forwards (DSpark: backbone and heads), bfloat16 values equal to the RNE rounding of the weights,
+// strict refusal of a checkpoint with a missing or extra tensor or a conflicting DSpark key, run-directory
+// resolution and the CLI (DSpark: the demo recipe's run, exported and evaluated).
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "modeling/dflash_model.h"
+#include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
 #include "tests/common/fixture.h"
 #include "train/batch.h"
@@ -235,6 +237,139 @@ Test(export, bf16_values_are_the_rne_rounding_of_the_weights) {
   tmp_remove(dir);
 }
 
+// ---- DSpark drafts ----------------------------------------------------------------------------------------------
+
+#define DSPARK_DIR DF_FIXTURE_DIR "/dspark_step"
+
+// The heads' forward on the backbone's output y (R = n / H rows in blocks of bs) with fixed previous tokens:
+// latent [R, r] followed by the confidence logits [R] (each part only when the head exists). *count: floats.
+static float *heads_forward(loaded *l, const float *y, int64_t n, int64_t *count) {
+  df_dspark_heads *h = df_dflash_model_dspark_heads(l->m);
+  cr_assert_not_null(h, "a DSpark model has heads");
+  int64_t H = l->cfg->hidden_size, bs = l->cfg->block_size, R = n / H, r = df_dspark_heads_markov_rank(h);
+  int32_t *prev = malloc((size_t)R * sizeof *prev);
+  for (int64_t i = 0; i < R; i++) prev[i] = (int32_t)((i * 37 + 5) % l->cfg->vocab_size);
+  const float *latent = NULL, *conf = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_dspark_heads_forward(h, R / bs, bs, y, prev, &latent, &conf, &err), &err);
+  int64_t nl = latent ? R * r : 0, nc = conf ? R : 0;
+  float *out = malloc((size_t)(nl + nc + 1) * sizeof *out);
+  if (nl) memcpy(out, latent, (size_t)nl * sizeof *out);
+  if (nc) memcpy(out + nl, conf, (size_t)nc * sizeof *out);
+  *count = nl + nc;
+  free(prev);
+  return out;
+}
+
+// A float32 export of a DSpark checkpoint holds exactly its tensors (heads under markov_head.* /
+// confidence_head.*, whatever names the checkpoint used) and reloads into bit-identical backbone and head outputs.
+static void expect_dspark_roundtrip(const char *ckpt, const char *head_type) {
+  char dir[64], out[128], p[256];
+  tmp_make(dir, sizeof dir);
+  snprintf(out, sizeof out, "%s/export", dir);
+  export_ok(ckpt, out, DF_ST_F32);
+  loaded a = load(ckpt), b = load(out);
+  cr_assert_eq(b.cfg->kind, DF_DRAFT_DSPARK, "the export reloads as a DSpark draft");
+  const df_params *pa = df_dflash_model_params(a.m);
+  const df_params *pb = df_dflash_model_params(b.m);
+  cr_assert_eq(df_params_count(pa), df_params_count(pb));
+  for (int i = 0; i < df_params_count(pa); i++) { // entry by entry: the alignment padding between them is not data
+    const df_param *ea = df_params_at(pa, i), *eb = df_params_find(pb, ea->name);
+    cr_assert_not_null(eb, "%s in the reloaded export", ea->name);
+    cr_assert_eq(ea->numel, eb->numel, "%s", ea->name);
+    cr_expect_arr_eq(df_dflash_model_weights(a.m) + ea->offset, df_dflash_model_weights(b.m) + eb->offset,
+                     (size_t)ea->numel * sizeof(float), "%s: %s is bit-identical", ckpt, ea->name);
+  }
+  int64_t na, nb, ha, hb;
+  float *ya = forward(&a, &na), *yb = forward(&b, &nb);
+  cr_assert_eq(na, nb);
+  cr_expect_arr_eq(ya, yb, (size_t)na * sizeof *ya, "%s: backbone outputs are bit-identical", ckpt);
+  float *za = heads_forward(&a, ya, na, &ha), *zb = heads_forward(&b, yb, nb, &hb);
+  cr_assert_eq(ha, hb);
+  cr_expect_gt(ha, 0);
+  cr_expect_arr_eq(za, zb, (size_t)ha * sizeof *za, "%s: Markov latent and confidence logits are bit-identical", ckpt);
+
+  // Exactly the draft's tensors, the heads among them under SpecForge's names.
+  df_st_file *f;
+  df_error err = {0};
+  snprintf(p, sizeof p, "%s/model.safetensors", out);
+  DF_ASSERT_OK(df_st_open(p, &f, &err), &err);
+  cr_expect_eq(df_st_count(f), df_params_count(pa));
+  int heads = 0;
+  for (int i = 0; i < df_st_count(f); i++) {
+    const char *name = df_st_at(f, i)->name;
+    cr_expect_not_null(df_params_find(pa, name), "%s is a draft tensor", name);
+    cr_expect_eq(df_st_at(f, i)->dtype, DF_ST_F32);
+    heads += !strncmp(name, "markov_head.", 12) || !strncmp(name, "confidence_head.", 16);
+    cr_expect(strncmp(name, "logit_head.", 11), "no legacy name in an export: %s", name);
+  }
+  cr_expect_not_null(df_st_find(f, "markov_head.markov_w1.weight"));
+  cr_expect_not_null(df_st_find(f, "markov_head.markov_w2.weight"));
+  cr_expect_not_null(df_st_find(f, "confidence_head.proj.weight"));
+  cr_expect_not_null(df_st_find(f, "confidence_head.proj.bias"));
+  cr_expect_geq(heads, 4);
+  df_st_close(f);
+
+  // config.json: the serving class, the head settings at the top level, no auto_map.
+  snprintf(p, sizeof p, "%s/config.json", out);
+  json_t *cfg = json_load_file(p, 0, NULL), *dc = json_object_get(cfg, "dflash_config");
+  cr_assert_not_null(cfg);
+  json_t *arch = json_object_get(cfg, "architectures");
+  cr_expect_eq(json_array_size(arch), 1);
+  cr_expect_str_eq(json_string_value(json_array_get(arch, 0)), "Qwen3DSparkModel");
+  cr_expect_str_eq(json_string_value(json_object_get(cfg, "model_type")), "qwen3");
+  cr_expect_null(json_object_get(cfg, "auto_map"));
+  cr_expect_str_eq(json_string_value(json_object_get(cfg, "torch_dtype")), "float32");
+  cr_expect_str_eq(json_string_value(json_object_get(cfg, "markov_head_type")), head_type);
+  static const char *const lifted[] = {"markov_rank", "markov_head_type", "enable_confidence_head",
+                                       "confidence_head_with_markov"};
+  for (size_t i = 0; i < sizeof lifted / sizeof *lifted; i++) {
+    cr_expect_not_null(json_object_get(cfg, lifted[i]), "%s copied to the top level", lifted[i]);
+    cr_expect(json_equal(json_object_get(cfg, lifted[i]), json_object_get(dc, lifted[i])), "%s", lifted[i]);
+  }
+  json_decref(cfg);
+  free(ya), free(yb), free(za), free(zb);
+  unload(&a), unload(&b);
+  tmp_remove(dir);
+}
+
+Test(export, dspark_f32_export_reloads_backbone_and_heads_bit_identically) {
+  expect_dspark_roundtrip(DSPARK_DIR "/ckpt_rnn", "rnn");                // rnn head, confidence head on h
+  expect_dspark_roundtrip(DSPARK_DIR "/ckpt_vanilla_legacy", "vanilla"); // legacy logit_head.* names
+}
+
+// A top-level head key that disagrees with dflash_config's fails the export, naming the key; nothing is written.
+Test(export, dspark_conflicting_top_level_value_fails_naming_the_key) {
+  char dir[64], ckpt[128], out[128], p[256];
+  tmp_make(dir, sizeof dir);
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
+  snprintf(out, sizeof out, "%s/export", dir);
+  cr_assert_eq(mkdir(ckpt, 0777), 0);
+  snprintf(p, sizeof p, "%s/model.safetensors", ckpt);
+  copy_file(DSPARK_DIR "/ckpt_rnn/model.safetensors", p);
+  static const char *const keys[] = {"markov_rank", "markov_head_type", "enable_confidence_head",
+                                     "confidence_head_with_markov"};
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+    json_t *cfg = json_load_file(DSPARK_DIR "/ckpt_rnn/config.json", 0, NULL);
+    cr_assert_not_null(cfg);
+    json_t *nested = json_object_get(json_object_get(cfg, "dflash_config"), keys[i]);
+    json_t *other = json_is_integer(nested)   ? json_integer(json_integer_value(nested) * 2)
+                    : json_is_boolean(nested) ? json_boolean(!json_is_true(nested))
+                                              : json_string("gated");
+    json_object_set_new(cfg, keys[i], other);
+    snprintf(p, sizeof p, "%s/config.json", ckpt);
+    cr_assert_eq(json_dump_file(cfg, p, JSON_INDENT(2)), 0);
+    json_decref(cfg);
+    df_export_options o = {.dtype = DF_ST_F32};
+    df_error err = {0};
+    cr_expect_eq(df_export(ckpt, out, &o, NULL, &err), DF_ERR_INVALID, "%s conflict", keys[i]);
+    cr_expect(strstr(err.where, keys[i]) != NULL, "the error names %s: where %s, %s", keys[i], err.where, err.msg);
+    struct stat sb;
+    cr_expect_neq(stat(out, &sb), 0, "nothing is written");
+  }
+  tmp_remove(dir);
+}
+
 // ---- strictness and resolution ------------------------------------------------------------------------------
 
 static void expect_refused(const char *drop, const char *extra, const char *named) {
@@ -389,6 +524,13 @@ Test(export, normalizer_dspark_lifts_head_keys) {
   json_object_set_new(src, "markov_rank", json_integer(16));
   cr_expect_eq(normalize_err(src, 0, &err), DF_ERR_INVALID, "top-level markov_rank 16 vs nested 32");
   cr_expect(strstr(err.msg, "markov_rank") != NULL, "%s", err.msg);
+  cr_expect_str_eq(err.where, "markov_rank", "the conflict names the key");
+  cr_expect(strstr(err.msg, "test") != NULL, "and the document: %s", err.msg);
+  json_object_set_new(src, "markov_rank", json_integer(32));
+  json_object_set_new(src, "enable_confidence_head", json_false());
+  cr_expect_eq(normalize_err(src, 0, &err), DF_ERR_INVALID, "top-level enable_confidence_head false vs nested true");
+  cr_expect_str_eq(err.where, "enable_confidence_head");
+  json_object_del(src, "enable_confidence_head");
   json_object_del(src, "markov_rank");
   json_object_set_new(m, "markov_rank", json_integer(0));
   cr_expect_eq(normalize_err(src, 0, &err), DF_ERR_INVALID, "markov_rank 0");
@@ -402,6 +544,64 @@ Test(export, normalizer_dspark_lifts_head_keys) {
 }
 
 // ---- the command line ---------------------------------------------------------------------------------------
+
+// recipes/demo-dspark.yaml through the CLI: a short run (with eval lines), its export, and eval of both.
+Test(export, cli_dspark_demo_run_exports_and_evaluates) {
+  char dir[64], cmd[2048], p[256];
+  tmp_make(dir, sizeof dir);
+  snprintf(cmd, sizeof cmd,
+           "%s train %s/recipes/demo-dspark.yaml --set output_dir=%s/run --set training.max_steps=20 "
+           "--set training.eval_interval=10 --threads 2 > %s/train.log 2>&1",
+           DF_DRAFTFORGE_BIN, DF_SOURCE_DIR, dir, dir);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  snprintf(p, sizeof p, "%s/run/metrics.jsonl", dir);
+  FILE *fp = fopen(p, "r");
+  cr_assert_not_null(fp, "%s", p);
+  char line[8192];
+  int evals = 0;
+  while (fgets(line, sizeof line, fp)) {
+    json_t *o = json_loads(line, 0, NULL);
+    if (o && json_object_get(o, "eval/loss")) {
+      evals++;
+      cr_expect(json_is_real(json_object_get(o, "eval/tau")), "%s", line);
+      cr_expect(json_is_real(json_object_get(o, "eval/tau_probabilistic")), "%s", line);
+      cr_expect(json_is_real(json_object_get(o, "eval/ce_loss")), "%s", line);
+    }
+    json_decref(o);
+  }
+  fclose(fp);
+  cr_expect_eq(evals, 2, "eval lines at steps 10 and 20");
+
+  snprintf(cmd, sizeof cmd, "%s export %s/run --out %s/e --dtype float32 --block-size 4 > %s/export.log 2>&1",
+           DF_DRAFTFORGE_BIN, dir, dir, dir);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  snprintf(p, sizeof p, "%s/e/config.json", dir);
+  json_t *cfg = json_load_file(p, 0, NULL);
+  cr_assert_not_null(cfg);
+  cr_expect_str_eq(json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0)), "Qwen3DSparkModel");
+  cr_expect_eq(json_integer_value(json_object_get(cfg, "markov_rank")), 16);
+  json_decref(cfg);
+
+  json_t *rep[2] = {NULL, NULL};
+  const char *what[2] = {"run", "e"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(cmd, sizeof cmd, "%s eval %s/%s --recipe %s/recipes/demo-dspark.yaml --out %s/%s.json > %s/eval.log 2>&1",
+             DF_DRAFTFORGE_BIN, dir, what[i], DF_SOURCE_DIR, dir, what[i], dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(p, sizeof p, "%s/%s.json", dir, what[i]);
+    cr_assert_not_null(rep[i] = json_load_file(p, 0, NULL), "%s", p);
+  }
+  cr_expect_str_eq(json_string_value(json_object_get(rep[1], "strategy")), "dspark");
+  static const char *const keys[] = {"loss",    "acc",     "accept_len",     "tau_probabilistic",
+                                     "ce_loss", "l1_loss", "confidence_loss"};
+  for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+    cr_expect(json_is_real(json_object_get(rep[1], keys[k])), "%s", keys[k]);
+    cr_expect(json_equal(json_object_get(rep[0], keys[k]), json_object_get(rep[1], keys[k])),
+              "%s: the float32 export evaluates exactly like its checkpoint", keys[k]);
+  }
+  json_decref(rep[0]), json_decref(rep[1]);
+  tmp_remove(dir);
+}
 
 Test(export, cli_exports_and_reports_errors) {
   char dir[64], cmd[1024];
