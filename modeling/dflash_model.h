@@ -69,7 +69,7 @@ df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *bat
 df_status df_dflash_model_backward(df_dflash_model *m, const float *d_hidden, df_error *err);
 void df_dflash_model_zero_grads(df_dflash_model *m);
 
-// Bytes of activation memory the last forward needed (printed by the trainer as the budget): the arena laid
+// Bytes of activation memory the last forward needed (the trainer prints it after its first micro-step): the arena laid
 // out for its (B, S, N), i.e. the batch copy, everything the backward keeps, and the backward's scratch.
 int64_t df_dflash_model_activation_bytes(const df_dflash_model *m);
 

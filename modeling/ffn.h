@@ -43,7 +43,7 @@ struct df_ffn {
 };
 
 // Builds the FFN the config asks for at layer `layer` and appends its parameters to p (not yet finalized),
-// in checkpoint order. Today every draft FFN is the dense SwiGLU MLP.
+// in checkpoint order: the MoE FFN (moe/ffn_moe.h) when the config names a moe_preset, else the dense SwiGLU MLP.
 df_status df_ffn_create(const df_draft_config *cfg, int64_t layer, df_params *p, df_ffn **out, df_error *err);
 // The dense SwiGLU MLP: mlp.{gate,up,down}_proj.weight ([I, H], [I, H], [H, I]); y = down(silu(gate x) ⊙ up x).
 df_status df_ffn_dense_create(const df_draft_config *cfg, int64_t layer, df_params *p, df_ffn **out, df_error *err);

@@ -14,7 +14,7 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
                            "  capture ...         capture target hidden states             (not implemented yet)\n"
-                           "  inspect FILE        print a file's tensors or attributes     (not implemented yet)\n"
+                           "  inspect FILE...     print a safetensors file, a config, or HDF5 shards\n"
                            "  --version           print the version and the backends built in\n";
 
 static int print_version(void) {

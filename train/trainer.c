@@ -128,6 +128,9 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     if (st != DF_OK) return *err = micro_err, st;
     window_add(w, &m, b);
     window_add_moe(w, t->model);
+    if (t->log && step == t->start_step + 1 && k == 0) // the arena is sized by the first batch's shape
+      fprintf(t->log, "  activations %.1f MiB for a batch of %lld x %lld (grows with longer batches)\n",
+              (double)df_dflash_model_activation_bytes(t->model) / (1 << 20), (long long)b->B, (long long)b->S);
     df_dflash_metrics_free(&m);
     if (hooks && hooks->after_micro) hooks->after_micro(hooks->ctx, step, k, g, n);
   }

@@ -1,5 +1,6 @@
 // CUDA backend entry points, same signatures as kernels/ops.h. Built from kernels/cuda/*.cu when nvcc is
-// found; otherwise kernels/cuda/cuda_absent.c provides them, each failing with DF_ERR_UNSUPPORTED.
+// found; otherwise kernels/cuda/cuda_absent.c provides only the lifetime hooks (every CUDA context fails)
+// and DF_DISPATCH routes ops to df_no_cuda_backend.
 #ifndef DF_KERNELS_CUDA_OPS_H
 #define DF_KERNELS_CUDA_OPS_H
 
