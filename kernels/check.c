@@ -1,5 +1,7 @@
 #include "kernels/check.h"
 
+#include <math.h>
+
 df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int ndim,
                           df_error *err) {
   char d[96];
@@ -33,6 +35,26 @@ df_status df_check_same_numel(const df_tensor *a, const char *an, const df_tenso
   if (df_numel(a) != df_numel(b))
     return DF_FAIL(err, DF_ERR_INVALID, bn, NULL, "tensor '%s' %s does not match '%s' %s", bn,
                    df_tensor_desc(b, db, sizeof db), an, df_tensor_desc(a, da, sizeof da));
+  return DF_OK;
+}
+
+df_status df_check_per_row(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int64_t rows,
+                           df_error *err) {
+  char d[96];
+  DF_TRY(df_check_tensor(ctx, t, name, dt, -1, err));
+  if (df_numel(t) != rows)
+    return DF_FAIL(err, DF_ERR_INVALID, name, "pass one value per row", "tensor '%s' is %s, expected %lld elements",
+                   name, df_tensor_desc(t, d, sizeof d), (long long)rows);
+  return DF_OK;
+}
+
+df_status df_check_chunked_loss(int64_t chunk_rows, float grad_scale, df_error *err) {
+  if (chunk_rows < 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "chunk_rows", "use 0 for a single chunk", "chunk_rows = %lld < 0",
+                   (long long)chunk_rows);
+  if (!isfinite(grad_scale))
+    return DF_FAIL(err, DF_ERR_INVALID, "grad_scale", "check the loss normalizer (Σw may be 0)",
+                   "grad_scale = %g is not finite", (double)grad_scale);
   return DF_OK;
 }
 

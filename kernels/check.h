@@ -17,6 +17,11 @@ df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *nam
 df_status df_check_dim(const df_tensor *t, const char *name, int dim, int64_t expect, df_error *err);
 // a and b have the same number of elements (views of one shape under different splits are fine).
 df_status df_check_same_numel(const df_tensor *a, const char *an, const df_tensor *b, const char *bn, df_error *err);
+// t has dtype dt and holds exactly `rows` elements (any shape: [R], [B, N·bs], ...).
+df_status df_check_per_row(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int64_t rows,
+                           df_error *err);
+// The chunking fields the fused LM-head losses share: chunk_rows >= 0 and a finite grad_scale.
+df_status df_check_chunked_loss(int64_t chunk_rows, float grad_scale, df_error *err);
 // Rows when t is viewed as [R, last]: numel / shape[ndim-1].
 int64_t df_rows(const df_tensor *t);
 int64_t df_last_dim(const df_tensor *t);

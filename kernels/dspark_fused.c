@@ -4,17 +4,6 @@
 
 #include "kernels/check.h"
 
-// t holds exactly `rows` elements of dtype dt (any shape).
-static df_status check_rows(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int64_t rows,
-                            df_error *err) {
-  char d[96];
-  DF_TRY(df_check_tensor(ctx, t, name, dt, -1, err));
-  if (df_numel(t) != rows)
-    return DF_FAIL(err, DF_ERR_INVALID, name, "pass one value per row", "tensor '%s' is %s, expected %lld elements",
-                   name, df_tensor_desc(t, d, sizeof d), (long long)rows);
-  return DF_OK;
-}
-
 // t is a 2-D [rows, cols] matrix (or any shape holding rows·cols with last dim cols).
 static df_status check_matrix(const df_ctx *ctx, const df_tensor *t, const char *name, int64_t rows, int64_t cols,
                               df_error *err) {
@@ -28,12 +17,7 @@ static df_status check_matrix(const df_ctx *ctx, const df_tensor *t, const char 
 
 static df_status check_desc(const df_lmhead_dspark_desc *d, df_error *err) {
   if (!d) return DF_FAIL(err, DF_ERR_INVALID, "desc", "pass a df_lmhead_dspark_desc", "desc is NULL");
-  if (d->chunk_rows < 0)
-    return DF_FAIL(err, DF_ERR_INVALID, "chunk_rows", "use 0 for a single chunk", "chunk_rows = %lld < 0",
-                   (long long)d->chunk_rows);
-  if (!isfinite(d->grad_scale))
-    return DF_FAIL(err, DF_ERR_INVALID, "grad_scale", "check the loss normalizer (Σw may be 0)",
-                   "grad_scale = %g is not finite", (double)d->grad_scale);
+  DF_TRY(df_check_chunked_loss(d->chunk_rows, d->grad_scale, err));
   const float a[3] = {d->alpha_ce, d->alpha_l1, d->alpha_conf};
   const char *names[3] = {"alpha_ce", "alpha_l1", "alpha_conf"};
   for (int i = 0; i < 3; i++)
@@ -103,7 +87,7 @@ static df_status check_teacher_conf(const df_ctx *ctx, const df_lmhead_dspark_de
       return DF_FAIL(err, DF_ERR_INVALID, "conf", "pass the confidence logits", "bce or dconf without conf");
     return DF_OK;
   }
-  DF_TRY(check_rows(ctx, in->conf, "conf", DF_F32, R, err));
+  DF_TRY(df_check_per_row(ctx, in->conf, "conf", DF_F32, R, err));
   if (out->dhidden && !out->dconf)
     return DF_FAIL(err, DF_ERR_INVALID, "dconf", "a backward with confidence logits needs dconf", "dconf missing");
   return DF_OK;
@@ -111,14 +95,14 @@ static df_status check_teacher_conf(const df_ctx *ctx, const df_lmhead_dspark_de
 
 static df_status check_outputs(const df_ctx *ctx, const df_lmhead_dspark_out *out, int64_t R, int64_t H,
                                df_error *err) {
-  DF_TRY(check_rows(ctx, out->ce, "ce", DF_F32, R, err));
-  DF_TRY(check_rows(ctx, out->correct, "correct", DF_U8, R, err));
-  if (out->draft_top1) DF_TRY(check_rows(ctx, out->draft_top1, "draft_top1", DF_F32, R, err));
-  if (out->l1) DF_TRY(check_rows(ctx, out->l1, "l1", DF_F32, R, err));
-  if (out->agree) DF_TRY(check_rows(ctx, out->agree, "agree", DF_U8, R, err));
-  if (out->teacher_top1) DF_TRY(check_rows(ctx, out->teacher_top1, "teacher_top1", DF_F32, R, err));
-  if (out->bce) DF_TRY(check_rows(ctx, out->bce, "bce", DF_F32, R, err));
-  if (out->dconf) DF_TRY(check_rows(ctx, out->dconf, "dconf", DF_F32, R, err));
+  DF_TRY(df_check_per_row(ctx, out->ce, "ce", DF_F32, R, err));
+  DF_TRY(df_check_per_row(ctx, out->correct, "correct", DF_U8, R, err));
+  if (out->draft_top1) DF_TRY(df_check_per_row(ctx, out->draft_top1, "draft_top1", DF_F32, R, err));
+  if (out->l1) DF_TRY(df_check_per_row(ctx, out->l1, "l1", DF_F32, R, err));
+  if (out->agree) DF_TRY(df_check_per_row(ctx, out->agree, "agree", DF_U8, R, err));
+  if (out->teacher_top1) DF_TRY(df_check_per_row(ctx, out->teacher_top1, "teacher_top1", DF_F32, R, err));
+  if (out->bce) DF_TRY(df_check_per_row(ctx, out->bce, "bce", DF_F32, R, err));
+  if (out->dconf) DF_TRY(df_check_per_row(ctx, out->dconf, "dconf", DF_F32, R, err));
   if (out->dhidden) DF_TRY(check_matrix(ctx, out->dhidden, "dhidden", R, H, err));
   return DF_OK;
 }
@@ -129,8 +113,8 @@ df_status df_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const
   if (!in || !out) return DF_FAIL(err, DF_ERR_INVALID, in ? "out" : "in", NULL, "NULL argument to df_lmhead_dspark");
   int64_t R = 0, H = 0, V = 0;
   DF_TRY(check_head(ctx, in, &R, &H, &V, err));
-  DF_TRY(check_rows(ctx, in->labels, "labels", DF_I32, R, err));
-  if (in->weights) DF_TRY(check_rows(ctx, in->weights, "weights", DF_F32, R, err));
+  DF_TRY(df_check_per_row(ctx, in->labels, "labels", DF_I32, R, err));
+  if (in->weights) DF_TRY(df_check_per_row(ctx, in->weights, "weights", DF_F32, R, err));
   DF_TRY(check_markov(ctx, in, out, R, V, err));
   DF_TRY(check_teacher_conf(ctx, desc, in, out, R, H, err));
   DF_TRY(check_outputs(ctx, out, R, H, err));

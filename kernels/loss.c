@@ -4,17 +4,6 @@
 
 #include "kernels/check.h"
 
-// t holds exactly `rows` elements (any shape: [R], [B, N·bs], ...).
-static df_status check_per_row(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int64_t rows,
-                               df_error *err) {
-  char d[96];
-  DF_TRY(df_check_tensor(ctx, t, name, dt, -1, err));
-  if (df_numel(t) != rows)
-    return DF_FAIL(err, DF_ERR_INVALID, name, "pass one value per row", "tensor '%s' is %s, expected %lld elements",
-                   name, df_tensor_desc(t, d, sizeof d), (long long)rows);
-  return DF_OK;
-}
-
 // BLAS takes int dimensions; a feature width or vocabulary beyond that is a caller mistake.
 static df_status check_int_dim(const df_tensor *t, const char *name, int dim, df_error *err) {
   char d[96];
@@ -35,13 +24,7 @@ static df_status check_last_dim(const df_tensor *t, const char *name, int64_t la
 
 static df_status check_lmhead_desc(const df_lmhead_ce_desc *desc, df_error *err) {
   if (!desc) return DF_FAIL(err, DF_ERR_INVALID, "desc", "pass a df_lmhead_ce_desc", "desc is NULL");
-  if (desc->chunk_rows < 0)
-    return DF_FAIL(err, DF_ERR_INVALID, "chunk_rows", "use 0 for a single chunk", "chunk_rows = %lld < 0",
-                   (long long)desc->chunk_rows);
-  if (!isfinite(desc->grad_scale))
-    return DF_FAIL(err, DF_ERR_INVALID, "grad_scale", "check the loss normalizer (Σw may be 0)",
-                   "grad_scale = %g is not finite", (double)desc->grad_scale);
-  return DF_OK;
+  return df_check_chunked_loss(desc->chunk_rows, desc->grad_scale, err);
 }
 
 df_status df_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden, const df_tensor *head,
@@ -54,10 +37,10 @@ df_status df_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tens
   DF_TRY(df_check_tensor(ctx, hidden, "hidden", DF_F32, -1, err));
   DF_TRY(check_last_dim(hidden, "hidden", head->shape[1], err));
   int64_t rows = df_rows(hidden);
-  DF_TRY(check_per_row(ctx, labels, "labels", DF_I32, rows, err));
-  if (weights) DF_TRY(check_per_row(ctx, weights, "weights", DF_F32, rows, err));
-  DF_TRY(check_per_row(ctx, loss, "loss", DF_F32, rows, err));
-  DF_TRY(check_per_row(ctx, correct, "correct", DF_U8, rows, err));
+  DF_TRY(df_check_per_row(ctx, labels, "labels", DF_I32, rows, err));
+  if (weights) DF_TRY(df_check_per_row(ctx, weights, "weights", DF_F32, rows, err));
+  DF_TRY(df_check_per_row(ctx, loss, "loss", DF_F32, rows, err));
+  DF_TRY(df_check_per_row(ctx, correct, "correct", DF_U8, rows, err));
   if (dhidden) {
     DF_TRY(df_check_tensor(ctx, dhidden, "dhidden", DF_F32, -1, err));
     DF_TRY(df_check_same_numel(hidden, "hidden", dhidden, "dhidden", err));
@@ -79,14 +62,14 @@ static df_status check_logit_pair(const df_ctx *ctx, const df_tensor *p, const d
 
 df_status df_softmax_l1_forward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_tensor *l1, df_error *err) {
   DF_TRY(check_logit_pair(ctx, p, q, err));
-  DF_TRY(check_per_row(ctx, l1, "l1", DF_F32, df_rows(p), err));
+  DF_TRY(df_check_per_row(ctx, l1, "l1", DF_F32, df_rows(p), err));
   return DF_DISPATCH(ctx, softmax_l1_forward, p, q, l1, err);
 }
 
 df_status df_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, const df_tensor *dl1,
                                  df_tensor *dp, df_error *err) {
   DF_TRY(check_logit_pair(ctx, p, q, err));
-  DF_TRY(check_per_row(ctx, dl1, "dl1", DF_F32, df_rows(p), err));
+  DF_TRY(df_check_per_row(ctx, dl1, "dl1", DF_F32, df_rows(p), err));
   DF_TRY(df_check_tensor(ctx, dp, "dp", DF_F32, -1, err));
   DF_TRY(df_check_same_numel(p, "p", dp, "dp", err));
   return DF_DISPATCH(ctx, softmax_l1_backward, p, q, dl1, dp, err);

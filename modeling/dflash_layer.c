@@ -8,34 +8,21 @@
 
 // ---- parameters ----------------------------------------------------------------------------------------
 
-static df_status add_param(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
-                           df_error *err) {
-  const int64_t shape[2] = {d0, d1};
-  const df_param_spec spec = {.name = name,
-                              .role = role,
-                              .ndim = ndim,
-                              .shape = shape,
-                              .dtype = DF_F32,
-                              .trainable = true,
-                              .weight_decay = role == DF_ROLE_WEIGHT};
-  return df_params_add(p, &spec, err);
-}
-
 // self_attn.<proj>.weight [rows, cols], then .bias [rows] when the config has attention_bias.
 static df_status add_proj(df_params *p, int64_t i, const char *proj, int64_t rows, int64_t cols, bool bias,
                           df_error *err) {
   char name[96];
   snprintf(name, sizeof name, "layers.%lld.self_attn.%s.weight", (long long)i, proj);
-  DF_TRY(add_param(p, name, DF_ROLE_WEIGHT, 2, rows, cols, err));
+  DF_TRY(df_params_add_f32(p, name, DF_ROLE_WEIGHT, 2, rows, cols, err));
   if (!bias) return DF_OK;
   snprintf(name, sizeof name, "layers.%lld.self_attn.%s.bias", (long long)i, proj);
-  return add_param(p, name, DF_ROLE_BIAS, 1, rows, 0, err);
+  return df_params_add_f32(p, name, DF_ROLE_BIAS, 1, rows, 0, err);
 }
 
 static df_status add_norm(df_params *p, int64_t i, const char *what, int64_t dim, df_error *err) {
   char name[96];
   snprintf(name, sizeof name, "layers.%lld.%s.weight", (long long)i, what);
-  return add_param(p, name, DF_ROLE_NORM, 1, dim, 0, err);
+  return df_params_add_f32(p, name, DF_ROLE_NORM, 1, dim, 0, err);
 }
 
 df_status dflash_layer_add_params(const df_draft_config *cfg, int64_t i, df_params *p, dflash_layer *L, df_error *err) {
@@ -59,10 +46,7 @@ static df_status bind_view(const df_params *p, int64_t i, const char *what, floa
                            dflash_pview *v, df_error *err) {
   char name[96];
   snprintf(name, sizeof name, "layers.%lld.%s", (long long)i, what);
-  DF_TRY(df_params_view_named(p, name, weights, &v->w, err));
-  DF_TRY(df_params_view_named(p, name, grads, &v->g, err));
-  v->w.device = v->g.device = dev;
-  return DF_OK;
+  return df_params_bind(p, name, weights, grads, dev, &v->w, &v->g, err);
 }
 
 static df_status bind_proj(const df_params *p, int64_t i, const char *proj, bool bias, float *weights, float *grads,

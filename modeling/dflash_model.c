@@ -55,33 +55,18 @@ struct df_dflash_model {
 
 // ---- parameter table -----------------------------------------------------------------------------------
 
-static df_status add_top(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
-                         df_error *err) {
-  const df_param_spec spec = {.name = name,
-                              .role = role,
-                              .ndim = ndim,
-                              .shape = (const int64_t[]){d0, d1},
-                              .dtype = DF_F32,
-                              .trainable = true,
-                              .weight_decay = role == DF_ROLE_WEIGHT};
-  return df_params_add(p, &spec, err);
-}
-
 static df_status build_table(df_dflash_model *m, df_error *err) {
   DF_TRY(df_params_new(&m->params, err));
-  DF_TRY(add_top(m->params, "fc.weight", DF_ROLE_WEIGHT, 2, m->H, m->K * m->H, err));
-  DF_TRY(add_top(m->params, "hidden_norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
+  DF_TRY(df_params_add_f32(m->params, "fc.weight", DF_ROLE_WEIGHT, 2, m->H, m->K * m->H, err));
+  DF_TRY(df_params_add_f32(m->params, "hidden_norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
   for (int64_t i = 0; i < m->L; i++) DF_TRY(dflash_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
-  DF_TRY(add_top(m->params, "norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
+  DF_TRY(df_params_add_f32(m->params, "norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
   DF_TRY(df_dspark_heads_add_params(m->cfg, m->params, err)); // nothing for a DFlash draft
   return df_params_finalize(m->params, err);
 }
 
 static df_status bind_top(df_dflash_model *m, const char *name, dflash_pview *v, df_error *err) {
-  DF_TRY(df_params_view_named(m->params, name, m->weights, &v->w, err));
-  DF_TRY(df_params_view_named(m->params, name, m->grads, &v->g, err));
-  v->w.device = v->g.device = m->dev;
-  return DF_OK;
+  return df_params_bind(m->params, name, m->weights, m->grads, m->dev, &v->w, &v->g, err);
 }
 
 static df_status check_config(const df_draft_config *cfg, df_error *err) {

@@ -46,18 +46,6 @@ struct df_dspark_heads {
 
 // ---- parameters ----------------------------------------------------------------------------------------------
 
-static df_status add(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
-                     df_error *err) {
-  const df_param_spec spec = {.name = name,
-                              .role = role,
-                              .ndim = ndim,
-                              .shape = (const int64_t[]){d0, d1},
-                              .dtype = DF_F32,
-                              .trainable = true,
-                              .weight_decay = role == DF_ROLE_WEIGHT || role == DF_ROLE_EMBED};
-  return df_params_add(p, &spec, err);
-}
-
 df_status df_dspark_heads_add_params(const df_draft_config *cfg, df_params *p, df_error *err) {
   if (cfg->kind != DF_DRAFT_DSPARK) return DF_OK;
   const df_dflash_config *d = &cfg->dflash;
@@ -66,29 +54,26 @@ df_status df_dspark_heads_add_params(const df_draft_config *cfg, df_params *p, d
     if (V < 1)
       return DF_FAIL(err, DF_ERR_INVALID, "vocab_size", "set vocab_size to the target's vocabulary",
                      "%s: a Markov head needs vocab_size >= 1", cfg->source);
-    DF_TRY(add(p, W1_NAME, DF_ROLE_EMBED, 2, V, r, err));
-    DF_TRY(add(p, W2_NAME, DF_ROLE_WEIGHT, 2, V, r, err));
+    DF_TRY(df_params_add_f32(p, W1_NAME, DF_ROLE_EMBED, 2, V, r, err));
+    DF_TRY(df_params_add_f32(p, W2_NAME, DF_ROLE_WEIGHT, 2, V, r, err));
     if (d->markov_head_type == DF_MARKOV_GATED) {
-      DF_TRY(add(p, GATE_W_NAME, DF_ROLE_WEIGHT, 2, r, H + r, err));
-      DF_TRY(add(p, GATE_B_NAME, DF_ROLE_BIAS, 1, r, 0, err));
+      DF_TRY(df_params_add_f32(p, GATE_W_NAME, DF_ROLE_WEIGHT, 2, r, H + r, err));
+      DF_TRY(df_params_add_f32(p, GATE_B_NAME, DF_ROLE_BIAS, 1, r, 0, err));
     } else if (d->markov_head_type == DF_MARKOV_RNN) {
-      DF_TRY(add(p, JNT_W_NAME, DF_ROLE_WEIGHT, 2, 3 * r, 2 * r + H, err));
-      DF_TRY(add(p, JNT_B_NAME, DF_ROLE_BIAS, 1, 3 * r, 0, err));
+      DF_TRY(df_params_add_f32(p, JNT_W_NAME, DF_ROLE_WEIGHT, 2, 3 * r, 2 * r + H, err));
+      DF_TRY(df_params_add_f32(p, JNT_B_NAME, DF_ROLE_BIAS, 1, 3 * r, 0, err));
     }
   }
   if (d->enable_confidence_head) {
-    DF_TRY(add(p, CONF_W_NAME, DF_ROLE_WEIGHT, 2, 1, H + (d->confidence_head_with_markov ? r : 0), err));
-    DF_TRY(add(p, CONF_B_NAME, DF_ROLE_BIAS, 1, 1, 0, err));
+    DF_TRY(df_params_add_f32(p, CONF_W_NAME, DF_ROLE_WEIGHT, 2, 1, H + (d->confidence_head_with_markov ? r : 0), err));
+    DF_TRY(df_params_add_f32(p, CONF_B_NAME, DF_ROLE_BIAS, 1, 1, 0, err));
   }
   return DF_OK;
 }
 
 static df_status bind(df_dspark_heads *h, const df_params *p, const char *name, float *weights, float *grads,
                       ds_pview *v, df_error *err) {
-  DF_TRY(df_params_view_named(p, name, weights, &v->w, err));
-  DF_TRY(df_params_view_named(p, name, grads, &v->g, err));
-  v->w.device = v->g.device = h->dev;
-  return DF_OK;
+  return df_params_bind(p, name, weights, grads, h->dev, &v->w, &v->g, err);
 }
 
 static df_status bind_all(df_dspark_heads *h, const df_params *p, float *w, float *g, df_error *err) {

@@ -29,10 +29,7 @@ static df_status bind_one(const df_params *p, int64_t layer, const char *proj, f
                           df_device dev, df_tensor *w, df_tensor *g, df_error *err) {
   char name[96];
   snprintf(name, sizeof name, "layers.%lld.mlp.%s.weight", (long long)layer, proj);
-  DF_TRY(df_params_view_named(p, name, weights, w, err));
-  DF_TRY(df_params_view_named(p, name, grads, g, err));
-  w->device = g->device = dev;
-  return DF_OK;
+  return df_params_bind(p, name, weights, grads, dev, w, g, err);
 }
 
 static df_status dense_bind(df_ffn *f, const df_params *p, float *weights, float *grads, df_device dev, df_error *err) {

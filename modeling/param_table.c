@@ -136,3 +136,24 @@ df_status df_params_view_named(const df_params *p, const char *name, float *flat
   *out = df_params_view(e, flat);
   return DF_OK;
 }
+
+df_status df_params_bind(const df_params *p, const char *name, float *weights, float *grads, df_device dev,
+                         df_tensor *w, df_tensor *g, df_error *err) {
+  DF_TRY(df_params_view_named(p, name, weights, w, err));
+  DF_TRY(df_params_view_named(p, name, grads, g, err));
+  w->device = g->device = dev;
+  return DF_OK;
+}
+
+df_status df_params_add_f32(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
+                            df_error *err) {
+  const int64_t shape[2] = {d0, d1};
+  const df_param_spec spec = {.name = name,
+                              .role = role,
+                              .ndim = ndim,
+                              .shape = shape,
+                              .dtype = DF_F32,
+                              .trainable = true,
+                              .weight_decay = role == DF_ROLE_WEIGHT || role == DF_ROLE_EMBED};
+  return df_params_add(p, &spec, err);
+}

@@ -74,6 +74,14 @@ df_tensor df_params_view(const df_param *e, float *flat);
 // The same, by name; fails naming the parameter when it is absent.
 df_status df_params_view_named(const df_params *p, const char *name, float *flat, df_tensor *out, df_error *err);
 
+// A parameter and its gradient by name, as views on dev (the draft modules' weight/grad pairs).
+df_status df_params_bind(const df_params *p, const char *name, float *weights, float *grads, df_device dev,
+                         df_tensor *w, df_tensor *g, df_error *err);
+
+// Adds a trainable fp32 parameter of shape [d0] (ndim 1) or [d0, d1]; weights and embeddings get weight decay.
+df_status df_params_add_f32(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
+                            df_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,16 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Problems gathered during validation; the list is capped to what fits in df_error.msg.
-typedef struct {
-  char list[468];
-  size_t len;
-  int total, shown;
-  char first[192]; // the first offending name, for err.where
-  FILE *log;
-} load_problems;
-
-__attribute__((format(printf, 3, 4))) static void problem(load_problems *pb, const char *name, const char *fmt, ...) {
+void df_load_problem(df_load_problems *pb, const char *name, const char *fmt, ...) {
   char item[320];
   va_list ap;
   va_start(ap, fmt);
@@ -31,13 +22,20 @@ __attribute__((format(printf, 3, 4))) static void problem(load_problems *pb, con
   pb->shown++;
 }
 
+df_status df_load_problems_report(const df_st_model *m, const df_load_problems *pb, const char *hint, df_error *err) {
+  char where[256];
+  char more[40] = "";
+  if (pb->total > pb->shown) snprintf(more, sizeof more, "; and %d more", pb->total - pb->shown);
+  return DF_FAIL(err, DF_ERR_INVALID, df_st_where(where, sizeof where, df_st_model_path(m), pb->first), hint,
+                 "%d problem%s: %s%s", pb->total, pb->total == 1 ? "" : "s", pb->list, more);
+}
+
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), k = strlen(suffix);
   return n >= k && !strcmp(s + n - k, suffix);
 }
 
-// The parameter name a file tensor loads into: prefix renames first, then the custom hook.
-static const char *map_name(const df_load_options *o, const char *name, char *buf, size_t n) {
+const char *df_load_map_name(const df_load_options *o, const char *name, char *buf, size_t n) {
   char renamed[512];
   const char *cur = name;
   for (int i = 0; i < o->n_renames; i++) {
@@ -55,8 +53,20 @@ static const char *map_name(const df_load_options *o, const char *name, char *bu
   return buf;
 }
 
-// Float parameters take float tensors, integer/bool parameters integer/bool ones; crossing kinds is a bug.
-static bool dtype_fits(df_st_dtype file_dt, df_dtype param_dt) {
+void df_load_unmatched(const df_load_options *o, const char *file_name, const char *pname, int *ignored,
+                       df_load_problems *pb) {
+  for (int i = 0; i < o->n_ignore; i++)
+    if (ends_with(file_name, o->ignore_suffixes[i])) {
+      (*ignored)++;
+      return;
+    }
+  if (!strcmp(pname, file_name))
+    df_load_problem(pb, file_name, "unexpected tensor '%s'", file_name);
+  else
+    df_load_problem(pb, file_name, "unexpected tensor '%s' (as '%s')", file_name, pname);
+}
+
+bool df_load_dtype_fits(df_st_dtype file_dt, df_dtype param_dt) {
   bool param_float = param_dt == DF_F32 || param_dt == DF_F64 || param_dt == DF_F16 || param_dt == DF_BF16;
   return df_st_dtype_is_float(file_dt) == param_float;
 }
@@ -76,46 +86,28 @@ static const char *param_shape_str(const df_param *e, char *buf, size_t n) {
 
 // Checks one file tensor against its parameter; claims the parameter (src[index] = tensor index + 1).
 static void check_tensor(const df_params *p, const df_st_model *m, const df_load_options *o, int ti, int *src,
-                         int *ignored, load_problems *pb) {
+                         int *ignored, df_load_problems *pb) {
   const df_st_tensor *t = df_st_model_at(m, ti, NULL);
   char buf[512], fs[96], ps[96];
-  const char *pname = map_name(o, t->name, buf, sizeof buf);
+  const char *pname = df_load_map_name(o, t->name, buf, sizeof buf);
   const df_param *e = df_params_find(p, pname);
   if (!e) {
-    for (int i = 0; i < o->n_ignore; i++)
-      if (ends_with(t->name, o->ignore_suffixes[i])) {
-        (*ignored)++;
-        return;
-      }
-    if (!strcmp(pname, t->name))
-      problem(pb, t->name, "unexpected tensor '%s'", t->name);
-    else
-      problem(pb, t->name, "unexpected tensor '%s' (as '%s')", t->name, pname);
+    df_load_unmatched(o, t->name, pname, ignored, pb);
     return;
   }
   int pi = (int)(e - df_params_at(p, 0));
   if (src[pi]) {
-    problem(pb, t->name, "tensors '%s' and '%s' both map to parameter '%s'", df_st_model_at(m, src[pi] - 1, NULL)->name,
-            t->name, e->name);
+    df_load_problem(pb, t->name, "tensors '%s' and '%s' both map to parameter '%s'",
+                    df_st_model_at(m, src[pi] - 1, NULL)->name, t->name, e->name);
     return;
   }
   src[pi] = ti + 1;
   if (!shape_equal(t, e))
-    problem(pb, t->name, "shape mismatch '%s': file %s, parameter %s", t->name, df_st_shape_str(t, fs, sizeof fs),
-            param_shape_str(e, ps, sizeof ps));
-  else if (!dtype_fits(t->dtype, e->dtype))
-    problem(pb, t->name, "dtype '%s': file %s cannot load into a %s parameter", t->name, df_st_dtype_name(t->dtype),
-            df_dtype_name(e->dtype));
-}
-
-static df_status report(const df_st_model *m, const load_problems *pb, df_error *err) {
-  char where[256];
-  char more[40] = "";
-  if (pb->total > pb->shown) snprintf(more, sizeof more, "; and %d more", pb->total - pb->shown);
-  return DF_FAIL(err, DF_ERR_INVALID, df_st_where(where, sizeof where, df_st_model_path(m), pb->first),
-                 "the checkpoint does not match the model config; declare renames or ignore suffixes only for "
-                 "known layout differences",
-                 "%d problem%s: %s%s", pb->total, pb->total == 1 ? "" : "s", pb->list, more);
+    df_load_problem(pb, t->name, "shape mismatch '%s': file %s, parameter %s", t->name,
+                    df_st_shape_str(t, fs, sizeof fs), param_shape_str(e, ps, sizeof ps));
+  else if (!df_load_dtype_fits(t->dtype, e->dtype))
+    df_load_problem(pb, t->name, "dtype '%s': file %s cannot load into a %s parameter", t->name,
+                    df_st_dtype_name(t->dtype), df_dtype_name(e->dtype));
 }
 
 df_status df_params_load_strict(const df_params *p, float *flat, const df_st_model *m, const df_load_options *opt,
@@ -128,13 +120,16 @@ df_status df_params_load_strict(const df_params *p, float *flat, const df_st_mod
   int np = df_params_count(p), ignored = 0;
   int *src = calloc((size_t)np + 1, sizeof *src);
   if (!src) return DF_FAIL(err, DF_ERR_NOMEM, df_st_model_path(m), NULL, "out of memory");
-  load_problems pb = {.log = o->log};
+  df_load_problems pb = {.log = o->log};
   for (int ti = 0; ti < df_st_model_count(m); ti++) check_tensor(p, m, o, ti, src, &ignored, &pb);
   for (int i = 0; i < np; i++)
-    if (!src[i]) problem(&pb, df_params_at(p, i)->name, "missing parameter '%s'", df_params_at(p, i)->name);
+    if (!src[i]) df_load_problem(&pb, df_params_at(p, i)->name, "missing parameter '%s'", df_params_at(p, i)->name);
   if (pb.total) {
     free(src);
-    return report(m, &pb, err);
+    return df_load_problems_report(m, &pb,
+                                   "the checkpoint does not match the model config; declare renames or ignore "
+                                   "suffixes only for known layout differences",
+                                   err);
   }
   df_status st = DF_OK;
   for (int i = 0; i < np && st == DF_OK; i++) {

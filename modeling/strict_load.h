@@ -3,6 +3,7 @@
 #ifndef DF_MODELING_STRICT_LOAD_H
 #define DF_MODELING_STRICT_LOAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -46,6 +47,33 @@ typedef struct {
 // touched unless everything checks. opt and stats may be NULL.
 df_status df_params_load_strict(const df_params *p, float *flat, const df_st_model *m, const df_load_options *opt,
                                 df_load_stats *stats, df_error *err);
+
+// Problems gathered while validating a load; the list is capped to what fits in df_error.msg. Shared with
+// the layout-aware MoE loader so both report in one format.
+typedef struct {
+  char list[468];
+  size_t len;
+  int total, shown;
+  char first[192]; // the first offending name, for err.where
+  FILE *log;       // when set, every problem is also written here
+} df_load_problems;
+
+void df_load_problem(df_load_problems *pb, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+// Fails with "N problems: …" (and "; and N more" past the cap), err.where at the first offending name.
+df_status df_load_problems_report(const df_st_model *m, const df_load_problems *pb, const char *hint, df_error *err);
+
+// The parameter name a file tensor loads into: prefix renames first, then the custom hook.
+const char *df_load_map_name(const df_load_options *o, const char *name, char *buf, size_t n);
+
+// A file tensor that maps to no parameter (mapped to pname): skipped when an ignore suffix matches (counted in
+// *ignored), otherwise reported as unexpected.
+void df_load_unmatched(const df_load_options *o, const char *file_name, const char *pname, int *ignored,
+                       df_load_problems *pb);
+
+// Float parameters take float tensors, integer/bool parameters integer/bool ones; crossing kinds is a bug.
+bool df_load_dtype_fits(df_st_dtype file_dt, df_dtype param_dt);
 
 typedef struct {
   df_st_dtype dtype;           // DF_ST_F32 (default), DF_ST_BF16 or DF_ST_F16 (round to nearest even)

@@ -4,7 +4,6 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,73 +107,16 @@ df_status df_moe_layout_check(const df_moe_layout *l, const df_moe_config *m, co
   return DF_OK;
 }
 
-// ---- problems (the strict loader's report format) -------------------------------------------------------
-
-typedef struct {
-  char list[468];
-  size_t len;
-  int total, shown;
-  char first[192]; // the first offending name, for err.where
-  FILE *log;
-} problems;
-
-__attribute__((format(printf, 3, 4))) static void problem(problems *pb, const char *name, const char *fmt, ...) {
-  char item[320];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(item, sizeof item, fmt, ap);
-  va_end(ap);
-  if (pb->log) fprintf(pb->log, "strict load: %s\n", item);
-  if (!pb->total++) snprintf(pb->first, sizeof pb->first, "%s", name);
-  size_t k = strlen(item), sep = pb->shown ? 2 : 0;
-  if (pb->len + sep + k + 1 > sizeof pb->list) return; // counted in "and N more"
-  memcpy(pb->list + pb->len, "; ", sep);
-  memcpy(pb->list + pb->len + sep, item, k + 1);
-  pb->len += sep + k;
-  pb->shown++;
-}
-
-static df_status report(const df_st_model *f, const problems *pb, const char *layout, df_error *err) {
-  char where[256], more[40] = "", hint[200];
-  if (pb->total > pb->shown) snprintf(more, sizeof more, "; and %d more", pb->total - pb->shown);
+static df_status report(const df_st_model *f, const df_load_problems *pb, const char *layout, df_error *err) {
+  char hint[200];
   snprintf(hint, sizeof hint,
            "the checkpoint does not match the draft config read through the '%s' layout; check moe_layout, "
            "n_routed_experts and the shared-expert / centering keys",
            layout);
-  return DF_FAIL(err, DF_ERR_INVALID, df_st_where(where, sizeof where, df_st_model_path(f), pb->first), hint,
-                 "%d problem%s: %s%s", pb->total, pb->total == 1 ? "" : "s", pb->list, more);
+  return df_load_problems_report(f, pb, hint, err);
 }
 
 // ---- loading ----------------------------------------------------------------------------------------------
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && !strcmp(s + n - k, suffix);
-}
-
-// The name a file tensor goes by before the layout: prefix renames first, then the custom hook.
-static const char *map_name(const df_load_options *o, const char *name, char *buf, size_t n) {
-  char renamed[512];
-  const char *cur = name;
-  for (int i = 0; i < o->n_renames; i++) {
-    size_t k = strlen(o->renames[i].from);
-    if (!strncmp(name, o->renames[i].from, k)) {
-      snprintf(renamed, sizeof renamed, "%s%s", o->renames[i].to, name + k);
-      cur = renamed;
-      break;
-    }
-  }
-  const char *r = o->map ? o->map(o->map_ctx, cur, buf, n) : NULL;
-  if (r == buf) return buf;
-  if (!r && cur == name) return name;
-  snprintf(buf, n, "%s", r ? r : cur);
-  return buf;
-}
-
-static bool dtype_fits(df_st_dtype file_dt, df_dtype param_dt) {
-  bool param_float = param_dt == DF_F32 || param_dt == DF_F64 || param_dt == DF_F16 || param_dt == DF_BF16;
-  return df_st_dtype_is_float(file_dt) == param_float;
-}
 
 static const char *dims_str(int ndim, const int64_t *shape, char *buf, size_t n) {
   df_st_tensor t = {.ndim = ndim};
@@ -191,7 +133,7 @@ typedef struct {
   int *slot_base; // [np] first slot of parameter i
   int *slots;     // file tensor index + 1 per slot
   int64_t *nslots;
-  problems pb;
+  df_load_problems pb;
 } load_plan;
 
 static bool shape_ok(const df_st_tensor *t, const df_param *e, bool slice, df_moe_tensor kind, bool is_moe) {
@@ -211,57 +153,51 @@ static void claim(load_plan *lp, int ti, const char *fname, int pi, int64_t s, b
   int *slot = &lp->slots[lp->slot_base[pi] + s];
   char fs[96], ps[96];
   if (*slot) {
-    problem(&lp->pb, fname, "tensors '%s' and '%s' both map to '%s'%s", df_st_model_at(lp->f, *slot - 1, NULL)->name,
-            fname, e->name, slice ? " (same expert)" : "");
+    df_load_problem(&lp->pb, fname, "tensors '%s' and '%s' both map to '%s'%s",
+                    df_st_model_at(lp->f, *slot - 1, NULL)->name, fname, e->name, slice ? " (same expert)" : "");
     return;
   }
   *slot = ti + 1;
   if (!shape_ok(t, e, slice, kind, is_moe))
-    problem(&lp->pb, fname, "shape mismatch '%s': file %s, expected %s", fname, df_st_shape_str(t, fs, sizeof fs),
-            dims_str(e->ndim - (slice ? 1 : 0), e->shape + (slice ? 1 : 0), ps, sizeof ps));
-  else if (!dtype_fits(t->dtype, e->dtype))
-    problem(&lp->pb, fname, "dtype '%s': file %s cannot load into a %s parameter", fname, df_st_dtype_name(t->dtype),
-            df_dtype_name(e->dtype));
+    df_load_problem(&lp->pb, fname, "shape mismatch '%s': file %s, expected %s", fname,
+                    df_st_shape_str(t, fs, sizeof fs),
+                    dims_str(e->ndim - (slice ? 1 : 0), e->shape + (slice ? 1 : 0), ps, sizeof ps));
+  else if (!df_load_dtype_fits(t->dtype, e->dtype))
+    df_load_problem(&lp->pb, fname, "dtype '%s': file %s cannot load into a %s parameter", fname,
+                    df_st_dtype_name(t->dtype), df_dtype_name(e->dtype));
 }
 
 static void plan_tensor(load_plan *lp, const df_load_options *o, int ti, int *ignored) {
   const df_st_tensor *t = df_st_model_at(lp->f, ti, NULL);
   char buf[512], pname[DF_MOE_NAME_MAX], want[DF_MOE_NAME_MAX];
-  const char *name = map_name(o, t->name, buf, sizeof buf);
+  const char *name = df_load_map_name(o, t->name, buf, sizeof buf);
   int64_t layer = 0, expert = -1;
   df_moe_tensor kind = DF_MOE_T_COUNT;
   if (df_moe_layout_parse(lp->l, lp->m, name, &layer, &kind, &expert)) {
     const df_param *e = df_params_find(lp->p, df_moe_param_name(layer, kind, pname, sizeof pname));
     if (!e) {
-      problem(&lp->pb, t->name, "unexpected tensor '%s' (this draft has no %s)", t->name, pname);
+      df_load_problem(&lp->pb, t->name, "unexpected tensor '%s' (this draft has no %s)", t->name, pname);
       return;
     }
     const int pi = (int)(e - df_params_at(lp->p, 0));
     const bool split = expert >= 0;
     if (split && expert >= lp->nslots[pi]) {
-      problem(&lp->pb, t->name, "unexpected tensor '%s' (expert %" PRId64 ", but n_routed_experts is %" PRId64 ")",
-              t->name, expert, lp->nslots[pi]);
+      df_load_problem(&lp->pb, t->name,
+                      "unexpected tensor '%s' (expert %" PRId64 ", but n_routed_experts is %" PRId64 ")", t->name,
+                      expert, lp->nslots[pi]);
       return;
     }
     claim(lp, ti, t->name, pi, split ? expert : 0, split, kind, true);
     return;
   }
   if (df_moe_param_parse(name, &layer, &kind)) { // a native name this layout renames
-    problem(&lp->pb, t->name, "unexpected tensor '%s' (the '%s' layout writes it as '%s')", t->name, lp->l->name,
-            df_moe_layout_file_name(lp->l, layer, kind, 0, want, sizeof want));
+    df_load_problem(&lp->pb, t->name, "unexpected tensor '%s' (the '%s' layout writes it as '%s')", t->name,
+                    lp->l->name, df_moe_layout_file_name(lp->l, layer, kind, 0, want, sizeof want));
     return;
   }
   const df_param *e = df_params_find(lp->p, name);
   if (!e) {
-    for (int i = 0; i < o->n_ignore; i++)
-      if (ends_with(t->name, o->ignore_suffixes[i])) {
-        (*ignored)++;
-        return;
-      }
-    if (!strcmp(name, t->name))
-      problem(&lp->pb, t->name, "unexpected tensor '%s'", t->name);
-    else
-      problem(&lp->pb, t->name, "unexpected tensor '%s' (as '%s')", t->name, name);
+    df_load_unmatched(o, t->name, name, ignored, &lp->pb);
     return;
   }
   claim(lp, ti, t->name, (int)(e - df_params_at(lp->p, 0)), 0, false, DF_MOE_T_COUNT, false);
@@ -279,14 +215,15 @@ static void plan_missing(load_plan *lp, bool centering_optional) {
     for (int64_t s = 0; s < lp->nslots[i]; s++) {
       if (lp->slots[lp->slot_base[i] + s] || (centering && centering_optional)) continue;
       if (!is_moe) {
-        problem(&lp->pb, e->name, "missing parameter '%s'", e->name);
+        df_load_problem(&lp->pb, e->name, "missing parameter '%s'", e->name);
         continue;
       }
       df_moe_layout_file_name(lp->l, layer, kind, s, fname, sizeof fname);
       if (df_moe_layout_splits(lp->l, kind))
-        problem(&lp->pb, fname, "missing tensor '%s' (expert %" PRId64 " of %" PRId64 ")", fname, s, lp->nslots[i]);
+        df_load_problem(&lp->pb, fname, "missing tensor '%s' (expert %" PRId64 " of %" PRId64 ")", fname, s,
+                        lp->nslots[i]);
       else
-        problem(&lp->pb, fname, "missing tensor '%s'", fname);
+        df_load_problem(&lp->pb, fname, "missing tensor '%s'", fname);
     }
   }
 }

@@ -20,79 +20,23 @@
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/cpu/rowtile.h"
 #include "kernels/cpu/vexp.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-enum {
-  LMCE_BLOCK = 48,      // rows per aligned block: a multiple of every sgemm micro-kernel height
-  LMCE_TILE_BLOCKS = 5, // blocks per tile at most (240 rows): tall enough to amortize repacking head per call
-  LMCE_PAD = 16,        // floats; scratch rows start 64-byte aligned
-};
-#define LMCE_SCRATCH_BYTES ((size_t)48 << 20) // per-thread logits scratch cap (V = 152k: one block per tile)
-
 typedef struct {
-  int64_t c0, c1;       // rows [c0, c1)
-  int64_t first, count; // its live blocks: blocks[first .. first + count)
-} lmce_chunk;
-
-typedef struct {
+  df_rt_plan plan;
   const float *hidden, *head, *weights; // [R, H], [V, H], [R] or NULL
   const int32_t *labels;                // [R]
   float *loss, *dhidden;                // [R], [R, H] or NULL
   uint8_t *correct;                     // [R]
   int64_t R, H, V;
-  int64_t ldz;         // scratch row stride, V rounded up to LMCE_PAD
-  int64_t tile_blocks; // blocks per tile
-  float grad_scale;    // multiplies dhidden
-  const lmce_chunk *chunks;
-  int64_t nchunks;
-  const int64_t *blocks; // block indices (row / LMCE_BLOCK), chunk by chunk
+  int64_t ldz;      // scratch row stride, V rounded up to DF_RT_PAD
+  float grad_scale; // multiplies dhidden
 } lmce_job;
-
-static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-// Labels must index the vocabulary; negative ones mark ignored rows.
-static df_status check_labels(const int32_t *labels, int64_t R, int64_t V, df_error *err) {
-  for (int64_t r = 0; r < R; r++)
-    if (labels[r] >= V)
-      return DF_FAIL(err, DF_ERR_INVALID, "labels", "labels must be < V; use a negative label to ignore a row",
-                     "labels[%lld] = %d is outside the vocabulary [0, %lld)", (long long)r, labels[r], (long long)V);
-  return DF_OK;
-}
-
-// Blocks per tile: every thread gets work on a chunk, tiles stay tall for the GEMMs, scratch stays capped.
-static int64_t pick_tile_blocks(int64_t chunk_rows, int64_t V, int nthreads) {
-  int64_t per_chunk = chunk_rows / LMCE_BLOCK + 2; // a chunk may straddle two partial blocks
-  int64_t t = (per_chunk + nthreads - 1) / nthreads;
-  int64_t cap = (int64_t)(LMCE_SCRATCH_BYTES / sizeof(float)) / (V * LMCE_BLOCK);
-  t = min64(min64(t, LMCE_TILE_BLOCKS), cap);
-  return t < 1 ? 1 : t;
-}
-
-// Row r takes part in chunk [c0, c1) when it lies there and has a label.
-static inline bool row_live(const lmce_job *jb, int64_t r, int64_t c0, int64_t c1) {
-  return r >= c0 && r < c1 && jb->labels[r] >= 0;
-}
-
-// Lists, chunk by chunk, the blocks holding at least one labelled row of the chunk. blocks has room for
-// R / LMCE_BLOCK + 2 · nchunks entries.
-static void plan_chunks(lmce_job *jb, int64_t chunk_rows, lmce_chunk *chunks, int64_t *blocks) {
-  int64_t nb = 0;
-  for (int64_t c = 0; c < jb->nchunks; c++) {
-    lmce_chunk *ch = &chunks[c];
-    ch->c0 = c * chunk_rows, ch->c1 = min64(ch->c0 + chunk_rows, jb->R), ch->first = nb;
-    for (int64_t b = ch->c0 / LMCE_BLOCK; b * LMCE_BLOCK < ch->c1; b++) {
-      int64_t r = b * LMCE_BLOCK, end = min64(r + LMCE_BLOCK, ch->c1);
-      while (r < end && !row_live(jb, r, ch->c0, ch->c1)) r++;
-      if (r < end) blocks[nb++] = b;
-    }
-    ch->count = nb - ch->first;
-  }
-}
 
 // One row of logits z [V] → loss and correct. When coef_w (= grad_scale · w) is given, z becomes
 // coef_w · (softmax − onehot(label)); otherwise z holds exp(z − max) afterwards.
@@ -119,13 +63,13 @@ static void ce_row(float *z, int64_t V, int32_t label, const float *coef_w, floa
 }
 
 // One tile: nb blocks of chunk ch, both GEMMs and the per-row softmax, through scratch x, z, dx.
-static void ce_tile(const lmce_job *jb, const lmce_chunk *ch, const int64_t *blocks, int64_t nb, float *x, float *z,
+static void ce_tile(const lmce_job *jb, const df_rt_chunk *ch, const int64_t *blocks, int64_t nb, float *x, float *z,
                     float *dx) {
-  int64_t H = jb->H, V = jb->V, n = nb * LMCE_BLOCK;
+  int64_t H = jb->H, V = jb->V, n = nb * DF_RT_BLOCK;
   size_t row_bytes = sizeof(float) * (size_t)H;
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = blocks[i / LMCE_BLOCK] * LMCE_BLOCK + i % LMCE_BLOCK;
-    if (row_live(jb, r, ch->c0, ch->c1))
+    int64_t r = df_rt_tile_row(blocks, i);
+    if (df_rt_row_live(&jb->plan, r, ch))
       memcpy(x + i * H, jb->hidden + r * H, row_bytes);
     else
       memset(x + i * H, 0, row_bytes); // zero row: its z and G rows stay 0 and are never read back
@@ -134,8 +78,8 @@ static void ce_tile(const lmce_job *jb, const lmce_chunk *ch, const int64_t *blo
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)V, (int)H, 1.0f, x, (int)H, jb->head, (int)H, 0.0f,
               z, (int)jb->ldz);
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = blocks[i / LMCE_BLOCK] * LMCE_BLOCK + i % LMCE_BLOCK;
-    if (!row_live(jb, r, ch->c0, ch->c1)) continue;
+    int64_t r = df_rt_tile_row(blocks, i);
+    if (!df_rt_row_live(&jb->plan, r, ch)) continue;
     float coef_w = jb->grad_scale * (jb->weights ? jb->weights[r] : 1.0f);
     ce_row(z + i * jb->ldz, V, jb->labels[r], jb->dhidden ? &coef_w : NULL, &jb->loss[r], &jb->correct[r]);
   }
@@ -144,8 +88,8 @@ static void ce_tile(const lmce_job *jb, const lmce_chunk *ch, const int64_t *blo
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)H, (int)V, 1.0f, z, (int)jb->ldz, jb->head,
               (int)H, 0.0f, dx, (int)H);
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = blocks[i / LMCE_BLOCK] * LMCE_BLOCK + i % LMCE_BLOCK;
-    if (row_live(jb, r, ch->c0, ch->c1)) memcpy(jb->dhidden + r * H, dx + i * H, row_bytes);
+    int64_t r = df_rt_tile_row(blocks, i);
+    if (df_rt_row_live(&jb->plan, r, ch)) memcpy(jb->dhidden + r * H, dx + i * H, row_bytes);
   }
 }
 
@@ -162,7 +106,8 @@ static void clear_ignored(const lmce_job *jb, int nthreads) {
 
 // Chunk by chunk; the tiles of one chunk run in parallel and the chunk ends at the implicit barrier.
 static void run_chunks(const lmce_job *jb, float *scratch, size_t per_thread, int nthreads) {
-  int64_t tile_rows = jb->tile_blocks * LMCE_BLOCK;
+  const df_rt_plan *pl = &jb->plan;
+  int64_t tile_rows = pl->tile_blocks * DF_RT_BLOCK;
 #pragma omp parallel num_threads(nthreads)
   {
 #ifdef _OPENMP
@@ -170,34 +115,24 @@ static void run_chunks(const lmce_job *jb, float *scratch, size_t per_thread, in
 #else
     float *x = scratch;
 #endif
-    float *dx = x + round_up(tile_rows * jb->H, LMCE_PAD); // [tile_rows, H]
-    float *z = dx + round_up(tile_rows * jb->H, LMCE_PAD); // [tile_rows, ldz]
-    for (int64_t c = 0; c < jb->nchunks; c++) {
-      const lmce_chunk *ch = &jb->chunks[c];
-      int64_t ntiles = (ch->count + jb->tile_blocks - 1) / jb->tile_blocks;
+    float *dx = x + df_rt_round_up(tile_rows * jb->H, DF_RT_PAD); // [tile_rows, H]
+    float *z = dx + df_rt_round_up(tile_rows * jb->H, DF_RT_PAD); // [tile_rows, ldz]
+    for (int64_t c = 0; c < pl->nchunks; c++) {
+      const df_rt_chunk *ch = &pl->chunks[c];
+      int64_t ntiles = df_rt_ntiles(pl, ch);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < ntiles; t++) {
-        int64_t a = t * jb->tile_blocks;
-        ce_tile(jb, ch, jb->blocks + ch->first + a, min64(ch->count - a, jb->tile_blocks), x, z, dx);
+        int64_t a = t * pl->tile_blocks;
+        ce_tile(jb, ch, pl->blocks + ch->first + a, df_rt_min64(ch->count - a, pl->tile_blocks), x, z, dx);
       }
     }
   }
 }
 
-// Threads worth starting: no more than the most tiles any chunk has (0 when no row has a label).
-static int team_size(const lmce_job *jb, int nthreads) {
-  int64_t most = 0;
-  for (int64_t c = 0; c < jb->nchunks; c++) {
-    int64_t tiles = (jb->chunks[c].count + jb->tile_blocks - 1) / jb->tile_blocks;
-    most = tiles > most ? tiles : most;
-  }
-  return (int)min64(nthreads, most);
-}
-
 // Per-thread scratch x [tile, H], dx [tile, H], z [tile, ldz] for `team` threads, then the chunks.
 static df_status run_with_scratch(const lmce_job *jb, int team, df_error *err) {
-  int64_t tile_rows = jb->tile_blocks * LMCE_BLOCK;
-  size_t per_thread = (size_t)(round_up(tile_rows * jb->H, LMCE_PAD) * 2 + tile_rows * jb->ldz);
+  int64_t tile_rows = jb->plan.tile_blocks * DF_RT_BLOCK;
+  size_t per_thread = (size_t)(df_rt_round_up(tile_rows * jb->H, DF_RT_PAD) * 2 + tile_rows * jb->ldz);
   size_t bytes = per_thread * (size_t)team * sizeof(float);
   float *scratch = aligned_alloc(64, bytes);
   if (!scratch)
@@ -222,24 +157,14 @@ df_status df_cpu_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_
                  .H = head->shape[1],
                  .V = head->shape[0],
                  .grad_scale = desc->grad_scale};
-  DF_TRY(check_labels(jb.labels, jb.R, jb.V, err));
+  DF_TRY(df_rt_check_labels(jb.labels, jb.R, jb.V, "ignore", err));
   if (jb.R == 0) return DF_OK;
   int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
-  int64_t chunk_rows = desc->chunk_rows > 0 && desc->chunk_rows < jb.R ? desc->chunk_rows : jb.R;
-  jb.nchunks = (jb.R + chunk_rows - 1) / chunk_rows;
-  jb.tile_blocks = pick_tile_blocks(chunk_rows, jb.V, nthreads);
-  jb.ldz = round_up(jb.V, LMCE_PAD);
-  lmce_chunk *chunks = malloc(sizeof(lmce_chunk) * (size_t)jb.nchunks);
-  int64_t *blocks = malloc(sizeof(int64_t) * (size_t)(jb.R / LMCE_BLOCK + 2 * jb.nchunks));
-  if (!chunks || !blocks) {
-    free(chunks), free(blocks);
-    return DF_FAIL(err, DF_ERR_NOMEM, "lmhead_ce", NULL, "cannot allocate the plan for %lld rows", (long long)jb.R);
-  }
-  plan_chunks(&jb, chunk_rows, chunks, blocks);
-  jb.chunks = chunks, jb.blocks = blocks;
-  int team = team_size(&jb, nthreads);
+  DF_TRY(df_rt_plan_init(&jb.plan, jb.labels, jb.R, desc->chunk_rows, jb.V, 1, nthreads, "lmhead_ce", err));
+  jb.ldz = df_rt_round_up(jb.V, DF_RT_PAD);
+  int team = df_rt_team_size(&jb.plan, nthreads);
   df_status st = team > 0 ? run_with_scratch(&jb, team, err) : DF_OK;
   if (st == DF_OK) clear_ignored(&jb, nthreads);
-  free(chunks), free(blocks);
+  df_rt_plan_free(&jb.plan);
   return st;
 }

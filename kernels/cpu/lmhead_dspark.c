@@ -1,6 +1,6 @@
-// CPU fused DSpark objective: the row tiling of lmhead_ce.c (whole 48-row blocks of the global row index, a
-// row always in slot r mod 48, so every per-row output is bitwise the same whatever chunk_rows and the thread
-// count), with two logit sets per tile. Per tile of n rows:
+// CPU fused DSpark objective: the row tiling of rowtile.h, shared with lmhead_ce.c (whole 48-row blocks of the global
+// row index, a row always in slot r mod 48, so every per-row output is bitwise the same whatever chunk_rows and the
+// thread count), with two logit sets per tile. Per tile of n rows:
 //   z[n, V] = x[n, H] · headᵀ (+ u[n, r] · w2ᵀ)              draft logits (sgemm, then a beta = 1 sgemm)
 //   t[n, V] = xt[n, H] · headᵀ                               teacher logits
 //   per row: softmaxes, CE, L1, argmaxes, top-1 probabilities, BCE; z becomes the logit gradient G
@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/cpu/rowtile.h"
 #include "kernels/cpu/vexp.h"
 
 #ifdef _OPENMP
@@ -24,30 +25,18 @@
 #endif
 
 enum {
-  LD_BLOCK = 48,      // rows per aligned block, as lmhead_ce.c
-  LD_TILE_BLOCKS = 5, // blocks per tile at most
-  LD_PAD = 16,        // floats; scratch pieces start 64-byte aligned
-  LD_VSLICE = 768,   // vocabulary rows per dw2 slice (fixed: the dw2 rounding must not depend on threads)
+  LD_VSLICE = 768, // vocabulary rows per dw2 slice (fixed: the dw2 rounding must not depend on threads)
 };
-#define LD_SCRATCH_BYTES ((size_t)48 << 20) // per-thread cap on the two logit sets
 
 typedef struct {
-  int64_t c0, c1;       // rows [c0, c1)
-  int64_t first, count; // its live blocks: blocks[first .. first + count)
-} ld_chunk;
-
-typedef struct {
+  df_rt_plan plan;
   const float *hidden, *head, *u, *w2, *teacher, *weights, *conf;
   const int32_t *labels;
   float *ce, *top1, *l1, *ttop1, *bce, *dhidden, *du, *dw2, *dconf;
   uint8_t *correct, *agree;
   int64_t R, H, V, r; // r: Markov rank, 0 without a Markov latent
   int64_t ldz;        // logit row stride
-  int64_t tile_blocks;
   float gs, a_ce, a_l1, a_conf;
-  const ld_chunk *chunks;
-  int64_t nchunks;
-  const int64_t *blocks;
 } ld_job;
 
 // One thread's scratch pieces.
@@ -55,44 +44,7 @@ typedef struct {
   float *x, *xt, *dx, *u, *du, *z, *t;
 } ld_scratch;
 
-static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static void *ptr(const df_tensor *t) { return t ? t->data : NULL; }
-
-static df_status check_labels(const int32_t *labels, int64_t R, int64_t V, df_error *err) {
-  for (int64_t r = 0; r < R; r++)
-    if (labels[r] >= V)
-      return DF_FAIL(err, DF_ERR_INVALID, "labels", "labels must be < V; use a negative label to skip a row",
-                     "labels[%lld] = %d is outside the vocabulary [0, %lld)", (long long)r, labels[r], (long long)V);
-  return DF_OK;
-}
-
-static inline bool row_live(const ld_job *jb, int64_t r, int64_t c0, int64_t c1) {
-  return r >= c0 && r < c1 && jb->labels[r] >= 0;
-}
-
-static int64_t pick_tile_blocks(int64_t chunk_rows, int64_t V, bool teacher, int nthreads) {
-  int64_t per_chunk = chunk_rows / LD_BLOCK + 2;
-  int64_t t = (per_chunk + nthreads - 1) / nthreads;
-  int64_t cap = (int64_t)(LD_SCRATCH_BYTES / sizeof(float)) / (V * LD_BLOCK * (teacher ? 2 : 1));
-  t = min64(min64(t, LD_TILE_BLOCKS), cap);
-  return t < 1 ? 1 : t;
-}
-
-// The blocks holding at least one live row, chunk by chunk (room: R / LD_BLOCK + 2 · nchunks entries).
-static void plan_chunks(ld_job *jb, int64_t chunk_rows, ld_chunk *chunks, int64_t *blocks) {
-  int64_t nb = 0;
-  for (int64_t c = 0; c < jb->nchunks; c++) {
-    ld_chunk *ch = &chunks[c];
-    ch->c0 = c * chunk_rows, ch->c1 = min64(ch->c0 + chunk_rows, jb->R), ch->first = nb;
-    for (int64_t b = ch->c0 / LD_BLOCK; b * LD_BLOCK < ch->c1; b++) {
-      int64_t r = b * LD_BLOCK, end = min64(r + LD_BLOCK, ch->c1);
-      while (r < end && !row_live(jb, r, ch->c0, ch->c1)) r++;
-      if (r < end) blocks[nb++] = b;
-    }
-    ch->count = nb - ch->first;
-  }
-}
 
 // ---- one row -------------------------------------------------------------------------------------------------
 
@@ -185,16 +137,12 @@ static void ld_row(const ld_job *jb, int64_t r, float *z, float *t, bool grad) {
 
 // ---- tiles ---------------------------------------------------------------------------------------------------
 
-static inline int64_t tile_row(const int64_t *blocks, int64_t i) {
-  return blocks[i / LD_BLOCK] * LD_BLOCK + i % LD_BLOCK;
-}
-
 // Live rows of the tile into x (and xt, u); other rows are zero, so their logits and gradients stay 0.
-static void gather(const ld_job *jb, const ld_chunk *ch, const int64_t *blocks, int64_t n, const ld_scratch *s) {
+static void gather(const ld_job *jb, const df_rt_chunk *ch, const int64_t *blocks, int64_t n, const ld_scratch *s) {
   size_t hb = sizeof(float) * (size_t)jb->H, ub = sizeof(float) * (size_t)jb->r;
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = tile_row(blocks, i);
-    bool live = row_live(jb, r, ch->c0, ch->c1);
+    int64_t r = df_rt_tile_row(blocks, i);
+    bool live = df_rt_row_live(&jb->plan, r, ch);
     if (live)
       memcpy(s->x + i * jb->H, jb->hidden + r * jb->H, hb);
     else
@@ -214,8 +162,8 @@ static void gather(const ld_job *jb, const ld_chunk *ch, const int64_t *blocks, 
   }
 }
 
-static void ld_tile(const ld_job *jb, const ld_chunk *ch, const int64_t *blocks, int64_t nb, const ld_scratch *s) {
-  int64_t H = jb->H, V = jb->V, n = nb * LD_BLOCK, ldz = jb->ldz;
+static void ld_tile(const ld_job *jb, const df_rt_chunk *ch, const int64_t *blocks, int64_t nb, const ld_scratch *s) {
+  int64_t H = jb->H, V = jb->V, n = nb * DF_RT_BLOCK, ldz = jb->ldz;
   int rk = (int)jb->r;
   gather(jb, ch, blocks, n, s);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)V, (int)H, 1.0f, s->x, (int)H, jb->head, (int)H,
@@ -228,8 +176,8 @@ static void ld_tile(const ld_job *jb, const ld_chunk *ch, const int64_t *blocks,
                 0.0f, s->t, (int)ldz);
   bool grad = jb->dhidden != NULL;
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = tile_row(blocks, i);
-    if (row_live(jb, r, ch->c0, ch->c1)) ld_row(jb, r, s->z + i * ldz, jb->teacher ? s->t + i * ldz : NULL, grad);
+    int64_t r = df_rt_tile_row(blocks, i);
+    if (df_rt_row_live(&jb->plan, r, ch)) ld_row(jb, r, s->z + i * ldz, jb->teacher ? s->t + i * ldz : NULL, grad);
   }
   if (!grad) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)H, (int)V, 1.0f, s->z, (int)ldz, jb->head, (int)H,
@@ -238,8 +186,8 @@ static void ld_tile(const ld_job *jb, const ld_chunk *ch, const int64_t *blocks,
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, rk, (int)V, 1.0f, s->z, (int)ldz, jb->w2, rk, 0.0f,
                 s->du, rk);
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = tile_row(blocks, i);
-    if (!row_live(jb, r, ch->c0, ch->c1)) continue;
+    int64_t r = df_rt_tile_row(blocks, i);
+    if (!df_rt_row_live(&jb->plan, r, ch)) continue;
     memcpy(jb->dhidden + r * H, s->dx + i * H, sizeof(float) * (size_t)H);
     if (rk) memcpy(jb->du + r * rk, s->du + i * rk, sizeof(float) * (size_t)rk);
   }
@@ -248,13 +196,15 @@ static void ld_tile(const ld_job *jb, const ld_chunk *ch, const int64_t *blocks,
 // ---- scratch and the chunk loop ------------------------------------------------------------------------------
 
 static size_t scratch_floats(const ld_job *jb) {
-  int64_t n = jb->tile_blocks * LD_BLOCK, hx = round_up(n * jb->H, LD_PAD), ux = round_up(n * jb->r, LD_PAD);
+  int64_t n = jb->plan.tile_blocks * DF_RT_BLOCK, hx = df_rt_round_up(n * jb->H, DF_RT_PAD),
+          ux = df_rt_round_up(n * jb->r, DF_RT_PAD);
   int64_t logits = n * jb->ldz * (jb->teacher ? 2 : 1);
   return (size_t)(hx * (jb->teacher ? 3 : 2) + 2 * ux + logits);
 }
 
 static ld_scratch carve(const ld_job *jb, float *base) {
-  int64_t n = jb->tile_blocks * LD_BLOCK, hx = round_up(n * jb->H, LD_PAD), ux = round_up(n * jb->r, LD_PAD);
+  int64_t n = jb->plan.tile_blocks * DF_RT_BLOCK, hx = df_rt_round_up(n * jb->H, DF_RT_PAD),
+          ux = df_rt_round_up(n * jb->r, DF_RT_PAD);
   ld_scratch s = {0};
   float *p = base;
   s.x = p, p += hx;
@@ -268,35 +218,35 @@ static ld_scratch carve(const ld_job *jb, float *base) {
 }
 
 // dw2[v0:v1] += G_blockᵀ · u_block over the wave's tiles, block by block in global order.
-static void dw2_slice(const ld_job *jb, const ld_chunk *ch, int64_t wave_first, int64_t ntiles, float *scratch,
+static void dw2_slice(const ld_job *jb, const df_rt_chunk *ch, int64_t wave_first, int64_t ntiles, float *scratch,
                       size_t per_thread, int64_t v0, int64_t v1) {
   int rk = (int)jb->r;
   for (int64_t j = 0; j < ntiles; j++) {
     ld_scratch s = carve(jb, scratch + per_thread * (size_t)j);
-    int64_t a = (wave_first + j) * jb->tile_blocks, nb = min64(ch->count - a, jb->tile_blocks);
+    int64_t a = (wave_first + j) * jb->plan.tile_blocks, nb = df_rt_min64(ch->count - a, jb->plan.tile_blocks);
     for (int64_t b = 0; b < nb; b++)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(v1 - v0), rk, LD_BLOCK, 1.0f,
-                  s.z + b * LD_BLOCK * jb->ldz + v0, (int)jb->ldz, s.u + b * LD_BLOCK * rk, rk, 1.0f, jb->dw2 + v0 * rk,
-                  rk);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(v1 - v0), rk, DF_RT_BLOCK, 1.0f,
+                  s.z + b * DF_RT_BLOCK * jb->ldz + v0, (int)jb->ldz, s.u + b * DF_RT_BLOCK * rk, rk, 1.0f,
+                  jb->dw2 + v0 * rk, rk);
   }
 }
 
 // One chunk as waves of `team` tiles (thread j takes tile wave + j), each followed by the dw2 sum.
-static void chunk_waves(const ld_job *jb, const ld_chunk *ch, float *scratch, size_t per_thread, int team, int tid) {
-  int64_t ntiles = (ch->count + jb->tile_blocks - 1) / jb->tile_blocks;
+static void chunk_waves(const ld_job *jb, const df_rt_chunk *ch, float *scratch, size_t per_thread, int team, int tid) {
+  int64_t ntiles = df_rt_ntiles(&jb->plan, ch);
   int64_t nslices = (jb->V + LD_VSLICE - 1) / LD_VSLICE;
   ld_scratch mine = carve(jb, scratch + per_thread * (size_t)tid);
   for (int64_t w0 = 0; w0 < ntiles; w0 += team) {
     int64_t t = w0 + tid;
     if (t < ntiles) {
-      int64_t a = t * jb->tile_blocks;
-      ld_tile(jb, ch, jb->blocks + ch->first + a, min64(ch->count - a, jb->tile_blocks), &mine);
+      int64_t a = t * jb->plan.tile_blocks;
+      ld_tile(jb, ch, jb->plan.blocks + ch->first + a, df_rt_min64(ch->count - a, jb->plan.tile_blocks), &mine);
     }
 #pragma omp barrier
-    int64_t nt = min64(team, ntiles - w0);
+    int64_t nt = df_rt_min64(team, ntiles - w0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t sl = 0; sl < nslices; sl++)
-      dw2_slice(jb, ch, w0, nt, scratch, per_thread, sl * LD_VSLICE, min64((sl + 1) * LD_VSLICE, jb->V));
+      dw2_slice(jb, ch, w0, nt, scratch, per_thread, sl * LD_VSLICE, df_rt_min64((sl + 1) * LD_VSLICE, jb->V));
   }
 }
 
@@ -310,29 +260,20 @@ static void run_chunks(const ld_job *jb, float *scratch, size_t per_thread, int 
     int tid = 0;
 #endif
     ld_scratch mine = carve(jb, scratch + per_thread * (size_t)tid);
-    for (int64_t c = 0; c < jb->nchunks; c++) {
-      const ld_chunk *ch = &jb->chunks[c];
+    for (int64_t c = 0; c < jb->plan.nchunks; c++) {
+      const df_rt_chunk *ch = &jb->plan.chunks[c];
       if (waves) {
         chunk_waves(jb, ch, scratch, per_thread, team, tid);
         continue;
       }
-      int64_t ntiles = (ch->count + jb->tile_blocks - 1) / jb->tile_blocks;
+      int64_t ntiles = df_rt_ntiles(&jb->plan, ch);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < ntiles; t++) {
-        int64_t a = t * jb->tile_blocks;
-        ld_tile(jb, ch, jb->blocks + ch->first + a, min64(ch->count - a, jb->tile_blocks), &mine);
+        int64_t a = t * jb->plan.tile_blocks;
+        ld_tile(jb, ch, jb->plan.blocks + ch->first + a, df_rt_min64(ch->count - a, jb->plan.tile_blocks), &mine);
       }
     }
   }
-}
-
-static int team_size(const ld_job *jb, int nthreads) {
-  int64_t most = 0;
-  for (int64_t c = 0; c < jb->nchunks; c++) {
-    int64_t tiles = (jb->chunks[c].count + jb->tile_blocks - 1) / jb->tile_blocks;
-    most = tiles > most ? tiles : most;
-  }
-  return (int)min64(nthreads, most);
 }
 
 // Skipped rows: every per-row output and gradient row is 0.
@@ -353,7 +294,7 @@ static void clear_skipped(const ld_job *jb, int nthreads) {
 }
 
 static df_status run_with_scratch(const ld_job *jb, int team, df_error *err) {
-  size_t per_thread = round_up((int64_t)scratch_floats(jb), LD_PAD);
+  size_t per_thread = df_rt_round_up((int64_t)scratch_floats(jb), DF_RT_PAD);
   size_t bytes = per_thread * (size_t)team * sizeof(float);
   float *scratch = aligned_alloc(64, bytes);
   if (!scratch)
@@ -394,24 +335,15 @@ df_status df_cpu_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, c
                .a_ce = desc->alpha_ce,
                .a_l1 = desc->alpha_l1,
                .a_conf = desc->alpha_conf};
-  DF_TRY(check_labels(jb.labels, jb.R, jb.V, err));
+  DF_TRY(df_rt_check_labels(jb.labels, jb.R, jb.V, "skip", err));
   if (jb.R == 0) return DF_OK;
   int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
-  int64_t chunk_rows = desc->chunk_rows > 0 && desc->chunk_rows < jb.R ? desc->chunk_rows : jb.R;
-  jb.nchunks = (jb.R + chunk_rows - 1) / chunk_rows;
-  jb.tile_blocks = pick_tile_blocks(chunk_rows, jb.V, jb.teacher != NULL, nthreads);
-  jb.ldz = round_up(jb.V, LD_PAD);
-  ld_chunk *chunks = malloc(sizeof(ld_chunk) * (size_t)jb.nchunks);
-  int64_t *blocks = malloc(sizeof(int64_t) * (size_t)(jb.R / LD_BLOCK + 2 * jb.nchunks));
-  if (!chunks || !blocks) {
-    free(chunks), free(blocks);
-    return DF_FAIL(err, DF_ERR_NOMEM, "lmhead_dspark", NULL, "cannot allocate the plan for %lld rows", (long long)jb.R);
-  }
-  plan_chunks(&jb, chunk_rows, chunks, blocks);
-  jb.chunks = chunks, jb.blocks = blocks;
-  int team = team_size(&jb, nthreads);
+  DF_TRY(df_rt_plan_init(&jb.plan, jb.labels, jb.R, desc->chunk_rows, jb.V, jb.teacher ? 2 : 1, nthreads,
+                         "lmhead_dspark", err));
+  jb.ldz = df_rt_round_up(jb.V, DF_RT_PAD);
+  int team = df_rt_team_size(&jb.plan, nthreads);
   df_status st = team > 0 ? run_with_scratch(&jb, team, err) : DF_OK;
   if (st == DF_OK) clear_skipped(&jb, nthreads);
-  free(chunks), free(blocks);
+  df_rt_plan_free(&jb.plan);
   return st;
 }

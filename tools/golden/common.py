@@ -1,19 +1,14 @@
-"""Shared helpers for the golden-fixture generators: a dependency-free safetensors writer and
+"""Shared helpers for the golden-fixture generators: safetensors saving (dflash_io's writer) and
 seeded inputs. Every generator module in this folder is named gen_<op>.py and defines
 generate(outdir) writing one or more .safetensors files."""
-import json
-import struct
+import os
+import sys
 
 import numpy as np
 import torch
 
-_DTYPES = {
-    np.dtype("float32"): "F32",
-    np.dtype("float64"): "F64",
-    np.dtype("int32"): "I32",
-    np.dtype("int64"): "I64",
-    np.dtype("uint8"): "U8",
-}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import dflash_io  # noqa: E402  (the one safetensors writer)
 
 
 def to_np(x):
@@ -23,28 +18,12 @@ def to_np(x):
 
 
 def save(path, tensors, meta=None):
-    """Write tensors (name -> torch/numpy array) and string metadata as safetensors."""
-    header = {}
-    blobs = []
-    off = 0
+    """Write tensors (name -> torch/numpy array; bool as U8) and string metadata as safetensors."""
+    arrays = {}
     for name, arr in tensors.items():
         a = to_np(arr)
-        if a.dtype == np.bool_:
-            a = a.astype(np.uint8)
-        dt = _DTYPES[a.dtype]
-        raw = a.tobytes()
-        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    if meta:
-        header["__metadata__"] = {k: str(v) for k, v in meta.items()}
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+        arrays[name] = a.astype(np.uint8) if a.dtype == np.bool_ else a
+    dflash_io.write_safetensors(str(path), arrays, meta)
 
 
 def gen(seed):

@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -469,19 +469,44 @@ def run_step(prep: Prepared, dtype: torch.dtype = torch.float64, chunk_blocks: O
                       grads)
 
 
-def dump(prep: Prepared, res: StepResult, out_dir: str, dtype_name: str) -> None:
+def write_dump(out_dir: str, prep: Prepared, grads: Dict[str, np.ndarray], step: Dict[str, Any],
+               meta: Optional[Dict[str, str]] = None, batch_extra: Optional[Dict[str, Any]] = None) -> None:
+    """grads.safetensors (F32), step.json and batch.json (the batch of prep, then batch_extra); shared by the
+    DSpark and MoE references."""
     os.makedirs(out_dir, exist_ok=True)
-    grads = {n: g.astype(np.float32) for n, g in res.grads.items()}
     dio.write_safetensors(os.path.join(out_dir, "grads.safetensors"), grads,
-                          {"what": "d(loss_num/loss_den)/d(param)", "reference_dtype": dtype_name})
+                          {"what": "d(loss_num/loss_den)/d(param)", **(meta or {})})
     with open(os.path.join(out_dir, "step.json"), "w", encoding="utf-8") as f:
-        json.dump(res.summary(), f, indent=2)
+        json.dump(step, f, indent=2)
         f.write("\n")
     batch = {"sample_order": prep.batch.sample_order, "S": int(prep.batch.input_ids.shape[1]),
-             "N": int(prep.anchors.shape[1]), "anchors": prep.anchors.tolist(), "keep": prep.keep.astype(int).tolist()}
+             "N": int(prep.anchors.shape[1]), "anchors": prep.anchors.tolist(), "keep": prep.keep.astype(int).tolist(),
+             **(batch_extra or {})}
     with open(os.path.join(out_dir, "batch.json"), "w", encoding="utf-8") as f:
         json.dump(batch, f)
         f.write("\n")
+
+
+def dump(prep: Prepared, res: StepResult, out_dir: str, dtype_name: str) -> None:
+    grads = {n: g.astype(np.float32) for n, g in res.grads.items()}
+    write_dump(out_dir, prep, grads, res.summary(), {"reference_dtype": dtype_name})
+
+
+def dump_main(argv: Optional[List[str]], doc: str, load: Callable[[str], Any], prepare_fn: Callable[[Any], Any],
+              run: Callable[..., Any], dump_fn: Callable[..., None], summary: Callable[[Any], Dict[str, Any]]) -> int:
+    """The command line of the DSpark and MoE references: one recipe, one step, dumped."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("recipe")
+    ap.add_argument("--dump", metavar="DIR", required=True, help="write grads.safetensors, step.json, batch.json")
+    ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    prep = prepare_fn(load(a.recipe))
+    res = run(prep, getattr(torch, a.dtype))
+    dump_fn(prep, res, a.dump, a.dtype)
+    print(json.dumps(summary(res)))
+    return 0
 
 
 # ---- bench -----------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ checkpointed chunks of objective_chunk_blocks blocks. The default float64 run is
 the files' fp32 values; the teacher and draft softmaxes run in float64 where SpecForge uses fp32)."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -454,33 +453,14 @@ def run_step(prep: Prepared, dtype: torch.dtype = torch.float64, chunk_blocks: O
 
 
 def dump(prep: Prepared, res: StepResult, out_dir: str, dtype_name: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
     grads = {n: res.grads[n].astype(np.float32) for n, _, _ in prep.table}
-    dio.write_safetensors(os.path.join(out_dir, "grads.safetensors"), grads,
-                          {"what": "d(loss_num/loss_den)/d(param)", "reference_dtype": dtype_name})
-    with open(os.path.join(out_dir, "step.json"), "w", encoding="utf-8") as f:
-        json.dump(res.terms, f, indent=2)
-        f.write("\n")
-    batch = {"sample_order": prep.batch.sample_order, "S": int(prep.batch.input_ids.shape[1]),
-             "N": int(prep.anchors.shape[1]), "anchors": prep.anchors.tolist(), "keep": prep.keep.astype(int).tolist()}
-    with open(os.path.join(out_dir, "batch.json"), "w", encoding="utf-8") as f:
-        json.dump(batch, f)
-        f.write("\n")
+    dref.write_dump(out_dir, prep, grads, res.terms, {"reference_dtype": dtype_name})
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("recipe")
-    ap.add_argument("--dump", metavar="DIR", required=True, help="write grads.safetensors, step.json, batch.json")
-    ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    prep = prepare(load_recipe(a.recipe))
-    res = run_step(prep, getattr(torch, a.dtype))
-    dump(prep, res, a.dump, a.dtype)
-    print(json.dumps({k: res.terms[k] for k in ("loss_num", "loss_den", "loss", "acc_num", "acc_den", "num_blocks")}))
-    return 0
+    return dref.dump_main(argv, __doc__, load_recipe, prepare, run_step, dump,
+                          lambda res: {k: res.terms[k] for k in ("loss_num", "loss_den", "loss", "acc_num", "acc_den",
+                                                                 "num_blocks")})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import dflash_io as dio  # noqa: E402
 import dflash_step as ref  # noqa: E402
 import hidden_states  # noqa: E402
+import step_fixtures as sf  # noqa: E402
 
 VOCAB, HIDDEN, K_LAYERS = 256, 64, 2
 TARGET_LAYER_IDS = [1, 2]
@@ -139,21 +140,16 @@ def write_warm_checkpoint(out: str, rng: np.random.Generator) -> None:
     dio.write_safetensors(os.path.join(d, "model.safetensors"), tensors)
 
 
+DFLASH_TRAINING_KEYS = ("batch_size", "num_anchors", "loss_decay_gamma", "objective_chunk_blocks", "loss_type",
+                        "dpace_alpha", "seed")
+
+
 def recipe_text(case: Dict[str, Any]) -> str:
-    lines = ["# DFlash step parity case: " + case["name"], "model:", "  target_model_path: ../target",
-             f"  draft_model_config: ../{case['config']}"]
-    if case["warm"]:
-        lines.append("  draft_checkpoint_path: ../draft_ckpt")
-    lines += ["  embedding_key: model.embed_tokens.weight", "  lm_head_key: lm_head.weight", "data:",
-              "  hidden_states_path: ../data", f"  max_length: {case.get('max_length', 64)}", "training:",
-              "  strategy: dflash"]
     t = dict(loss_type="dflash", loss_decay_gamma=None, dpace_alpha=0.5)
     t.update(case["training"])
-    for key in ("batch_size", "num_anchors", "loss_decay_gamma", "objective_chunk_blocks", "loss_type",
-                "dpace_alpha", "seed"):
-        v = t[key]
-        lines.append(f"  {key}: {'null' if v is None else v}")
-    return "\n".join(lines) + "\n"
+    return sf.recipe_text("# DFlash step parity case: " + case["name"], "../target", f"../{case['config']}",
+                          "../draft_ckpt" if case["warm"] else None, "../data", case.get("max_length", 64), "dflash",
+                          t, DFLASH_TRAINING_KEYS)
 
 
 def coverage(prep: ref.Prepared) -> Dict[str, bool]:
@@ -166,25 +162,21 @@ def coverage(prep: ref.Prepared) -> Dict[str, bool]:
 
 
 def generate(out: str) -> Dict[str, Dict[str, Any]]:
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    sf.fresh_dir(out)
     rng = np.random.default_rng(20260808)
     write_configs(out)
     embed, head = write_target(out, rng)
     write_data(out, rng, likely_prediction(embed, head))
     write_warm_checkpoint(out, np.random.default_rng(777))
-    results = {}
-    for case in CASES:
-        d = os.path.join(out, case["name"])
-        os.makedirs(d)
-        with open(os.path.join(d, "recipe.yaml"), "w", encoding="utf-8") as f:
-            f.write(recipe_text(case))
-        prep = ref.prepare(dio.load_recipe(os.path.join(d, "recipe.yaml")))
+
+    def run(case: Dict[str, Any], recipe: str) -> Dict[str, Any]:
+        prep = ref.prepare(dio.load_recipe(recipe))
         res = ref.run_step(prep)
-        ref.dump(prep, res, os.path.join(d, "expected"), "float64")
-        results[case["name"]] = {**res.summary(), **coverage(prep)}
-    write_readme(out, results)
+        ref.dump(prep, res, os.path.join(os.path.dirname(recipe), "expected"), "float64")
+        return {**res.summary(), **coverage(prep)}
+
+    results = sf.write_cases(out, CASES, recipe_text, run)
+    sf.write_readme(out, README_HEAD, CASES, results, readme_row)
     return results
 
 
@@ -224,14 +216,9 @@ num_blocks) and `batch.json` (sample order, S, N, anchors, keep: for debugging, 
 """
 
 
-def write_readme(out: str, results: Dict[str, Dict[str, Any]]) -> None:
-    rows = []
-    for case in CASES:
-        r = results[case["name"]]
-        rows.append(f"| `{case['name']}` | {r['loss']:.10g} | {r['acc_num']:g}/{r['acc_den']:g} | "
-                    f"{r['num_blocks']} | {case['covers']} |")
-    with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as f:
-        f.write(README_HEAD + "\n".join(rows) + "\n")
+def readme_row(case: Dict[str, Any], r: Dict[str, Any]) -> str:
+    return (f"| `{case['name']}` | {r['loss']:.10g} | {r['acc_num']:g}/{r['acc_den']:g} | {r['num_blocks']} | "
+            f"{case['covers']} |")
 
 
 def main() -> int:

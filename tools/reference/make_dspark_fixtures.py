@@ -29,6 +29,7 @@ import dflash_io as dio  # noqa: E402
 import dspark_step as ref  # noqa: E402
 import hidden_states  # noqa: E402
 import make_dflash_fixtures as mdf  # noqa: E402
+import step_fixtures as sf  # noqa: E402
 
 TARGET = "../../dflash_step/target"  # from a case directory
 DFLASH_DATA = "../../dflash_step/data"  # no target_last_hidden_states
@@ -144,20 +145,13 @@ def write_checkpoint(out: str, name: str, config: str, rng: np.random.Generator,
 
 
 def recipe_text(case: Dict[str, Any]) -> str:
-    lines = ["# DSpark step parity case: " + case["name"], "model:", f"  target_model_path: {TARGET}",
-             f"  draft_model_config: ../{case['config']}"]
-    if case["warm"]:
-        lines.append(f"  draft_checkpoint_path: ../{case['warm']}")
-    lines += ["  embedding_key: model.embed_tokens.weight", "  lm_head_key: lm_head.weight", "data:",
-              f"  hidden_states_path: {case.get('data', '../data')}", f"  max_length: {case.get('max_length', 64)}",
-              "training:", "  strategy: dspark"]
     t = dict(loss_decay_gamma=None)
     t.update(case["training"])
-    for key in ("batch_size", "num_anchors", "loss_decay_gamma", "objective_chunk_blocks", "dspark_ce_loss_alpha",
-                "dspark_l1_loss_alpha", "dspark_confidence_head_alpha", "seed"):
-        if key in t:
-            lines.append(f"  {key}: {'null' if t[key] is None else t[key]}")
-    return "\n".join(lines) + "\n"
+    return sf.recipe_text("# DSpark step parity case: " + case["name"], TARGET, f"../{case['config']}",
+                          f"../{case['warm']}" if case["warm"] else None, case.get("data", "../data"),
+                          case.get("max_length", 64), "dspark", t,
+                          ("batch_size", "num_anchors", "loss_decay_gamma", "objective_chunk_blocks",
+                           "dspark_ce_loss_alpha", "dspark_l1_loss_alpha", "dspark_confidence_head_alpha", "seed"))
 
 
 def coverage(prep: ref.Prepared) -> Dict[str, bool]:
@@ -170,26 +164,22 @@ def coverage(prep: ref.Prepared) -> Dict[str, bool]:
 
 
 def generate(out: str) -> Dict[str, Dict[str, Any]]:
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    sf.fresh_dir(out)
     target = os.path.join(os.path.dirname(out), "dflash_step", "target")
     embed, head = dio.load_target_pieces(target, "model.embed_tokens.weight", "lm_head.weight")
     write_configs(out)
     write_data(out, np.random.default_rng(20260901), embed, head)
     write_checkpoint(out, "ckpt_vanilla_legacy", "vanilla.json", np.random.default_rng(31), legacy=True)
     write_checkpoint(out, "ckpt_rnn", "rnn.json", np.random.default_rng(32), legacy=False)
-    results = {}
-    for case in CASES:
-        d = os.path.join(out, case["name"])
-        os.makedirs(d)
-        with open(os.path.join(d, "recipe.yaml"), "w", encoding="utf-8") as f:
-            f.write(recipe_text(case))
-        prep = ref.prepare(ref.load_recipe(os.path.join(d, "recipe.yaml")))
+
+    def run(case: Dict[str, Any], recipe: str) -> Dict[str, Any]:
+        prep = ref.prepare(ref.load_recipe(recipe))
         res = ref.run_step(prep)
-        ref.dump(prep, res, os.path.join(d, "expected"), "float64")
-        results[case["name"]] = {**res.terms, **coverage(prep)}
-    write_readme(out, results)
+        ref.dump(prep, res, os.path.join(os.path.dirname(recipe), "expected"), "float64")
+        return {**res.terms, **coverage(prep)}
+
+    results = sf.write_cases(out, CASES, recipe_text, run)
+    sf.write_readme(out, README_HEAD, CASES, results, readme_row)
     return results
 
 
@@ -231,15 +221,10 @@ lists) and `batch.json` (sample order, S, N, anchors, keep).
 """
 
 
-def write_readme(out: str, results: Dict[str, Dict[str, Any]]) -> None:
-    rows = []
-    for case in CASES:
-        r = results[case["name"]]
-        tau = "—" if r["tau_probabilistic"] is None else f"{r['tau_probabilistic']:.6g}"
-        rows.append(f"| `{case['name']}` | {r['loss']:.10g} | {r['acc_num']:g}/{r['acc_den']:g} | {tau} | "
-                    f"{r['num_blocks']} | {case['covers']} |")
-    with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as f:
-        f.write(README_HEAD + "\n".join(rows) + "\n")
+def readme_row(case: Dict[str, Any], r: Dict[str, Any]) -> str:
+    tau = "—" if r["tau_probabilistic"] is None else f"{r['tau_probabilistic']:.6g}"
+    return (f"| `{case['name']}` | {r['loss']:.10g} | {r['acc_num']:g}/{r['acc_den']:g} | {tau} | "
+            f"{r['num_blocks']} | {case['covers']} |")
 
 
 def main() -> int:

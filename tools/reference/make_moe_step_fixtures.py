@@ -28,7 +28,9 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import dflash_io as dio  # noqa: E402
+import make_dflash_fixtures as mdf  # noqa: E402
 import moe_step as ms  # noqa: E402
+import step_fixtures as sf  # noqa: E402
 
 MARGIN = 2e-5
 SHARED = "../../dflash_step"  # target/ and data/, relative to a case directory
@@ -171,47 +173,34 @@ def write_checkpoint(out: str, d: str) -> None:
 
 
 def recipe_text(case: Dict[str, Any]) -> str:
-    lines = ["# DFlash step parity case on an MoE draft: " + case["name"], "model:",
-             f"  target_model_path: {SHARED}/target", f"  draft_model_config: ../{case['config']}"]
-    if case.get("warm"):
-        lines.append(f"  draft_checkpoint_path: ../{case['warm']}")
-    lines += ["  embedding_key: model.embed_tokens.weight", "  lm_head_key: lm_head.weight", "data:",
-              f"  hidden_states_path: {SHARED}/data", f"  max_length: {case.get('max_length', 64)}", "training:",
-              "  strategy: dflash"]
     t = dict(loss_type="dflash", loss_decay_gamma=None, dpace_alpha=0.5)
     t.update(case["training"])
-    for key in ("batch_size", "num_anchors", "loss_decay_gamma", "objective_chunk_blocks", "loss_type",
-                "dpace_alpha", "seed"):
-        v = t[key]
-        lines.append(f"  {key}: {'null' if v is None else v}")
-    return "\n".join(lines) + "\n"
+    return sf.recipe_text("# DFlash step parity case on an MoE draft: " + case["name"], f"{SHARED}/target",
+                          f"../{case['config']}", f"../{case['warm']}" if case.get("warm") else None,
+                          f"{SHARED}/data", case.get("max_length", 64), "dflash", t, mdf.DFLASH_TRAINING_KEYS)
 
 
 def generate(out: str, check_margin: bool = True) -> Dict[str, Dict[str, Any]]:
     shared = os.path.normpath(os.path.join(out, "case", SHARED))
     if not os.path.isdir(os.path.join(shared, "target")):
         raise FileNotFoundError(f"{shared}/target: run make_dflash_fixtures.py first")
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    sf.fresh_dir(out)
     write_configs(out)
     for d in CKPTS:
         write_checkpoint(out, d)
-    results = {}
-    for case in CASES:
-        d = os.path.join(out, case["name"])
-        os.makedirs(d)
-        with open(os.path.join(d, "recipe.yaml"), "w", encoding="utf-8") as f:
-            f.write(recipe_text(case))
-        prep = ms.prepare(dio.load_recipe(os.path.join(d, "recipe.yaml")))
+
+    def run(case: Dict[str, Any], recipe: str) -> Dict[str, Any]:
+        prep = ms.prepare(dio.load_recipe(recipe))
         res = ms.run_step(prep)
         m = res.margins
         if check_margin and min(m["topk_gap"], m["group_gap"]) < MARGIN:
             raise ValueError(f"{case['name']}: selection margin {m} below {MARGIN}: pick another seed")
-        ms.dump(prep, res, os.path.join(d, "expected"), "float64")
-        results[case["name"]] = {**res.summary(), "ce_loss": res.ce_num / res.loss_den, "margins": m,
-                                 "aux_layers": res.aux_layers, "n_grads": len(res.grads), "layout": prep.moe.layout}
-    write_readme(out, results)
+        ms.dump(prep, res, os.path.join(os.path.dirname(recipe), "expected"), "float64")
+        return {**res.summary(), "ce_loss": res.ce_num / res.loss_den, "margins": m,
+                "aux_layers": res.aux_layers, "n_grads": len(res.grads), "layout": prep.moe.layout}
+
+    results = sf.write_cases(out, CASES, recipe_text, run)
+    sf.write_readme(out, README_HEAD, CASES, results, readme_row)
     return results
 
 
@@ -276,14 +265,9 @@ which rewrites this whole folder, README included. One case by hand:
 """
 
 
-def write_readme(out: str, results: Dict[str, Dict[str, Any]]) -> None:
-    rows = []
-    for case in CASES:
-        r = results[case["name"]]
-        rows.append(f"| `{case['name']}` | {r['loss']:.10g} | {r['ce_loss']:.10g} | {r['aux_loss']:.6g} | "
-                    f"{r['acc_num']:g}/{r['acc_den']:g} | {r['num_blocks']} | {r['layout']} | {case['covers']} |")
-    with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as f:
-        f.write(README_HEAD + "\n".join(rows) + "\n")
+def readme_row(case: Dict[str, Any], r: Dict[str, Any]) -> str:
+    return (f"| `{case['name']}` | {r['loss']:.10g} | {r['ce_loss']:.10g} | {r['aux_loss']:.6g} | "
+            f"{r['acc_num']:g}/{r['acc_den']:g} | {r['num_blocks']} | {r['layout']} | {case['covers']} |")
 
 
 def main() -> int:

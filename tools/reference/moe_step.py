@@ -33,7 +33,6 @@ from df_rng_init(seed, INIT); norms 1; biases and buffers 0. A warm start reads 
 (strict; gate.input_mean(_steps) may be absent and then stay 0)."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -430,37 +429,15 @@ def run_step(prep: Prepared, dtype: torch.dtype = torch.float64, chunk_blocks: O
 
 
 def dump(prep: Prepared, res: StepResult, out_dir: str, dtype_name: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
     grads = to_file({n: g.astype(np.float32) for n, g in res.grads.items()}, prep.moe)
-    dio.write_safetensors(os.path.join(out_dir, "grads.safetensors"), grads,
-                          {"what": "d(loss_num/loss_den)/d(param)", "reference_dtype": dtype_name,
-                           "layout": prep.moe.layout})
-    with open(os.path.join(out_dir, "step.json"), "w", encoding="utf-8") as f:
-        json.dump(res.summary(), f, indent=2)
-        f.write("\n")
-    b = prep.base
-    batch = {"sample_order": b.batch.sample_order, "S": int(b.batch.input_ids.shape[1]),
-             "N": int(b.anchors.shape[1]), "anchors": b.anchors.tolist(), "keep": b.keep.astype(int).tolist(),
-             "ce_num": res.ce_num, "aux_loss_layers": res.aux_layers, "expert_counts": res.counts,
-             "selection_margin": {k: (v if np.isfinite(v) else None) for k, v in res.margins.items()}}
-    with open(os.path.join(out_dir, "batch.json"), "w", encoding="utf-8") as f:
-        json.dump(batch, f)
-        f.write("\n")
+    dref.write_dump(out_dir, prep.base, grads, res.summary(),
+                    {"reference_dtype": dtype_name, "layout": prep.moe.layout},
+                    {"ce_num": res.ce_num, "aux_loss_layers": res.aux_layers, "expert_counts": res.counts,
+                     "selection_margin": {k: (v if np.isfinite(v) else None) for k, v in res.margins.items()}})
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("recipe")
-    ap.add_argument("--dump", metavar="DIR", required=True, help="write grads.safetensors, step.json, batch.json")
-    ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    prep = prepare(dio.load_recipe(a.recipe))
-    res = run_step(prep, getattr(torch, a.dtype))
-    dump(prep, res, a.dump, a.dtype)
-    print(json.dumps(res.summary()))
-    return 0
+    return dref.dump_main(argv, __doc__, dio.load_recipe, prepare, run_step, dump, lambda res: res.summary())
 
 
 if __name__ == "__main__":
