@@ -167,6 +167,23 @@ static void claim(load_plan *lp, int ti, const char *fname, int pi, int64_t s, b
                     df_st_dtype_name(t->dtype), df_dtype_name(e->dtype));
 }
 
+// A router logit bias (layers.{i}.mlp.gate.bias) in the file while the config has none: typically an export, which
+// folds router centering into gate.bias, warm-starting a centred training config. Says so and returns true.
+static bool unexpected_router_bias(load_plan *lp, const char *name, const char *fname) {
+  int64_t layer = 0, expert = -1;
+  df_moe_tensor kind = DF_MOE_T_COUNT;
+  char pname[DF_MOE_NAME_MAX];
+  if (!lp->m || df_moe_tensor_present(lp->m, DF_MOE_T_ROUTER_BIAS) ||
+      !df_moe_layout_parse(lp->l, NULL, name, &layer, &kind, &expert) || kind != DF_MOE_T_ROUTER_BIAS ||
+      !df_params_find(lp->p, df_moe_param_name(layer, DF_MOE_T_ROUTER_WEIGHT, pname, sizeof pname)))
+    return false;
+  df_load_problem(&lp->pb, fname,
+                  "unexpected tensor '%s': the file has a router logit bias (e.g. an export with centering folded "
+                  "into gate.bias); set moe_router_bias: true in the draft config to load it",
+                  fname);
+  return true;
+}
+
 static void plan_tensor(load_plan *lp, const df_load_options *o, int ti, int *ignored) {
   const df_st_tensor *t = df_st_model_at(lp->f, ti, NULL);
   char buf[512], pname[DF_MOE_NAME_MAX], want[DF_MOE_NAME_MAX];
@@ -190,6 +207,7 @@ static void plan_tensor(load_plan *lp, const df_load_options *o, int ti, int *ig
     claim(lp, ti, t->name, pi, split ? expert : 0, split, kind, true);
     return;
   }
+  if (unexpected_router_bias(lp, name, t->name)) return;
   if (df_moe_param_parse(name, &layer, &kind)) { // a native name this layout renames
     df_load_problem(&lp->pb, t->name, "unexpected tensor '%s' (the '%s' layout writes it as '%s')", t->name,
                     lp->l->name, df_moe_layout_file_name(lp->l, layer, kind, 0, want, sizeof want));

@@ -3,15 +3,26 @@
 
     /usr/bin/python3 tools/verify_export.py EXPORT_DIR RECIPE.yaml [--draftforge build/draftforge] [--tol 1e-5]
 
-1. The directory is what SGLang loads: config.json with architectures ["DFlashDraftModel"], no auto_map, a
-   block_size >= 2 and a torch_dtype that matches the tensors; model.safetensors holding exactly the draft's
-   tensors (tools/reference/dflash_io.param_table) with their shapes. When transformers is installed, its
-   PretrainedConfig also reads config.json.
-2. One forward: the SpecForge-style reference (tools/reference/dflash_step.py) runs the recipe's first
-   micro-step with the export as warm start, and `draftforge step` runs the same recipe with the same warm
-   start; their step.json loss and accuracy counts and their gradients must agree (relative tolerance --tol).
+The export's config.json architectures picks the reference:
 
-Exit status 0 when everything agrees; the differences are printed either way."""
+    DFlashDraftModel      dense DFlash (and Domino)  tools/reference/dflash_step.py
+    Qwen3DSparkModel      dense DSpark               tools/reference/dspark_step.py   (recipe strategy dspark)
+    DFlashMoEDraftModel   DFlash on an MoE draft     tools/reference/moe_step.py
+    Qwen3MoeDSparkModel   DSpark on an MoE draft     refused: no reference runs DSpark heads on an MoE backbone
+
+and any other architecture is refused, naming it (exit status 2).
+
+1. The directory is what SGLang loads: config.json with that architecture, no auto_map, a block_size >= 2 and
+   a torch_dtype that matches the tensors; model.safetensors holding exactly the draft's tensors (the
+   reference's parameter table: DSpark adds markov_head.* / confidence_head.*, an MoE draft's tensors are
+   named through its checkpoint layout) with their shapes. When transformers is installed, its
+   PretrainedConfig also reads config.json.
+2. One forward: the reference runs the recipe's first micro-step with the export as warm start, and
+   `draftforge step` runs the same recipe with the same warm start; their step.json loss and accuracy counts
+   (DSpark: also the CE / L1 / confidence numerators; MoE: also aux_loss) and their gradients must agree
+   (relative tolerance --tol).
+
+Exit status 0 when everything agrees, 1 on a mismatch; the differences are printed either way."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +42,54 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import dflash_io as dio  # noqa: E402
 import dflash_step as ref  # noqa: E402
+import dspark_step as dspark_ref  # noqa: E402
+import moe_step as moe_ref  # noqa: E402
+
+# architectures[0] of an export -> the kind of draft the references check; None: refused, with the reason.
+ARCHITECTURES = {
+    "DFlashDraftModel": "dflash",
+    "Qwen3DSparkModel": "dspark",
+    "DFlashMoEDraftModel": "moe",
+}
+REFUSED = {
+    "Qwen3MoeDSparkModel": "DSpark on an MoE draft: tools/reference/dspark_step.py runs a dense backbone and "
+                           "tools/reference/moe_step.py the DFlash objective only, so no reference covers it",
+}
+
+
+class Unsupported(Exception):
+    """The export's architecture has no reference here."""
+
+
+def export_kind(export_dir: str) -> str:
+    """'dflash', 'dspark' or 'moe' from config.json's architectures; Unsupported names any other."""
+    with open(os.path.join(export_dir, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str) else None
+    if arch in REFUSED:
+        raise Unsupported(f"architectures {archs!r} is not supported: {REFUSED[arch]}")
+    if arch not in ARCHITECTURES:
+        raise Unsupported(f"architectures {archs!r} is not supported: verify_export checks "
+                          f"{', '.join(sorted(ARCHITECTURES))}")
+    if ARCHITECTURES[arch] == "dspark" and cfg.get("moe_preset") is not None:
+        raise Unsupported(f"architectures {archs!r} with moe_preset is not supported: {REFUSED['Qwen3MoeDSparkModel']}")
+    return ARCHITECTURES[arch]
+
+
+def expected_tensors(export_dir: str, kind: str) -> dict:
+    """{file tensor name: shape} the export must hold, from the reference's parameter table."""
+    path = os.path.join(export_dir, "config.json")
+    cfg = dio.load_draft_config(path, None)
+    if kind == "dspark":
+        return {name: tuple(shape) for name, shape, _ in dspark_ref.param_table(cfg, dspark_ref.load_heads(path, cfg))}
+    if kind == "moe":
+        moe = moe_ref.resolve_moe(path)
+        if moe is None:
+            raise ValueError(f"{path}: DFlashMoEDraftModel without moe_preset")
+        native = {name: np.zeros(shape, np.float32) for name, shape, _, _ in moe_ref.param_table(cfg, moe)}
+        return {name: tuple(a.shape) for name, a in moe_ref.to_file(native, moe).items()}
+    return {name: tuple(shape) for name, shape, _ in dio.param_table(cfg)}
 
 
 def safetensors_dtypes(path: str) -> set:
@@ -41,21 +100,21 @@ def safetensors_dtypes(path: str) -> set:
     return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
 
 
-def check_layout(export_dir: str) -> List[str]:
+def check_layout(export_dir: str, kind: str = "dflash") -> List[str]:
     """Problems with the directory as a serving artifact (empty when it is fine)."""
     problems = []
     with open(os.path.join(export_dir, "config.json"), encoding="utf-8") as f:
         cfg_json = json.load(f)
-    if cfg_json.get("architectures") != ["DFlashDraftModel"]:
-        problems.append(f"architectures is {cfg_json.get('architectures')!r}, not ['DFlashDraftModel']")
+    want_arch = [a for a, k in ARCHITECTURES.items() if k == kind]
+    if cfg_json.get("architectures") != want_arch:
+        problems.append(f"architectures is {cfg_json.get('architectures')!r}, not {want_arch!r}")
     if "auto_map" in cfg_json:
         problems.append("auto_map is still present")
     bs = cfg_json.get("block_size", (cfg_json.get("dflash_config") or {}).get("block_size"))
     if not isinstance(bs, int) or bs < 2:
         problems.append(f"block_size {bs!r} is not an integer >= 2")
     weights = dio.read_hf_weights(export_dir)
-    cfg = dio.load_draft_config(os.path.join(export_dir, "config.json"), None)
-    table = {name: tuple(shape) for name, shape, _ in dio.param_table(cfg)}
+    table = expected_tensors(export_dir, kind)
     missing, extra = sorted(set(table) - set(weights)), sorted(set(weights) - set(table))
     if missing or extra:
         problems.append(f"model.safetensors: missing {missing}, unexpected {extra}")
@@ -79,8 +138,9 @@ def check_layout(export_dir: str) -> List[str]:
     return problems
 
 
-def step_recipe_yaml(r: dio.Recipe, export_dir: str) -> str:
-    """The recipe with the export as warm start, every path absolute (it is written to a temporary dir)."""
+def step_recipe_yaml(r: dio.Recipe, export_dir: str, dspark: Optional[dspark_ref.DSparkRecipe] = None) -> str:
+    """The recipe with the export as warm start, every path absolute (it is written to a temporary dir);
+    dspark: the DSpark strategy with its three loss weights."""
     gamma = "null" if r.loss_decay_gamma is None else repr(r.loss_decay_gamma)
     lines = ["model:",
              f"  target_model_path: {os.path.abspath(r.target_model_path)}",
@@ -94,7 +154,7 @@ def step_recipe_yaml(r: dio.Recipe, export_dir: str) -> str:
               f"  hidden_states_path: {os.path.abspath(r.hidden_states_path)}",
               f"  max_length: {r.max_length}",
               "training:",
-              "  strategy: dflash",
+              f"  strategy: {'dspark' if dspark else 'dflash'}",
               f"  batch_size: {r.batch_size}",
               f"  num_anchors: {r.num_anchors}",
               f"  loss_decay_gamma: {gamma}",
@@ -102,6 +162,10 @@ def step_recipe_yaml(r: dio.Recipe, export_dir: str) -> str:
               f"  loss_type: {r.loss_type}",
               f"  dpace_alpha: {r.dpace_alpha}",
               f"  seed: {r.seed}"]
+    if dspark:
+        lines += [f"  dspark_ce_loss_alpha: {dspark.ce_alpha!r}",
+                  f"  dspark_l1_loss_alpha: {dspark.l1_alpha!r}",
+                  f"  dspark_confidence_head_alpha: {dspark.conf_alpha!r}"]
     return "\n".join(lines) + "\n"
 
 
@@ -109,13 +173,20 @@ def rel_err(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def compare(ref_res: ref.StepResult, df_dir: str, tol: float) -> List[str]:
+# Loss terms compared with --tol beyond loss_num / loss_den / loss, per kind.
+EXTRA_TERMS = {"dflash": (), "dspark": ("ce_num", "l1_num", "confidence_num"), "moe": ("aux_loss",)}
+
+
+def compare(ref_res, df_dir: str, tol: float, kind: str = "dflash", file_grads=None) -> List[str]:
+    """file_grads: the reference gradients under the file names draftforge dumps (default ref_res.grads)."""
     problems = []
     with open(os.path.join(df_dir, "step.json"), encoding="utf-8") as f:
         got = json.load(f)
     want = ref_res.summary()
-    for key in ("loss_num", "loss_den", "loss"):
+    for key in ("loss_num", "loss_den", "loss") + EXTRA_TERMS[kind]:
         e = rel_err(float(got[key]), float(want[key]))
+        if key == "aux_loss" and abs(float(got[key]) - float(want[key])) <= 1e-12:
+            e = 0.0  # an aux loss of zero (coefficient 0)
         print(f"  {key:10s} draftforge {float(got[key]):.9g}  reference {float(want[key]):.9g}  rel {e:.2e}")
         if e > tol:
             problems.append(f"{key}: draftforge {got[key]} vs reference {want[key]} (rel {e:.2e} > {tol})")
@@ -125,7 +196,10 @@ def compare(ref_res: ref.StepResult, df_dir: str, tol: float) -> List[str]:
             problems.append(f"{key}: draftforge {got[key]} vs reference {want[key]}")
     grads = dio.read_hf_weights(os.path.join(df_dir, "grads.safetensors"))
     worst = 0.0
-    for name, g in ref_res.grads.items():
+    for name, g in (ref_res.grads if file_grads is None else file_grads).items():
+        if name not in grads:
+            problems.append(f"gradient {name}: missing from draftforge's grads.safetensors")
+            continue
         scale = max(float(np.abs(g).max()), 1e-12)
         e = float(np.abs(grads[name].astype(np.float64) - g).max()) / scale
         worst = max(worst, e)
@@ -144,26 +218,42 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
 
-    problems = check_layout(a.export_dir)
-    recipe = dio.load_recipe(a.recipe)
-    warm = dataclasses.replace(recipe, draft_model_config=os.path.join(a.export_dir, "config.json"),
-                               draft_checkpoint_path=a.export_dir)
+    try:
+        kind = export_kind(a.export_dir)
+    except Unsupported as e:
+        print(f"verify_export: {a.export_dir}: {e}", file=sys.stderr)
+        return 2
+    problems = check_layout(a.export_dir, kind)
     import torch
 
     torch.set_num_threads(a.threads)
-    ref_res = ref.run_step(ref.prepare(warm), torch.float64)
+    warm_at = dict(draft_model_config=os.path.join(a.export_dir, "config.json"), draft_checkpoint_path=a.export_dir)
+    dspark_recipe, file_grads = None, None
+    if kind == "dspark":
+        dspark_recipe = dspark_ref.load_recipe(a.recipe)
+        recipe = dspark_recipe.base
+        warm = dataclasses.replace(dspark_recipe, base=dataclasses.replace(recipe, **warm_at))
+        ref_res = dspark_ref.run_step(dspark_ref.prepare(warm), torch.float64)
+    elif kind == "moe":
+        recipe = dio.load_recipe(a.recipe)
+        prep = moe_ref.prepare(dataclasses.replace(recipe, **warm_at))
+        ref_res = moe_ref.run_step(prep, torch.float64)
+        file_grads = moe_ref.to_file(ref_res.grads, prep.moe)
+    else:
+        recipe = dio.load_recipe(a.recipe)
+        ref_res = ref.run_step(ref.prepare(dataclasses.replace(recipe, **warm_at)), torch.float64)
     with tempfile.TemporaryDirectory(prefix="df_verify_export_") as tmp:
         rpath, dump = os.path.join(tmp, "recipe.yaml"), os.path.join(tmp, "dump")
         with open(rpath, "w", encoding="utf-8") as f:
-            f.write(step_recipe_yaml(recipe, a.export_dir))
+            f.write(step_recipe_yaml(recipe, a.export_dir, dspark_recipe))
         run = subprocess.run([a.draftforge, "step", rpath, "--dump", dump, "--threads", str(a.threads)],
                              capture_output=True, text=True)
         if run.returncode != 0:
             print(run.stdout + run.stderr, file=sys.stderr)
             problems.append(f"draftforge step failed with status {run.returncode}")
         else:
-            print(f"verify_export: {a.export_dir} with {a.recipe}")
-            problems += compare(ref_res, dump, a.tol)
+            print(f"verify_export: {a.export_dir} ({kind}) with {a.recipe}")
+            problems += compare(ref_res, dump, a.tol, kind, file_grads)
     for p in problems:
         print(f"MISMATCH: {p}")
     print("verify_export: OK" if not problems else f"verify_export: {len(problems)} problem(s)")

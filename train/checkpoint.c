@@ -15,6 +15,7 @@
 
 #include "modeling/strict_load.h"
 #include "moe/layout.h"
+#include "train/fsutil.h"
 
 #define STEP_FMT "step-%08lld"
 
@@ -38,20 +39,6 @@ static bool join_step(char *out, size_t n, const char *dir, int64_t step) {
   char name[40];
   snprintf(name, sizeof name, STEP_FMT, (long long)step);
   return join(out, n, dir, name);
-}
-
-df_status df_ckpt_mkdirs(const char *dir, df_error *err) {
-  char p[4096];
-  snprintf(p, sizeof p, "%s", dir);
-  for (char *c = p + 1; *c; c++) {
-    if (*c != '/') continue;
-    *c = 0;
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) break;
-    *c = '/';
-  }
-  if (mkdir(p, 0777) == 0 || errno == EEXIST) return DF_OK;
-  return DF_FAIL(err, DF_ERR_IO, dir, "check output_dir and its permissions", "cannot create %s: %s", dir,
-                 strerror(errno));
 }
 
 static df_status fsync_path(const char *path, bool dir, df_error *err) {
@@ -240,7 +227,7 @@ df_status df_ckpt_write(const char *output_dir, const df_ckpt_state *s, int64_t 
       !join(tmp, sizeof tmp, ckdir, name))
     return DF_FAIL(err, DF_ERR_INVALID, "output_dir", "use a shorter output_dir", "output_dir is too long: %.200s",
                    output_dir);
-  DF_TRY(df_ckpt_mkdirs(ckdir, err));
+  DF_TRY(df_mkdirs(ckdir, "check output_dir and its permissions", err));
   rm_tree(tmp);
   if (mkdir(tmp, 0777) != 0)
     return DF_FAIL(err, DF_ERR_IO, tmp, "check the output directory", "cannot create %s: %s", tmp, strerror(errno));
@@ -259,19 +246,6 @@ df_status df_ckpt_write(const char *output_dir, const df_ckpt_state *s, int64_t 
   return DF_OK;
 }
 
-df_status df_ckpt_write_atomic(const char *path, const char *data, size_t len, df_error *err) {
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%.4000s.tmp.%ld", path, (long)getpid());
-  FILE *fp = fopen(tmp, "w");
-  bool ok = fp && fwrite(data, 1, len, fp) == len;
-  ok = fp && fflush(fp) == 0 && fsync(fileno(fp)) == 0 && ok;
-  if (fp) ok = fclose(fp) == 0 && ok;
-  if (ok && rename(tmp, path) == 0) return DF_OK;
-  int e = errno;
-  remove(tmp);
-  return DF_FAIL(err, DF_ERR_IO, path, "check the output directory", "cannot write %s: %s", path, strerror(e));
-}
-
 df_status df_ckpt_mark_best(const char *output_dir, int64_t step, const char *metric, double value, df_error *err) {
   char ckdir[4096], path[4096];
   if (!join(ckdir, sizeof ckdir, output_dir, DF_CKPT_DIR) || !join(path, sizeof path, ckdir, "best.json"))
@@ -282,7 +256,7 @@ df_status df_ckpt_mark_best(const char *output_dir, int64_t step, const char *me
   json_decref(o);
   if (!text) return DF_FAIL(err, DF_ERR_NOMEM, path, NULL, "out of memory");
   size_t n = strlen(text);
-  df_status st = df_ckpt_write_atomic(path, text, n, err);
+  df_status st = df_write_file_atomic(path, text, n, "check the output directory", err);
   free(text);
   return st;
 }

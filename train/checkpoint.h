@@ -95,12 +95,6 @@ df_status df_ckpt_check_contract(const df_ckpt_contract *want, const df_ckpt_con
 // Writes just state.h5 at path (a new file); df_ckpt_write calls it inside the temporary directory.
 df_status df_ckpt_write_state(const char *path, const df_ckpt_state *s, df_error *err);
 
-// Writes len bytes to path through a temporary file (fsynced, then renamed over path).
-df_status df_ckpt_write_atomic(const char *path, const char *data, size_t len, df_error *err);
-
-// mkdir -p.
-df_status df_ckpt_mkdirs(const char *dir, df_error *err);
-
 // The steps of the complete checkpoints under <output_dir>/checkpoints, ascending; *out is malloc'd.
 df_status df_ckpt_list(const char *output_dir, int64_t **out, int *count, df_error *err);
 

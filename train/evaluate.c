@@ -2,13 +2,13 @@
 // DSpark's for a DSpark draft) without a backward, and counts summed over the whole set before any ratio is taken.
 #include "train/evaluate.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
+
+#include "train/fsutil.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -367,17 +367,9 @@ static json_t *report_json(const df_eval_report *r, const char *checkpoint, cons
 
 df_status df_eval_report_write_json(const df_eval_report *r, const char *checkpoint, const char *data, const char *path,
                                     df_error *err) {
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
   json_t *o = report_json(r, checkpoint, data);
-  FILE *fp = fopen(tmp, "w");
-  bool ok = fp && json_dumpf(o, fp, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) == 0 && fputc('\n', fp) != EOF;
-  ok = fp && fflush(fp) == 0 && fsync(fileno(fp)) == 0 && ok;
-  if (fp) ok = fclose(fp) == 0 && ok;
+  df_status st = df_write_json_atomic(path, o, JSON_INDENT(2) | JSON_REAL_PRECISION(17),
+                                      "check that the directory exists and is writable (or pass --out FILE)", err);
   json_decref(o);
-  if (ok && rename(tmp, path) == 0) return DF_OK;
-  int e = errno;
-  remove(tmp);
-  return DF_FAIL(err, DF_ERR_IO, path, "check that the directory exists and is writable (or pass --out FILE)",
-                 "cannot write the eval report: %s", strerror(e));
+  return st;
 }

@@ -2,16 +2,14 @@
 // reads them (recipe, configs, target pieces, model, batch), the step runs, and the dump is written.
 #include "train/step.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "modeling/strict_load.h"
 #include "moe/ffn_moe.h"
 #include "moe/layout.h"
+#include "train/fsutil.h"
 #include "train/recipe.h"
 #include "train/trainer_resources.h"
 
@@ -236,19 +234,6 @@ static df_status load_all(step_run *r, const char *recipe, int threads, df_error
 
 // ---- outputs ---------------------------------------------------------------------------------------------------
 
-static df_status make_dir(const char *dir, df_error *err) {
-  char p[4096];
-  snprintf(p, sizeof p, "%s", dir);
-  for (char *c = p + 1; *c; c++) {
-    if (*c != '/') continue;
-    *c = 0;
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) break;
-    *c = '/';
-  }
-  if (mkdir(p, 0777) == 0 || errno == EEXIST) return DF_OK;
-  return DF_FAIL(err, DF_ERR_IO, dir, "check the --dump directory", "cannot create %s: %s", dir, strerror(errno));
-}
-
 static json_t *per_position_json(const df_dflash_metrics *m) {
   json_t *arr = json_array();
   for (int64_t k = 0; k < m->bs; k++)
@@ -311,22 +296,17 @@ static json_t *result_json(const df_step_result *r) {
 }
 
 df_status df_step_write_json(const df_step_result *r, const char *dir, df_error *err) {
-  char path[4096], tmp[4200];
+  char path[4096];
   snprintf(path, sizeof path, "%s/step.json", dir);
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
   json_t *o = result_json(r);
-  FILE *fp = fopen(tmp, "w");
-  bool ok = fp && json_dumpf(o, fp, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) == 0 && fputc('\n', fp) != EOF;
-  ok = fp && fflush(fp) == 0 && fsync(fileno(fp)) == 0 && ok;
-  if (fp) ok = fclose(fp) == 0 && ok;
+  df_status st =
+      df_write_json_atomic(path, o, JSON_INDENT(2) | JSON_REAL_PRECISION(17), "check the --dump directory", err);
   json_decref(o);
-  if (ok && rename(tmp, path) == 0) return DF_OK;
-  remove(tmp);
-  return DF_FAIL(err, DF_ERR_IO, path, "check the --dump directory", "cannot write %s: %s", path, strerror(errno));
+  return st;
 }
 
 static df_status write_dump(const step_run *run, const df_step_result *r, const char *dir, df_error *err) {
-  DF_TRY(make_dir(dir, err));
+  DF_TRY(df_mkdirs(dir, "check the --dump directory", err));
   char path[4096];
   snprintf(path, sizeof path, "%s/grads.safetensors", dir);
   // Every trainable parameter (no buffers), MoE tensors named by the config's checkpoint layout.

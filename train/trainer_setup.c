@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/fsutil.h"
 #include "train/trainer_internal.h"
 
 // ---- resources ---------------------------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ static df_status write_resolved(df_trainer *t, df_error *err) {
   t->recipe_yaml = text;
   char path[4200];
   snprintf(path, sizeof path, "%.4000s/recipe.resolved.yaml", t->recipe->output_dir);
-  return df_ckpt_write_atomic(path, text, len, err);
+  return df_write_file_atomic(path, text, len, "check the output directory", err);
 }
 
 // ---- fresh start or resume ---------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   DF_TRY(plan_schedule(t, err));
   DF_TRY(alloc_optimizer(t, err));
   fill_contract(t);
-  DF_TRY(df_ckpt_mkdirs(t->recipe->output_dir, err));
+  DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
   const char *from = opt->resume ? opt->resume : t->recipe->training.resume_from;
   DF_TRY(from ? resume(t, from, err) : fresh_start(t, err));
   DF_TRY(write_resolved(t, err));

@@ -290,6 +290,23 @@ Test(moe_layout, strict_loading_names_the_tensor) {
   free_table(&t);
 }
 
+// A router logit bias in the file (an export folds centering into gate.bias) while the config has none: the
+// error names gate.bias and says to set moe_router_bias.
+Test(moe_layout, unexpected_router_bias_says_set_moe_router_bias) {
+  df_moe_config m = resolve_file("tiny-dflash-moe.json", NULL, false); // qwen layout, sample centering, no bias
+  cr_assert_not(m.moe_router_bias);
+  table t = make_table(&m, 4);
+  char path[256];
+  tmp_path(path, sizeof path, "gatebias");
+  save_edited(&m, &t, path, NULL, 0, "layers.0.mlp.gate.bias", 1, DF_SHAPE(m.n_routed_experts));
+  expect_load_error(
+      &m, path,
+      (const char *const[]){"unexpected tensor 'layers.0.mlp.gate.bias'", "router logit bias", "moe_router_bias: true"},
+      3);
+  unlink(path);
+  free_table(&t);
+}
+
 Test(moe_layout, centering_buffers_optional_on_warm_start_only) {
   df_moe_config m = resolve_file("tiny-dflash-moe.json", NULL, false); // qwen layout, sample centering
   table t = make_table(&m, 5);

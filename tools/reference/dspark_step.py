@@ -95,8 +95,8 @@ def load_heads(path: str, cfg: dio.DraftConfig) -> Heads:
     with open(path, encoding="utf-8") as f:
         c = json.load(f)
     arch = (c.get("architectures") or [""])[0]
-    if arch != "DSparkDraftModel":
-        raise ValueError(f"{path}: architectures[0] is {arch!r}, not DSparkDraftModel")
+    if arch not in ("DSparkDraftModel", "Qwen3DSparkModel"):  # the training config, or a `draftforge export`
+        raise ValueError(f"{path}: architectures[0] is {arch!r}, not DSparkDraftModel (or Qwen3DSparkModel)")
     dc = c.get("dflash_config") or {}
 
     def pick(key: str, default: Any) -> Any:
