@@ -9,6 +9,7 @@
 
 #include "modeling/draft_config.h"
 #include "moe/config.h"
+#include "tests/common/json_edit.h"
 
 #define CONFIGS_DIR DF_FIXTURE_DIR "/../../configs"
 #define BAD_DIR     DF_FIXTURE_DIR "/configs/bad"
@@ -20,43 +21,6 @@ static const df_draft_config *load_ok(const char *path) {
   cr_assert_eq(st, DF_OK, "%s: %s [%s]", path, err.msg, err.where);
   cr_assert_not_null(cfg);
   return cfg;
-}
-
-static json_t *doc(const char *name) {
-  char path[512];
-  snprintf(path, sizeof path, "%s/%s", CONFIGS_DIR, name);
-  json_error_t jerr;
-  json_t *d = json_load_file(path, 0, &jerr);
-  cr_assert_not_null(d, "%s: %s", path, jerr.text);
-  return d;
-}
-
-// Sets (value != NULL, stolen) or deletes the key at a dotted path such as "dflash_config.mask_token_id".
-static void set(json_t *d, const char *path, json_t *value) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", path);
-  char *dot = strchr(buf, '.');
-  if (dot) {
-    *dot = 0;
-    json_t *inner = json_object_get(d, buf);
-    if (!json_is_object(inner)) {
-      inner = json_object();
-      json_object_set_new(d, buf, inner);
-    }
-    set(inner, dot + 1, value);
-    return;
-  }
-  if (value)
-    json_object_set_new(d, buf, value);
-  else
-    json_object_del(d, buf);
-}
-
-static json_t *js(const char *text) {
-  json_error_t jerr;
-  json_t *v = json_loads(text, JSON_DECODE_ANY, &jerr);
-  cr_assert_not_null(v, "bad test JSON %s: %s", text, jerr.text);
-  return v;
 }
 
 // Parses d (consumed) from its serialised text under the name "mut.json".
@@ -92,8 +56,8 @@ static void expect_fail(json_t *d, df_status want, const char *key) {
 
 // One mutation of a shipped config.
 static void expect_fail_set(const char *file, const char *path, const char *value, df_status want, const char *key) {
-  json_t *d = doc(file);
-  set(d, path, value ? js(value) : NULL);
+  json_t *d = df_test_config_doc(file);
+  df_test_json_set(d, path, value ? df_test_json(value) : NULL);
   expect_fail(d, want, key);
 }
 
@@ -213,8 +177,8 @@ Test(draft_config, default_target_layer_ids_match_specforge) {
 }
 
 Test(draft_config, absent_target_layer_ids_take_the_default) {
-  json_t *d = doc("qwen3-8b-dflash.json");
-  set(d, "dflash_config.target_layer_ids", NULL);
+  json_t *d = df_test_config_doc("qwen3-8b-dflash.json");
+  df_test_json_set(d, "dflash_config.target_layer_ids", NULL);
   const df_draft_config *c = parse_doc_ok(d);
   cr_expect(c->dflash.target_layer_ids_defaulted);
   cr_assert_eq(c->dflash.num_target_layer_ids, 5);
@@ -222,10 +186,10 @@ Test(draft_config, absent_target_layer_ids_take_the_default) {
   for (int i = 0; i < 5; i++) cr_expect_eq(c->dflash.target_layer_ids[i], want[i]);
   df_draft_config_free(c);
 
-  d = doc("qwen3-8b-dflash.json");
-  set(d, "dflash_config", NULL);
-  set(d, "num_hidden_layers", js("1"));
-  set(d, "layer_types", NULL);
+  d = df_test_config_doc("qwen3-8b-dflash.json");
+  df_test_json_set(d, "dflash_config", NULL);
+  df_test_json_set(d, "num_hidden_layers", df_test_json("1"));
+  df_test_json_set(d, "layer_types", NULL);
   c = parse_doc_ok(d);
   cr_assert_eq(c->dflash.num_target_layer_ids, 1);
   cr_expect_eq(c->dflash.target_layer_ids[0], 18);
@@ -234,7 +198,7 @@ Test(draft_config, absent_target_layer_ids_take_the_default) {
 }
 
 Test(draft_config, defaults_follow_qwen3config) {
-  json_t *d = doc("tiny-dflash.json");
+  json_t *d = df_test_config_doc("tiny-dflash.json");
   const char *drop[] = {"head_dim",
                         "initializer_range",
                         "num_key_value_heads",
@@ -246,7 +210,7 @@ Test(draft_config, defaults_follow_qwen3config) {
                         "attention_bias",
                         "tie_word_embeddings",
                         "dtype"};
-  for (size_t i = 0; i < sizeof drop / sizeof *drop; i++) set(d, drop[i], NULL);
+  for (size_t i = 0; i < sizeof drop / sizeof *drop; i++) df_test_json_set(d, drop[i], NULL);
   const df_draft_config *c = parse_doc_ok(d);
   cr_expect_eq(c->head_dim, 128, "Qwen3Config default head_dim is 128, not hidden/heads");
   cr_expect_float_eq(c->initializer_range, 0.02, 1e-12);
@@ -261,29 +225,29 @@ Test(draft_config, defaults_follow_qwen3config) {
 }
 
 Test(draft_config, layer_types_default_from_max_window_layers) {
-  json_t *d = doc("tiny-dflash.json");
-  set(d, "layer_types", NULL);
-  set(d, "max_window_layers", js("1"));
+  json_t *d = df_test_config_doc("tiny-dflash.json");
+  df_test_json_set(d, "layer_types", NULL);
+  df_test_json_set(d, "max_window_layers", df_test_json("1"));
   const df_draft_config *c = parse_doc_ok(d);
   cr_expect_eq(c->layer_types[0], DF_LAYER_FULL_ATTENTION);
   cr_expect_eq(c->layer_types[1], DF_LAYER_SLIDING_ATTENTION);
   cr_expect_eq(c->sliding_window, 8);
   df_draft_config_free(c);
 
-  d = doc("tiny-dflash.json"); // no window in force: every layer is full
-  set(d, "layer_types", NULL);
-  set(d, "use_sliding_window", js("false"));
-  set(d, "max_window_layers", js("0"));
+  d = df_test_config_doc("tiny-dflash.json"); // no window in force: every layer is full
+  df_test_json_set(d, "layer_types", NULL);
+  df_test_json_set(d, "use_sliding_window", df_test_json("false"));
+  df_test_json_set(d, "max_window_layers", df_test_json("0"));
   c = parse_doc_ok(d);
   cr_expect_eq(c->layer_types[0], DF_LAYER_FULL_ATTENTION);
   cr_expect_eq(c->layer_types[1], DF_LAYER_FULL_ATTENTION);
   cr_expect_eq(c->sliding_window, 0);
   df_draft_config_free(c);
 
-  d = doc("tiny-dflash.json"); // absent sliding_window takes Qwen3Config's 4096
-  set(d, "layer_types", NULL);
-  set(d, "sliding_window", NULL);
-  set(d, "max_window_layers", js("0"));
+  d = df_test_config_doc("tiny-dflash.json"); // absent sliding_window takes Qwen3Config's 4096
+  df_test_json_set(d, "layer_types", NULL);
+  df_test_json_set(d, "sliding_window", NULL);
+  df_test_json_set(d, "max_window_layers", df_test_json("0"));
   c = parse_doc_ok(d);
   cr_expect_eq(c->layer_types[0], DF_LAYER_SLIDING_ATTENTION);
   cr_expect_eq(c->sliding_window, 4096);
@@ -291,12 +255,14 @@ Test(draft_config, layer_types_default_from_max_window_layers) {
 }
 
 Test(draft_config, rope_yarn_and_llama3) {
-  json_t *d = doc("qwen3-8b-dflash.json"); // Kimi-K3 DSpark spelling: rope_parameters with rope_theta inside
-  set(d, "rope_theta", NULL);
-  set(d, "rope_scaling", NULL);
-  set(d, "rope_parameters",
-      js("{\"factor\": 16.0, \"original_max_position_embeddings\": 4096, \"rope_theta\": 10000.0, "
-         "\"rope_type\": \"yarn\"}"));
+  json_t *d =
+      df_test_config_doc("qwen3-8b-dflash.json"); // Kimi-K3 DSpark spelling: rope_parameters with rope_theta inside
+  df_test_json_set(d, "rope_theta", NULL);
+  df_test_json_set(d, "rope_scaling", NULL);
+  df_test_json_set(
+      d, "rope_parameters",
+      df_test_json("{\"factor\": 16.0, \"original_max_position_embeddings\": 4096, \"rope_theta\": 10000.0, "
+                   "\"rope_type\": \"yarn\"}"));
   const df_draft_config *c = parse_doc_ok(d);
   cr_expect_eq(c->rope.type, DF_ROPE_YARN);
   cr_expect_float_eq(c->rope.factor, 16.0, 1e-12);
@@ -309,54 +275,54 @@ Test(draft_config, rope_yarn_and_llama3) {
   cr_expect_eq(c->rope.max_position_embeddings, 40960);
   df_draft_config_free(c);
 
-  d = doc("qwen3-8b-dflash.json"); // both spellings, in sync, with the legacy "type" key
-  set(d, "rope_scaling", js("{\"type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 1.2}"));
-  set(d, "rope_parameters",
-      js("{\"rope_type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 1.2, "
-         "\"rope_theta\": 1000000}"));
+  d = df_test_config_doc("qwen3-8b-dflash.json"); // both spellings, in sync, with the legacy "type" key
+  df_test_json_set(d, "rope_scaling", df_test_json("{\"type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 1.2}"));
+  df_test_json_set(d, "rope_parameters",
+                   df_test_json("{\"rope_type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 1.2, "
+                                "\"rope_theta\": 1000000}"));
   c = parse_doc_ok(d);
   cr_expect_eq(c->rope.type, DF_ROPE_YARN);
   cr_expect(c->rope.has_attention_factor);
   cr_expect_float_eq(c->rope.attention_factor, 1.2, 1e-12);
   df_draft_config_free(c);
 
-  d = doc("qwen3-8b-dflash.json");
-  set(d, "rope_scaling",
-      js("{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
-         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}"));
+  d = df_test_config_doc("qwen3-8b-dflash.json");
+  df_test_json_set(d, "rope_scaling",
+                   df_test_json("{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                                "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}"));
   c = parse_doc_ok(d);
   cr_expect_eq(c->rope.type, DF_ROPE_LLAMA3);
   cr_expect_float_eq(c->rope.high_freq_factor, 4.0, 1e-12);
   df_draft_config_free(c);
 
-  d = doc("qwen3-8b-dflash.json"); // the two spellings must describe one rotation
-  set(d, "rope_scaling", js("{\"rope_type\": \"linear\", \"factor\": 2.0}"));
-  set(d, "rope_parameters", js("{\"rope_type\": \"linear\", \"factor\": 3.0}"));
+  d = df_test_config_doc("qwen3-8b-dflash.json"); // the two spellings must describe one rotation
+  df_test_json_set(d, "rope_scaling", df_test_json("{\"rope_type\": \"linear\", \"factor\": 2.0}"));
+  df_test_json_set(d, "rope_parameters", df_test_json("{\"rope_type\": \"linear\", \"factor\": 3.0}"));
   expect_fail(d, DF_ERR_INVALID, "rope_parameters");
 }
 
 Test(draft_config, exported_qwen3_dspark_form) {
-  json_t *d = doc("qwen3-8b-dspark.json"); // what SpecForge's export normalizer writes for SGLang
-  set(d, "architectures", js("[\"Qwen3DSparkModel\"]"));
-  set(d, "auto_map", NULL);
-  set(d, "markov_rank", js("256"));
-  set(d, "markov_head_type", js("\"vanilla\""));
-  set(d, "enable_confidence_head", js("true"));
-  set(d, "confidence_head_with_markov", js("true"));
+  json_t *d = df_test_config_doc("qwen3-8b-dspark.json"); // what SpecForge's export normalizer writes for SGLang
+  df_test_json_set(d, "architectures", df_test_json("[\"Qwen3DSparkModel\"]"));
+  df_test_json_set(d, "auto_map", NULL);
+  df_test_json_set(d, "markov_rank", df_test_json("256"));
+  df_test_json_set(d, "markov_head_type", df_test_json("\"vanilla\""));
+  df_test_json_set(d, "enable_confidence_head", df_test_json("true"));
+  df_test_json_set(d, "confidence_head_with_markov", df_test_json("true"));
   const df_draft_config *c = parse_doc_ok(d);
   cr_expect_eq(c->kind, DF_DRAFT_DSPARK);
   cr_expect_eq(c->dflash.markov_rank, 256);
   df_draft_config_free(c);
 
-  d = doc("qwen3-8b-dspark.json");
-  set(d, "markov_rank", js("128"));
+  d = df_test_config_doc("qwen3-8b-dspark.json");
+  df_test_json_set(d, "markov_rank", df_test_json("128"));
   expect_fail(d, DF_ERR_INVALID, "markov_rank");
 }
 
 Test(draft_config, mha_opt_in) {
-  json_t *d = doc("tiny-dspark.json");
-  set(d, "num_key_value_heads", js("4"));
-  set(d, "dflash_config.attention_mode", js("\"MHA\""));
+  json_t *d = df_test_config_doc("tiny-dspark.json");
+  df_test_json_set(d, "num_key_value_heads", df_test_json("4"));
+  df_test_json_set(d, "dflash_config.attention_mode", df_test_json("\"MHA\""));
   const df_draft_config *c = parse_doc_ok(d);
   cr_expect_eq(c->dflash.attention_mode, DF_ATTENTION_MHA);
   df_draft_config_free(c);
@@ -474,8 +440,8 @@ Test(draft_config, moe_keys_need_a_preset) {
                            {"dflash_config.moe_aux_loss_coeff", "0.001"},
                            {"dflash_config.moe_dispatch", "\"grouped_mm\""}};
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-    json_t *d = doc("tiny-dflash.json");
-    set(d, keys[i][0], js(keys[i][1]));
+    json_t *d = df_test_config_doc("tiny-dflash.json");
+    df_test_json_set(d, keys[i][0], df_test_json(keys[i][1]));
     const df_draft_config *cfg = NULL;
     df_error err = {0};
     cr_expect_eq(parse_doc(d, &cfg, &err), DF_ERR_INVALID, "%s accepted", keys[i][0]);
@@ -484,14 +450,14 @@ Test(draft_config, moe_keys_need_a_preset) {
     cr_expect(strstr(err.hint, "moe_preset"), "%s", err.hint);
   }
   // null means "not set" (SpecForge resolves only non-null keys): a dense draft.
-  json_t *d = doc("tiny-dflash.json");
-  set(d, "num_experts", js("null"));
+  json_t *d = df_test_config_doc("tiny-dflash.json");
+  df_test_json_set(d, "num_experts", df_test_json("null"));
   const df_draft_config *dense = parse_doc_ok(d);
   cr_expect_null(dense->moe);
   df_draft_config_free(dense);
   // A preset without the per-run sizes names the first missing one.
-  d = doc("tiny-dflash.json");
-  set(d, "moe_preset", js("\"qwen3_5_moe\""));
+  d = df_test_config_doc("tiny-dflash.json");
+  df_test_json_set(d, "moe_preset", df_test_json("\"qwen3_5_moe\""));
   expect_fail(d, DF_ERR_INVALID, "n_routed_experts");
   // The file form: a preset and the sizes make an MoE draft.
   const df_draft_config *cfg = load_ok(BAD_DIR "/moe-draft.json");
@@ -570,9 +536,9 @@ Test(draft_config, duplicate_keys_and_non_objects_are_rejected) {
 }
 
 Test(draft_config, unknown_keys_are_kept) {
-  json_t *d = doc("tiny-dflash.json");
-  set(d, "my_experiment", js("{\"note\": \"kept\", \"n\": 3}"));
-  set(d, "dflash_config.future_knob", js("7"));
+  json_t *d = df_test_config_doc("tiny-dflash.json");
+  df_test_json_set(d, "my_experiment", df_test_json("{\"note\": \"kept\", \"n\": 3}"));
+  df_test_json_set(d, "dflash_config.future_knob", df_test_json("7"));
   const df_draft_config *c = parse_doc_ok(d);
   const json_t *v = df_draft_config_get(c, "my_experiment");
   cr_assert_not_null(v);
@@ -598,9 +564,9 @@ static bool row_is(const char *buf, const char *key, const char *value) {
 }
 
 Test(draft_config, print_shows_resolved_values) {
-  json_t *d = doc("qwen3-8b-dflash.json");
-  set(d, "dflash_config.target_layer_ids", NULL);
-  set(d, "initializer_range", NULL);
+  json_t *d = df_test_config_doc("qwen3-8b-dflash.json");
+  df_test_json_set(d, "dflash_config.target_layer_ids", NULL);
+  df_test_json_set(d, "initializer_range", NULL);
   const df_draft_config *c = parse_doc_ok(d);
   char *buf = NULL;
   size_t len = 0;
@@ -619,7 +585,7 @@ Test(draft_config, print_shows_resolved_values) {
 }
 
 Test(draft_config, print_shows_the_moe_ffn) {
-  const df_draft_config *c = parse_doc_ok(doc("qwen3.8-27b-dspark-moe.json"));
+  const df_draft_config *c = parse_doc_ok(df_test_config_doc("qwen3.8-27b-dspark-moe.json"));
   char *buf = NULL;
   size_t len = 0;
   FILE *fp = open_memstream(&buf, &len);

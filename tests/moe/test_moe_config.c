@@ -13,53 +13,17 @@
 #include "moe/params.h"
 #include "moe/registry.h"
 #include "tests/common/fixture.h"
+#include "tests/common/json_edit.h"
 
 #define CONFIGS_DIR DF_SOURCE_DIR "/configs"
 
-static json_t *doc(const char *name) {
-  char path[512];
-  snprintf(path, sizeof path, "%s/%s", CONFIGS_DIR, name);
-  json_error_t jerr;
-  json_t *d = json_load_file(path, 0, &jerr);
-  cr_assert_not_null(d, "%s: %s", path, jerr.text);
-  return d;
-}
-
-static json_t *js(const char *text) {
-  json_error_t jerr;
-  json_t *v = json_loads(text, JSON_DECODE_ANY, &jerr);
-  cr_assert_not_null(v, "bad test JSON %s: %s", text, jerr.text);
-  return v;
-}
-
-// Sets (value != NULL, stolen) or deletes the key at a dotted path such as "dflash_config.moe_dispatch".
-static void set(json_t *d, const char *path, json_t *value) {
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", path);
-  char *dot = strchr(buf, '.');
-  if (dot) {
-    *dot = 0;
-    json_t *inner = json_object_get(d, buf);
-    if (!json_is_object(inner)) {
-      inner = json_object();
-      json_object_set_new(d, buf, inner);
-    }
-    set(inner, dot + 1, value);
-    return;
-  }
-  if (value)
-    json_object_set_new(d, buf, value);
-  else
-    json_object_del(d, buf);
-}
-
 // The tiny dense draft with a preset and the three per-run sizes (E = 8, k = 2, I = 32).
 static json_t *with_preset(const char *preset) {
-  json_t *d = doc("tiny-dflash.json");
-  set(d, "moe_preset", json_string(preset));
-  set(d, "n_routed_experts", json_integer(8));
-  set(d, "num_experts_per_tok", json_integer(2));
-  set(d, "moe_intermediate_size", json_integer(32));
+  json_t *d = df_test_config_doc("tiny-dflash.json");
+  df_test_json_set(d, "moe_preset", json_string(preset));
+  df_test_json_set(d, "n_routed_experts", json_integer(8));
+  df_test_json_set(d, "num_experts_per_tok", json_integer(2));
+  df_test_json_set(d, "moe_intermediate_size", json_integer(32));
   return d;
 }
 
@@ -153,13 +117,13 @@ Test(moe_config, deepseek_v4_preset_values) {
 }
 
 Test(moe_config, shipped_tiny_configs) {
-  df_moe_config q = resolve_ok(doc("tiny-dflash-moe.json"));
+  df_moe_config q = resolve_ok(df_test_config_doc("tiny-dflash-moe.json"));
   cr_expect_eq(q.n_routed_experts, 4);
   cr_expect_eq(q.num_experts_per_tok, 2);
   cr_expect_eq(q.moe_intermediate_size, 32);
   cr_expect_eq(q.shared_expert_intermediate_size, 48);
   cr_expect_eq(q.router_center, DF_MOE_CENTER_SAMPLE);
-  df_moe_config d = resolve_ok(doc("tiny-dflash-moe-deepseek.json"));
+  df_moe_config d = resolve_ok(df_test_config_doc("tiny-dflash-moe-deepseek.json"));
   cr_expect_eq(d.n_routed_experts, 8);
   cr_expect_eq(d.n_group, 4);
   cr_expect_eq(d.topk_group, 2);
@@ -170,16 +134,16 @@ Test(moe_config, shipped_tiny_configs) {
 
 Test(moe_config, explicit_keys_override_the_preset) {
   json_t *d = with_preset("qwen3_5_moe");
-  set(d, "scoring_func", js("\"Sigmoid\"")); // names are case-insensitive, stored canonical
-  set(d, "norm_topk_prob", js("false"));
-  set(d, "routed_scaling_factor", js("2.5"));
-  set(d, "n_shared_experts", js("0"));
-  set(d, "n_group", js("4"));
-  set(d, "topk_group", js("2"));
-  set(d, "swiglu_limit", js("7"));
-  set(d, "balance", js("\"noaux_tc\""));
-  set(d, "moe_layout", js("\"deepseek\""));
-  set(d, "num_experts", js("8")); // both spellings, agreeing
+  df_test_json_set(d, "scoring_func", df_test_json("\"Sigmoid\"")); // names are case-insensitive, stored canonical
+  df_test_json_set(d, "norm_topk_prob", df_test_json("false"));
+  df_test_json_set(d, "routed_scaling_factor", df_test_json("2.5"));
+  df_test_json_set(d, "n_shared_experts", df_test_json("0"));
+  df_test_json_set(d, "n_group", df_test_json("4"));
+  df_test_json_set(d, "topk_group", df_test_json("2"));
+  df_test_json_set(d, "swiglu_limit", df_test_json("7"));
+  df_test_json_set(d, "balance", df_test_json("\"noaux_tc\""));
+  df_test_json_set(d, "moe_layout", df_test_json("\"deepseek\""));
+  df_test_json_set(d, "num_experts", df_test_json("8")); // both spellings, agreeing
   df_moe_config m = resolve_ok(d);
   cr_expect_eq(m.scoring_func, DF_MOE_SCORE_SIGMOID);
   cr_expect_not(m.norm_topk_prob);
@@ -193,16 +157,16 @@ Test(moe_config, explicit_keys_override_the_preset) {
   cr_expect_str_eq(m.moe_layout, "deepseek");
   // num_experts alone is the count too; null keys are "not set".
   d = with_preset("qwen3");
-  set(d, "n_routed_experts", NULL);
-  set(d, "num_experts", js("16"));
-  set(d, "scoring_func", js("null"));
+  df_test_json_set(d, "n_routed_experts", NULL);
+  df_test_json_set(d, "num_experts", df_test_json("16"));
+  df_test_json_set(d, "scoring_func", df_test_json("null"));
   m = resolve_ok(d);
   cr_expect_eq(m.n_routed_experts, 16);
   cr_expect_eq(m.scoring_func, DF_MOE_SCORE_SOFTMAX);
   // moe_router_bias and the deepseek layout for a qwen3_5_moe draft.
   d = with_preset("qwen3_5_moe");
-  set(d, "moe_router_bias", js("true"));
-  set(d, "shared_expert_intermediate_size", js("64"));
+  df_test_json_set(d, "moe_router_bias", df_test_json("true"));
+  df_test_json_set(d, "shared_expert_intermediate_size", df_test_json("64"));
   m = resolve_ok(d);
   cr_expect(m.moe_router_bias);
   cr_expect_eq(m.shared_expert_intermediate_size, 64);
@@ -210,13 +174,13 @@ Test(moe_config, explicit_keys_override_the_preset) {
 
 Test(moe_config, training_keys) {
   json_t *d = with_preset("qwen3");
-  set(d, "dflash_config.moe_aux_loss_coeff", js("0"));
-  set(d, "dflash_config.moe_aux_loss_type", js("\"switch\""));
-  set(d, "dflash_config.moe_dispatch", js("\"grouped_mm\""));
-  set(d, "dflash_config.moe_router_center", js("\"sample\""));
-  set(d, "dflash_config.moe_router_center_momentum", js("0"));
-  set(d, "dflash_config.moe_bias_update_rate", js("0.001"));
-  set(d, "dflash_config.moe_freeze_experts", js("true"));
+  df_test_json_set(d, "dflash_config.moe_aux_loss_coeff", df_test_json("0"));
+  df_test_json_set(d, "dflash_config.moe_aux_loss_type", df_test_json("\"switch\""));
+  df_test_json_set(d, "dflash_config.moe_dispatch", df_test_json("\"grouped_mm\""));
+  df_test_json_set(d, "dflash_config.moe_router_center", df_test_json("\"sample\""));
+  df_test_json_set(d, "dflash_config.moe_router_center_momentum", df_test_json("0"));
+  df_test_json_set(d, "dflash_config.moe_bias_update_rate", df_test_json("0.001"));
+  df_test_json_set(d, "dflash_config.moe_freeze_experts", df_test_json("true"));
   df_moe_config m = resolve_ok(d);
   cr_expect_eq(m.aux_loss_coeff, 0.0);
   cr_expect_eq(m.dispatch, DF_MOE_DISPATCH_GROUPED_MM);
@@ -291,30 +255,30 @@ static const bad_case BAD[] = {
 
 Test(moe_config, every_rule_names_its_key) {
   for (size_t i = 0; i < sizeof BAD / sizeof *BAD; i++) {
-    json_t *d = BAD[i].preset ? with_preset(BAD[i].preset) : doc("tiny-dflash.json");
-    set(d, BAD[i].path, BAD[i].value ? js(BAD[i].value) : NULL);
+    json_t *d = BAD[i].preset ? with_preset(BAD[i].preset) : df_test_config_doc("tiny-dflash.json");
+    df_test_json_set(d, BAD[i].path, BAD[i].value ? df_test_json(BAD[i].value) : NULL);
     expect_fail(d, DF_ERR_INVALID, BAD[i].key, BAD[i].also);
   }
   // The kept groups must hold k experts: 8 groups of 1, keep 1, top-2.
   json_t *g = with_preset("qwen3");
-  set(g, "n_group", js("8"));
-  set(g, "topk_group", js("1"));
+  df_test_json_set(g, "n_group", df_test_json("8"));
+  df_test_json_set(g, "topk_group", df_test_json("1"));
   expect_fail(g, DF_ERR_INVALID, "topk_group", "num_experts_per_tok");
   // Every decoder layer of an MoE draft is MoE.
   json_t *d = with_preset("qwen3");
-  set(d, "mlp_only_layers", js("[0]"));
+  df_test_json_set(d, "mlp_only_layers", df_test_json("[0]"));
   expect_fail(d, DF_ERR_UNSUPPORTED, "mlp_only_layers", NULL);
 }
 
 Test(moe_config, layout_collisions_are_refused) {
   // deepseek writes the noaux_tc selection bias as gate.bias: a logit bias too would need the same name.
   json_t *d = with_preset("qwen3");
-  set(d, "moe_router_bias", js("true"));
+  df_test_json_set(d, "moe_router_bias", df_test_json("true"));
   expect_fail(d, DF_ERR_INVALID, "moe_layout", "gate.bias");
   // The qwen layout keeps them apart.
   d = with_preset("qwen3");
-  set(d, "moe_router_bias", js("true"));
-  set(d, "moe_layout", js("\"qwen\""));
+  df_test_json_set(d, "moe_router_bias", df_test_json("true"));
+  df_test_json_set(d, "moe_layout", df_test_json("\"qwen\""));
   resolve_ok(d);
 }
 
@@ -322,12 +286,12 @@ Test(moe_config, dense_drafts) {
   df_moe_config m;
   bool is_moe = true;
   df_error err = {0};
-  cr_expect_eq(resolve(doc("tiny-dflash.json"), &is_moe, &m, &err), DF_OK);
+  cr_expect_eq(resolve(df_test_config_doc("tiny-dflash.json"), &is_moe, &m, &err), DF_OK);
   cr_expect_not(is_moe);
-  json_t *d = doc("tiny-dflash.json");
-  set(d, "num_experts", js("0")); // an explicit zero experts is dense (e300)
-  set(d, "n_routed_experts", js("null"));
-  set(d, "output_router_logits", js("false"));
+  json_t *d = df_test_config_doc("tiny-dflash.json");
+  df_test_json_set(d, "num_experts", df_test_json("0")); // an explicit zero experts is dense (e300)
+  df_test_json_set(d, "n_routed_experts", df_test_json("null"));
+  df_test_json_set(d, "output_router_logits", df_test_json("false"));
   cr_expect_eq(resolve(d, &is_moe, &m, &err), DF_OK, "%s", err.msg);
   cr_expect_not(is_moe);
 }
@@ -368,7 +332,7 @@ Test(moe_config, registries) {
 
 // Native names, shapes, roles, order and flags of one layer.
 Test(moe_config, params_of_one_layer) {
-  json_t *d = doc("tiny-dflash-moe.json"); // E 4, k 2, I 32, S 48, H 64, sample centering
+  json_t *d = df_test_config_doc("tiny-dflash-moe.json"); // E 4, k 2, I 32, S 48, H 64, sample centering
   df_moe_config m = resolve_ok(d);
   df_params *p;
   df_error err = {0};
@@ -421,8 +385,8 @@ Test(moe_config, params_of_one_layer) {
   cr_expect_not(df_moe_param_parse("layers.x.mlp.gate.weight", &(int64_t){0}, &(df_moe_tensor){0}));
 
   // deepseek: selection bias, no centering, no shared gate; frozen experts.
-  d = doc("tiny-dflash-moe-deepseek.json");
-  set(d, "dflash_config.moe_freeze_experts", js("true"));
+  d = df_test_config_doc("tiny-dflash-moe-deepseek.json");
+  df_test_json_set(d, "dflash_config.moe_freeze_experts", df_test_json("true"));
   m = resolve_ok(d);
   DF_ASSERT_OK(df_params_new(&p, &err), &err);
   DF_ASSERT_OK(df_moe_params_add(&m, 64, 0, p, &err), &err);
@@ -459,7 +423,7 @@ static const char *gets(const json_t *o, const char *k) {
 }
 
 Test(moe_config, serving_fields_per_layout) {
-  df_moe_config q = resolve_ok(doc("qwen3.8-27b-dspark-moe.json"));
+  df_moe_config q = resolve_ok(df_test_config_doc("qwen3.8-27b-dspark-moe.json"));
   json_t *o = fields(&q);
   cr_expect_eq(geti(o, "n_routed_experts"), 512);
   cr_expect_eq(geti(o, "num_experts"), 512); // the Qwen vocabulary
@@ -478,7 +442,7 @@ Test(moe_config, serving_fields_per_layout) {
   cr_expect_null(json_object_get(o, "swiglu_limit")); // omitted at 0
   json_decref(o);
 
-  df_moe_config d = resolve_ok(doc("tiny-dflash-moe-deepseek.json"));
+  df_moe_config d = resolve_ok(df_test_config_doc("tiny-dflash-moe-deepseek.json"));
   o = fields(&d);
   cr_expect_eq(geti(o, "n_routed_experts"), 8);
   cr_expect_null(json_object_get(o, "num_experts"));
@@ -495,7 +459,7 @@ Test(moe_config, serving_fields_per_layout) {
 
   // The qwen layout refuses recipes the Qwen serving block cannot run.
   json_t *doc_sig = with_preset("qwen3_5_moe");
-  set(doc_sig, "scoring_func", js("\"sigmoid\""));
+  df_test_json_set(doc_sig, "scoring_func", df_test_json("\"sigmoid\""));
   df_moe_config s = resolve_ok(doc_sig);
   df_error err = {0};
   cr_expect_eq(df_moe_serving_fields(&s, &o, &err), DF_ERR_UNSUPPORTED);
