@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 import dflash_io as dio  # noqa: E402
 import dflash_step as dref  # noqa: E402
 import dspark_step as ref  # noqa: E402
+from fixture_compare import F64_REL, compare_arrays  # noqa: E402
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "dspark_step")
 CASES = sorted(d for d in os.listdir(FIXTURES) if os.path.isfile(os.path.join(FIXTURES, d, "recipe.yaml")))
@@ -195,11 +196,13 @@ def test_committed_fixtures_match_a_fresh_run(case):
         want = json.load(f)
     for key, v in want.items():
         if isinstance(v, float):
-            assert res.terms[key] == pytest.approx(v, rel=1e-12, abs=1e-300), key
+            assert res.terms[key] == pytest.approx(v, rel=F64_REL, abs=1e-300), key
         else:
-            assert res.terms[key] == pytest.approx(v, rel=1e-12) if isinstance(v, list) and None not in v \
+            assert res.terms[key] == pytest.approx(v, rel=F64_REL) if isinstance(v, list) and None not in v \
                 else res.terms[key] == v, key
     grads = dio.read_safetensors(os.path.join(FIXTURES, case, "expected", "grads.safetensors"))
     assert set(grads) == set(res.grads)
     for name, g in grads.items():
-        np.testing.assert_array_equal(g, res.grads[name].astype(np.float32))
+        problems: list = []
+        compare_arrays(res.grads[name].astype(np.float32), g, name, problems)
+        assert problems == [], problems
