@@ -9,6 +9,7 @@ packages=(
   libhdf5-dev              # captured hidden-state shards
   libyaml-dev              # recipes
   libjansson-dev           # JSON: configs, safetensors headers
+  libxxhash-dev            # checkpoint manifests (XXH3-64 checksums)
   libcriterion-dev         # the C test suite
   clang libomp-dev libclang-rt-14-dev  # libFuzzer targets (clang + its sanitizer runtimes)
   python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and their tests

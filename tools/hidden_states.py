@@ -4,10 +4,12 @@
 Library:
     ShardWriter(path, target_layer_ids, hidden_size, dtype, has_last_hidden)  append()/close(), atomic
     write_shard(path, samples, target_layer_ids, hidden_size, dtype)           one call for a list of samples
-    validate(path) -> list of problems ([] = valid; the same rules as the C reader)
+    validate(path, scan="sampled") -> list of problems ([] = valid; the same rules as the C reader, plus NaN/Inf
+                                      hidden states by shard, sample and token: scan "sampled" reads
+                                      SCAN_PER_SHARD samples per shard, "full" every sample, "none" none)
     Dataset(path)                                                              len() and [i] -> fp32 sample
 CLI:
-    /usr/bin/python3 tools/hidden_states.py validate PATH    problems on stderr, exit 1 when there are any
+    /usr/bin/python3 tools/hidden_states.py validate PATH [--full]   problems on stderr, exit 1 when there are any
     /usr/bin/python3 tools/hidden_states.py info PATH        attributes, sample and token counts per shard
 Needs h5py and numpy (Debian: python3-h5py, python3-numpy)."""
 import argparse
@@ -24,6 +26,7 @@ MAX_LAYERS = 256  # DF_HS_MAX_LAYERS
 MAX_HIDDEN = 1 << 24
 DEFAULT_CHUNK_ROWS = 64
 TOKEN_CHUNK = 4096
+SCAN_PER_SHARD = 16  # DF_HS_SCAN_PER_SHARD: a sampled NaN/Inf scan reads this many samples per shard
 
 ATTRS = ("format", "version", "hidden_size", "target_layer_ids", "dtype")
 DS_OFFSETS, DS_IDS, DS_MASK = "sample_offsets", "input_ids", "loss_mask"
@@ -329,15 +332,55 @@ def _disagreement(s0, s, p0, p):
     return None
 
 
-def validate(path):
-    """All problems found in a shard or a directory of shards ([] when the data is valid)."""
+def scan_indices(n, full):
+    """The samples of a shard of n a scan reads: all, or SCAN_PER_SHARD evenly spaced (first and last included),
+    the C reader's choice (train/hs_scan.c)."""
+    m = n if full or n <= SCAN_PER_SHARD else SCAN_PER_SHARD
+    if m == n:
+        return list(range(n))
+    return [j * (n - 1) // (m - 1) for j in range(m)]
+
+
+def _first_nonfinite(rows):
+    """(token, column) of the first non-finite value of a [L, W] float array, or None."""
+    bad = ~np.isfinite(rows)
+    if not bad.any():
+        return None
+    flat = int(np.argmax(bad.reshape(-1)))
+    return flat // rows.shape[1], flat % rows.shape[1]
+
+
+def scan_shard(p, s, first, full):
+    """Problems for the samples of shard p (summary s, global number of its sample 0) that hold NaN/Inf, and how
+    many samples were read."""
+    conv = bf16_bits_to_f32 if s["dtype"] == "bfloat16" else (lambda x: x.astype(np.float32))
+    idx = scan_indices(s["n"], full)
+    problems = []
+    with h5py.File(p, "r") as f:
+        for j in idx:
+            r0, r1 = int(s["offsets"][j]), int(s["offsets"][j + 1])
+            for name in (DS_HIDDEN, DS_LAST) if s["has_last"] else (DS_HIDDEN,):
+                hit = _first_nonfinite(conv(f[name][r0:r1]))
+                if hit:
+                    v = conv(f[name][r0 + hit[0]:r0 + hit[0] + 1])[0, hit[1]]
+                    what = "NaN" if np.isnan(v) else ("+Inf" if v > 0 else "-Inf")
+                    problems.append(f"shard {p}: sample {j} (#{first + j}), token {hit[0]}: {name} column {hit[1]} "
+                                    f"is {what}")
+                    break
+    return problems, len(idx)
+
+
+def validate(path, scan="sampled"):
+    """All problems found in a shard or a directory of shards ([] when the data is valid). scan: "sampled",
+    "full" or "none" (the NaN/Inf check of the hidden states; validate.last_scan says what it read)."""
     path = str(path)
+    validate.last_scan = (0, 0)
     if not os.path.exists(path):
         return [f"data path {path} does not exist"]
     paths = shard_paths(path)
     if not paths:
         return [f"data directory {path} has no *.h5 shards"]
-    problems, first, total = [], None, 0
+    problems, first, total, shards = [], None, 0, []
     for p in paths:
         s, probs = inspect_shard(p)
         problems += probs
@@ -349,10 +392,21 @@ def validate(path):
             e = _disagreement(first[1], s, first[0], p)
             if e:
                 problems.append(e)
+        shards.append((p, s, total))
         total += s["n"]
     if not problems and total == 0:
         problems.append(f"data path {path} holds no samples")
+    if not problems and scan != "none":
+        read = 0
+        for p, s, start in shards:
+            probs, n = scan_shard(p, s, start, scan == "full")
+            problems += probs
+            read += n
+        validate.last_scan = (read, total)
     return problems
+
+
+validate.last_scan = (0, 0)
 
 
 # ---- reader (tests and tools; training reads with the C reader) -------------------------------------------
@@ -363,7 +417,7 @@ class Dataset:
     (input_ids int32, loss_mask uint8, hidden_states float32 [L, K*H], target_last_hidden_states [L, H])."""
 
     def __init__(self, path):
-        problems = validate(path)
+        problems = validate(path, scan="none")
         if problems:
             raise ValueError("; ".join(problems))
         self.paths = shard_paths(path)
@@ -406,18 +460,28 @@ def info(path, out=sys.stdout):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("validate", help="check a shard or directory; exit 1 on problems").add_argument("path")
+    v = sub.add_parser("validate", help="check a shard or directory, NaN/Inf included; exit 1 on problems")
+    v.add_argument("path")
+    v.add_argument("--full", action="store_true",
+                   help=f"scan every sample for NaN/Inf (default: {SCAN_PER_SHARD} samples per shard)")
     sub.add_parser("info", help="print attributes and counts").add_argument("path")
     args = ap.parse_args(argv)
-    problems = validate(args.path)
+    full = args.cmd == "validate" and args.full
+    problems = validate(args.path, scan="full" if full else ("sampled" if args.cmd == "validate" else "none"))
     for pr in problems:
         print(f"error: {pr}", file=sys.stderr)
     if problems:
+        if args.cmd == "validate" and not full and any("column" in pr for pr in problems):
+            print("hint: validate --full lists every sample with NaN/Inf", file=sys.stderr)
         return 1
     if args.cmd == "info":
         info(args.path)
     else:
-        print(f"{args.path}: valid ({len(Dataset(args.path))} samples)")
+        read, total = validate.last_scan
+        how = "full scan" if full else "sampled scan"
+        more = "" if full or read == total else "; --full reads every sample"
+        print(f"{args.path}: valid ({len(Dataset(args.path))} samples; no NaN/Inf in a {how} of {read} of {total} "
+              f"samples{more})")
     return 0
 
 

@@ -1,99 +1,127 @@
-// `draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N] [--no-prefetch]`:
-// argument parsing and the closing message around df_train. Exit codes: 0 done (or stopped by a signal with a
-// checkpoint), 1 the run failed, 2 bad arguments.
+// `draftforge train`: the command line around df_train (docs/training.md): options, the checks that make a bad
+// argument exit 2 before anything runs, and the closing message with a resume command that pastes as is.
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "train/cli.h"
 #include "train/commands.h"
+#include "train/recipe.h"
+#include "train/run_dir.h"
 #include "train/trainer.h"
 
-static const char *train_usage =
-    "usage: draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N]\n"
-    "                        [--no-prefetch]\n"
-    "\n"
-    "Trains the draft the recipe describes (docs/training.md). Checkpoints go to\n"
-    "<output_dir>/checkpoints/step-<N>/, metrics to <output_dir>/metrics.jsonl, and the resolved\n"
-    "recipe to <output_dir>/recipe.resolved.yaml.\n"
-    "  --set K=V      override a recipe key: --set training.max_steps=100, --set output_dir=runs/x\n"
-    "  --resume PATH  continue a run: PATH is its output_dir (latest checkpoint) or one checkpoint\n"
-    "                 directory (same as training.resume_from)\n"
-    "  --threads N    CPU threads (default: OpenMP's)\n"
-    "  --no-prefetch  read batches on the training thread\n"
-    "SIGINT/SIGTERM finish the current optimizer step, write a checkpoint and exit 0; a second one\n"
-    "stops at once.\n";
+static const df_cli_opt TRAIN_OPTS[] = {
+    {"--set", "KEY=VALUE", DF_CLI_REPEAT, "none",
+     "override a recipe key: --set training.max_steps=100, --set output_dir=runs/x"},
+    {"--resume", "PATH|auto", DF_CLI_VALUE, "training.resume_from, else a new run",
+     "continue a run: its output_dir, checkpoints/ or one checkpoint directory; the run's own recipe.resolved.yaml "
+     "is used (RECIPE.yaml optional). auto: resume output_dir when it has a checkpoint, else start"},
+    {"--overwrite", NULL, DF_CLI_FLAG, "off",
+     "a new run may replace an earlier run's checkpoints and metrics in output_dir"},
+    {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads (resume bit-exact with the same count)"},
+    {"--no-prefetch", NULL, DF_CLI_FLAG, "off", "read batches on the training thread (the batches are the same)"},
+    {"--data-scan", "sampled|full|none", DF_CLI_VALUE, "sampled",
+     "NaN/Inf check of the data at start-up: 16 samples per shard, every sample, or none"},
+    {"--schema", NULL, DF_CLI_FLAG, "off", "print every recipe key (type, default, support) and exit"},
+    DF_CLI_END};
 
-typedef struct {
-  const char *recipe, *resume;
-  const char **sets;
-  int n_sets, threads;
-  bool no_prefetch;
-} train_args;
+static const df_cli_spec TRAIN_CLI = {
+    "train",
+    "RECIPE.yaml",
+    0,
+    1,
+    "Trains the draft the recipe describes (docs/training.md). Checkpoints go to <output_dir>/checkpoints/step-<N>/,\n"
+    "metrics to <output_dir>/metrics.jsonl, the resolved recipe to <output_dir>/recipe.resolved.yaml. RECIPE.yaml\n"
+    "is required except with --resume PATH. SIGINT/SIGTERM finish the current optimizer step, write a checkpoint\n"
+    "and exit 0 (a second one stops at once); a failure after training started writes a checkpoint first.",
+    TRAIN_OPTS};
 
-// argv holds the arguments after "train". Returns 0 on success, 1 for --help (printed), 2 on a usage error.
-static int parse_train_args(int argc, char **argv, train_args *a) {
-  memset(a, 0, sizeof *a);
-  a->sets = calloc((size_t)argc + 1, sizeof *a->sets);
-  if (!a->sets) return fputs("draftforge train: out of memory\n", stderr), 2;
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i];
-    if (!strcmp(s, "-h") || !strcmp(s, "--help")) return fputs(train_usage, stdout), 1;
-    if (!strcmp(s, "--set") && i + 1 < argc)
-      a->sets[a->n_sets++] = argv[++i];
-    else if (!strncmp(s, "--set=", 6))
-      a->sets[a->n_sets++] = s + 6;
-    else if (!strcmp(s, "--resume") && i + 1 < argc)
-      a->resume = argv[++i];
-    else if (!strcmp(s, "--no-prefetch"))
-      a->no_prefetch = true;
-    else if (!strcmp(s, "--threads") && i + 1 < argc) {
-      char *end;
-      long v = strtol(argv[++i], &end, 10);
-      if (!*argv[i] || *end || v < 0 || v > 4096)
-        return fprintf(stderr, "draftforge train: --threads wants a count, got '%s'\n", argv[i]), 2;
-      a->threads = (int)v;
-    } else if (s[0] != '-' && !a->recipe)
-      a->recipe = s;
-    else
-      return fprintf(stderr, "draftforge train: unexpected argument '%s'\n%s", s, train_usage), 2;
+static bool exists(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0;
+}
+
+static void print_error(const df_error *err, bool verbose) {
+  fflush(stdout);
+  df_error_print_verbose(err, verbose);
+}
+
+// The command that continues the run, ready to paste: the run's own recipe makes --set unnecessary.
+static void resume_command(const df_train_summary *s, long long threads, char *out, size_t n) {
+  char self[4096], dir[4096];
+  df_self_path(self, sizeof self);
+  df_path_normalize(s->output_dir, dir, sizeof dir);
+  out[0] = 0;
+  df_shell_quote_append(out, n, self);
+  snprintf(out + strlen(out), n - strlen(out), " train --resume ");
+  df_shell_quote_append(out, n, dir);
+  if (threads > 0) snprintf(out + strlen(out), n - strlen(out), " --threads %lld", threads);
+}
+
+// Arguments a run cannot start with are usage errors (exit 2), found before the recipe is read.
+static int check_arguments(const df_cli_args *a, const char *recipe, const char *resume, const char *const *sets,
+                           int n_sets) {
+  if (!recipe && (!resume || !strcmp(resume, "auto")))
+    return df_cli_usage_error(&TRAIN_CLI, "RECIPE.yaml is required%s", resume ? " with --resume auto" : "");
+  if (recipe && !exists(recipe)) return df_cli_usage_error(&TRAIN_CLI, "recipe %s does not exist", recipe);
+  if (resume && strcmp(resume, "auto") && !exists(resume))
+    return df_cli_usage_error(&TRAIN_CLI, "--resume %s does not exist (pass a run directory or a checkpoint)", resume);
+  df_error err = {0};
+  if (df_recipe_check_overrides(sets, n_sets, &err) != DF_OK) {
+    df_error_print_verbose(&err, a->verbose);
+    return DF_EXIT_USAGE;
   }
-  if (!a->recipe) return fprintf(stderr, "draftforge train: RECIPE.yaml is required\n%s", train_usage), 2;
   return 0;
 }
 
 int df_cmd_train(int argc, char **argv) {
-  train_args a;
-  int rc = parse_train_args(argc, argv, &a);
-  if (rc) {
-    free(a.sets);
-    return rc == 1 ? 0 : rc;
+  df_cli_args a;
+  int rc = df_cli_parse(&TRAIN_CLI, argc, argv, &a);
+  if (rc) return df_cli_free(&a), rc == 1 ? DF_EXIT_OK : rc;
+  if (df_cli_has(&a, "--schema")) {
+    df_recipe_print_schema(stdout);
+    return df_cli_free(&a), DF_EXIT_OK;
   }
-  if (a.threads > 0) omp_set_num_threads(a.threads);
-  df_train_options o = {.recipe_path = a.recipe,
-                        .overrides = a.sets,
-                        .n_overrides = a.n_sets,
-                        .resume = a.resume,
-                        .threads = a.threads,
+  static const char *const scans[] = {"sampled", "full", "none", NULL};
+  long long threads;
+  int scan, n_sets;
+  const char *const *sets = df_cli_list(&a, "--set", &n_sets);
+  const char *recipe = a.npos ? a.pos[0] : NULL, *resume = df_cli_get(&a, "--resume");
+  if (!df_cli_int(&a, "--threads", 0, 4096, 0, &threads) || !df_cli_choice(&a, "--data-scan", scans, 0, &scan))
+    return df_cli_free(&a), DF_EXIT_USAGE;
+  if ((rc = check_arguments(&a, recipe, resume, sets, n_sets))) return df_cli_free(&a), rc;
+  if (threads > 0) omp_set_num_threads((int)threads);
+  df_train_options o = {.recipe_path = recipe,
+                        .overrides = sets,
+                        .n_overrides = n_sets,
+                        .resume = resume,
+                        .overwrite = df_cli_has(&a, "--overwrite"),
+                        .data_scan = (df_data_scan)scan,
+                        .threads = (int)threads,
                         .log = stdout,
                         .handle_signals = true,
-                        .no_prefetch = a.no_prefetch};
+                        .no_prefetch = df_cli_has(&a, "--no-prefetch")};
   df_train_summary s;
   df_error err = {0};
   df_status st = df_train(&o, &s, &err);
-  free(a.sets);
+  char cmd[8400];
+  resume_command(&s, threads, cmd, sizeof cmd);
   if (st != DF_OK) {
-    fflush(stdout);
-    df_error_print(&err);
-    return 1;
+    print_error(&err, a.verbose);
+    if (s.saved_after_error)
+      fprintf(stderr, "the state after step %lld was saved first: %s\nresume with: %s\n", (long long)s.last_step,
+              s.last_checkpoint, cmd);
+    df_cli_free(&a);
+    return s.bad_arguments ? DF_EXIT_USAGE : DF_EXIT_FAILURE;
   }
   if (s.stopped_by_signal)
-    printf(
-        "stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: draftforge train %s --resume %s%s\n",
-        (long long)s.last_step, (long long)s.stop_step, s.last_checkpoint, a.recipe, s.output_dir,
-        a.n_sets ? "  (and the same --set options)" : "");
+    printf("stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: %s\n", (long long)s.last_step,
+           (long long)s.stop_step, s.last_checkpoint, cmd);
   else
     printf("done: step %lld of %lld (%lld skipped); last checkpoint %s\n", (long long)s.last_step,
            (long long)s.stop_step, (long long)s.skipped_steps, s.last_checkpoint[0] ? s.last_checkpoint : "(none)");
-  return 0;
+  df_cli_free(&a);
+  return DF_EXIT_OK;
 }

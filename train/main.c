@@ -1,4 +1,5 @@
 // draftforge: the command-line entry point. Only main decides to exit; subcommands return a status.
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -42,9 +43,13 @@ int main(int argc, char **argv) {
   static const char *planned[] = {"capture"};
   for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
     if (!strcmp(argv[1], planned[i])) {
-      fprintf(stderr, "draftforge %s: not implemented yet\n", argv[1]);
-      return 3;
+      bool help = argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"));
+      fprintf(help ? stdout : stderr,
+              "draftforge %s: not implemented yet\n  HINT: capture hidden states with "
+              "tools/import_specforge.py or tools/hidden_states.py (docs/data-format.md)\n",
+              argv[1]);
+      return help ? 0 : 1;
     }
-  fprintf(stderr, "draftforge: unknown command '%s'\n%s", argv[1], usage);
+  fprintf(stderr, "draftforge: unknown command '%s'\n%s  HINT: draftforge --help lists the commands\n", argv[1], usage);
   return 2;
 }

@@ -67,6 +67,8 @@ typedef struct {
 typedef struct {
   bool skipped;
   const char *skip_reason;
+  char skip_detail[1200]; // which samples of the window hold NaN/Inf (or that none does)
+  json_t *skip_samples;   // their global numbers (owned; NULL unless skipped)
   double loss, acc, lr, grad_norm, clip_coef;
   double step_time_s;
 } step_result;
@@ -116,6 +118,8 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     double wait = 0;
     DF_TRY(df_feed_next(t->feed, &b, &wait, err));
     w->data_wait_s += wait;
+    df_trainer_note_batch(t, b->index, b->B, k == 0);            // a skipped step names its samples
+    if (df_dflash_model_is_moe(t->model)) t->state_dirty = true; // MoE forwards update router buffers
     df_dflash_metrics m;
     int64_t N;
     df_error micro_err = {0};
@@ -185,6 +189,7 @@ static df_status optimizer_step(df_trainer *t, int64_t step, const window *w, st
                          .beta2 = (float)rc->training.adam_beta2,
                          .eps = (float)rc->training.adam_eps,
                          .step = t->prog.adam_step + 1};
+  t->state_dirty = true; // from the first AdamW update until the progress record follows
   for (int k = 0; k < t->ntrain; k++) {
     hp.weight_decay = t->decay[k] ? (float)rc->training.weight_decay : 0.0f;
     DF_TRY(df_adamw_step(t->ctx, &t->pview[k], &t->gview[k], &t->mview[k], &t->vview[k], &hp, err));
@@ -214,6 +219,8 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
   json_object_set_new(o, "clip_coef", df_metrics_real(r->clip_coef));
   json_object_set_new(o, "skipped", json_boolean(r->skipped));
   if (r->skipped) json_object_set_new(o, "skip_reason", json_string(r->skip_reason));
+  if (r->skipped && r->skip_detail[0]) json_object_set_new(o, "skip_detail", json_string(r->skip_detail));
+  if (r->skipped && r->skip_samples) json_object_set(o, "skip_samples", r->skip_samples);
   json_object_set_new(o, "loss_den", json_real(w->loss_den));
   json_object_set_new(o, "tokens", json_integer(w->tokens));
   json_object_set_new(o, "num_blocks", json_integer(w->num_blocks));
@@ -255,6 +262,7 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
   char buf[512];
   df_progress_format(&p, buf, sizeof buf);
   fprintf(t->log, "%s\n", buf);
+  if (r->skipped && r->skip_detail[0]) fprintf(t->log, "  skipped step %lld: %s\n", (long long)step, r->skip_detail);
   fflush(t->log);
   return DF_OK;
 }
@@ -267,6 +275,20 @@ static void eval_dspark_json(json_t *o, const df_eval_report *r) {
   json_object_set_new(o, "eval/l1_loss", df_metrics_real(r->l1_loss));
   json_object_set_new(o, "eval/confidence_loss", df_metrics_real(r->confidence_loss));
   json_object_set_new(o, "eval/tau_probabilistic", df_metrics_real(r->tau_probabilistic));
+}
+
+// Eval samples with NaN/Inf hidden states: named in the eval line and the log (such an eval never counts as best).
+static void eval_nonfinite(const df_trainer *t, json_t *o, const df_eval_report *rep, int64_t step) {
+  const df_hs_scan_report *nf = &rep->nonfinite;
+  if (!nf->bad_samples) return;
+  json_t *bad = json_array();
+  for (int i = 0; i < nf->nreported; i++) json_array_append_new(bad, json_integer(nf->bad[i].sample));
+  json_object_set_new(o, "eval/nonfinite_samples", bad);
+  if (!t->log) return;
+  char first[900];
+  df_hs_bad_value_text(&nf->bad[0], first, sizeof first);
+  fprintf(t->log, "warning: eval @ step %lld: %lld eval sample(s) hold NaN/Inf hidden states, first %s\n",
+          (long long)step, (long long)nf->bad_samples, first);
 }
 
 // Held-out eval (train/evaluate.h): an eval line in metrics.jsonl; *improved when τ beats the best so far.
@@ -285,6 +307,7 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   json_object_set_new(o, "eval/per_position_acc", per_position(rep.pos_acc_num, rep.pos_acc_den, rep.block_size));
   json_object_set_new(o, "eval/samples", json_integer(rep.num_samples));
   if (rep.dspark) eval_dspark_json(o, &rep);
+  eval_nonfinite(t, o, &rep, step);
   json_object_set_new(o, "eval_time_s", json_real(now_s() - t0));
   df_status st = df_metrics_append(&t->metrics, o, err);
   json_decref(o);
@@ -296,7 +319,8 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   else if (t->log)
     fprintf(t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f\n", (long long)step, rep.loss, rep.acc, tau);
   df_eval_report_free(&rep);
-  *improved = st == DF_OK && isfinite(tau) && (!t->prog.has_best || tau > t->prog.best_eval_tau);
+  *improved = st == DF_OK && isfinite(tau) && isfinite(rep.loss) && !rep.nonfinite.bad_samples &&
+              (!t->prog.has_best || tau > t->prog.best_eval_tau);
   if (*improved) t->prog.has_best = true, t->prog.best_eval_tau = tau, t->prog.best_step = step;
   return st;
 }
@@ -331,19 +355,38 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
                      .moe = t->draft->moe};
   DF_TRY(df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
                        sizeof t->last_ckpt, err));
+  t->last_saved_step = t->prog.step, t->last_save_s = now_s();
   if (t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
   return DF_OK;
 }
 
 // ---- the loop --------------------------------------------------------------------------------------------------
 
+// A run that fails after training started keeps its work: a checkpoint of the last complete step, as a signal
+// would write — unless the state is mid-update, a numeric stop (its state is what went wrong), or the step is
+// saved already. A failure to save is added to the original error's message.
+static void save_after_error(df_trainer *t, df_train_summary *sum, df_error *err) {
+  if (err->status == DF_ERR_NUMERIC || t->state_dirty || t->prog.step <= t->last_saved_step ||
+      t->prog.step == t->start_step)
+    return;
+  df_error save_err = {0};
+  if (df_trainer_save(t, &save_err) == DF_OK) {
+    sum->saved_after_error = true;
+    return;
+  }
+  size_t n = strlen(err->msg);
+  snprintf(err->msg + n, sizeof err->msg - n, " (and the checkpoint after it failed too: %s)", save_err.msg);
+}
+
 static df_status after_step(df_trainer *t, int64_t step, const window *w, df_error *err) {
   const df_recipe *rc = t->recipe;
   bool improved = false;
   if (rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
     DF_TRY(run_eval(t, step, w->epoch, &improved, err));
+  double minutes = rc->training.save_interval_minutes; // wall-clock saving (a draftforge extension)
+  bool due = minutes > 0 && now_s() - t->last_save_s >= 60.0 * minutes;
   bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
-              step == t->stop_step || g_stop_signal;
+              step == t->stop_step || g_stop_signal || due;
   if (save) DF_TRY(df_trainer_save(t, err));
   if (improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
   return DF_OK;
@@ -355,6 +398,7 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   memset(r, 0, sizeof *r);
   DF_TRY(run_window(t, step, w, err));
   DF_TRY(optimizer_step(t, step, w, r, err));
+  if (r->skipped) df_trainer_explain_skip(t, r->skip_detail, sizeof r->skip_detail, &r->skip_samples);
   df_ckpt_progress *p = &t->prog;
   p->step = step;
   p->tokens_seen += w->tokens;
@@ -363,6 +407,7 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   p->skipped_steps += r->skipped;
   df_feed_position(t->feed, &p->epoch, &p->cursor);
   p->anchor_rng = t->sampler.rng;
+  t->state_dirty = false; // the state and its progress record describe step `step` again
   r->step_time_s = now_s() - t0;
   DF_TRY(log_step(t, step, w, r, now_s() - t_start, err));
   if (r->skipped && p->consecutive_skips >= t->recipe->training.max_consecutive_skips)
@@ -386,10 +431,12 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
     fprintf(t->log, "nothing to do: the run is at step %lld and stops at %lld (raise training.max_steps)\n",
             (long long)t->prog.step, (long long)t->stop_step);
   double t_start = now_s();
+  t->last_save_s = t_start;
   df_status st = DF_OK;
   while (st == DF_OK && t->prog.step < t->stop_step) {
     step_result r;
     st = one_step(t, &w, &r, t_start, err);
+    json_decref(r.skip_samples);
     if (st == DF_OK && !r.skipped) sum->last_loss = r.loss;
     if (st == DF_OK && g_stop_signal) {
       sum->stopped_by_signal = true;
@@ -397,6 +444,7 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
     }
   }
   free(w.pos_num), free(w.pos_den);
+  if (st != DF_OK) save_after_error(t, sum, err);
   return st;
 }
 
@@ -414,6 +462,7 @@ df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error 
     st = train_loop(&t, sum, err);
     signals_restore(&sg);
   }
+  sum->bad_arguments = t.plan.bad_arguments;
   sum->last_step = t.prog.step;
   sum->skipped_steps = t.prog.skipped_steps;
   snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.last_ckpt);
