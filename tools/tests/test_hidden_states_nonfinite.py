@@ -1,0 +1,88 @@
+"""tools/hidden_states.py validate and NaN/Inf hidden states (issue 16 "Bad data"): reported by shard, sample and
+token; a sampled scan by default (SCAN_PER_SHARD samples per shard, the C reader's choice) that says so, and
+--full for every sample.
+
+Run: /usr/bin/python3 -m pytest tools/tests (needs python3-pytest, python3-h5py, python3-numpy)."""
+import pathlib
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+TOOLS = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TOOLS))
+import hidden_states as hs  # noqa: E402
+
+K, H, IDS = 2, 3, [1, 2]
+
+
+def shard(path, n, dtype, last=False, seed=0):
+    """A valid shard of n samples of 4 rows each."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n):
+        s = {"input_ids": rng.integers(0, 100, 4), "loss_mask": np.ones(4, np.int64),
+             "hidden_states": rng.standard_normal((4, K * H)).astype(np.float32)}
+        if last:
+            s["target_last_hidden_states"] = rng.standard_normal((4, H)).astype(np.float32)
+        samples.append(s)
+    hs.write_shard(path, samples, IDS, H, dtype)
+
+
+def poke(path, sample, token, column, value, name=hs.DS_HIDDEN):
+    """Writes one value into a finished shard (the writer itself refuses non-finite values)."""
+    with h5py.File(path, "r+") as f:
+        row = int(f[hs.DS_OFFSETS][sample]) + token
+        d = f[name]
+        v = d[row]
+        v[column] = hs.f32_to_bf16_bits(np.array([value], np.float32))[0] if d.dtype == np.uint16 else value
+        d[row] = v
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(TOOLS / "hidden_states.py"), *map(str, args)], capture_output=True,
+                          text=True)
+
+
+def test_full_scan_names_shard_sample_and_token(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    shard(d / "a.h5", 5, "bfloat16", last=True)
+    shard(d / "b.h5", 5, "bfloat16", last=True, seed=1)
+    poke(d / "a.h5", 3, 2, 4, np.nan)
+    poke(d / "b.h5", 1, 0, 2, -np.inf, hs.DS_LAST)
+    problems = hs.validate(d, scan="full")
+    assert problems == [f"shard {d / 'a.h5'}: sample 3 (#3), token 2: hidden_states column 4 is NaN",
+                        f"shard {d / 'b.h5'}: sample 1 (#6), token 0: target_last_hidden_states column 2 is -Inf"]
+    assert hs.validate(d, scan="none") == []  # the structure alone is fine
+    f32 = tmp_path / "f32.h5"
+    shard(f32, 3, "float32")
+    poke(f32, 2, 3, 5, np.inf)
+    assert hs.validate(f32, scan="full") == [f"shard {f32}: sample 2 (#2), token 3: hidden_states column 5 is +Inf"]
+
+
+def test_sampled_scan_reads_spread_samples_and_says_so(tmp_path):
+    p = tmp_path / "s.h5"
+    shard(p, 40, "float32")
+    picked = hs.scan_indices(40, full=False)
+    assert len(picked) == hs.SCAN_PER_SHARD == 16 and picked[0] == 0 and picked[-1] == 39
+    missed = next(j for j in range(40) if j not in picked)
+    poke(p, missed, 1, 0, np.inf)
+    r = run("validate", p)  # the sampled default misses it, and says how much it read
+    assert r.returncode == 0, r.stderr
+    assert "sampled scan of 16 of 40 samples; --full reads every sample" in r.stdout
+    r = run("validate", "--full", p)
+    assert r.returncode == 1
+    assert f"sample {missed} (#{missed}), token 1: hidden_states column 0 is +Inf" in r.stderr
+    poke(p, picked[5], 0, 5, np.nan)  # one the sampled scan reads
+    r = run("validate", p)
+    assert r.returncode == 1 and f"sample {picked[5]} (#{picked[5]}), token 0: hidden_states column 5 is NaN" in r.stderr
+
+
+def test_small_shards_are_scanned_whole(tmp_path):
+    p = tmp_path / "s.h5"
+    shard(p, 6, "bfloat16")
+    poke(p, 5, 3, 1, np.nan)
+    r = run("validate", p)
+    assert r.returncode == 1 and "sample 5 (#5), token 3: hidden_states column 1 is NaN" in r.stderr
