@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fresh machine → installed, built, and the main job run on the bundled default: train the demo DFlash draft
-# (recipes/demo-dflash.yaml, synthetic data in recipes/demo/, about a minute on two CPU cores), export it as
+# (recipes/demo-dflash.yaml, synthetic data in recipes/demo/, about 7 s of CPU time), export it as
 # the HF directory SGLang serves, and evaluate the export on the held-out shard.
 set -euo pipefail
 cd "$(dirname "$0")/.."
