@@ -6,7 +6,7 @@ Library:
     write_shard(path, samples, target_layer_ids, hidden_size, dtype)           one call for a list of samples
     validate(path, scan="sampled") -> list of problems ([] = valid; the same rules as the C reader, plus NaN/Inf
                                       hidden states by shard, sample and token: scan "sampled" reads
-                                      SCAN_PER_SHARD samples per shard, "full" every sample, "none" none)
+                                      sampled_count() samples spread over the data, "full" every sample)
     Dataset(path)                                                              len() and [i] -> fp32 sample
 CLI:
     /usr/bin/python3 tools/hidden_states.py validate PATH [--full]   problems on stderr, exit 1 when there are any
@@ -26,7 +26,8 @@ MAX_LAYERS = 256  # DF_HS_MAX_LAYERS
 MAX_HIDDEN = 1 << 24
 DEFAULT_CHUNK_ROWS = 64
 TOKEN_CHUNK = 4096
-SCAN_PER_SHARD = 16  # DF_HS_SCAN_PER_SHARD: a sampled NaN/Inf scan reads this many samples per shard
+SCAN_PER_SHARD = 16  # DF_HS_SCAN_PER_SHARD and DF_HS_SCAN_BUDGET_BYTES: a sampled NaN/Inf scan reads up to 16
+SCAN_BUDGET_BYTES = 256 << 20  # samples per shard, but about 256 MiB of stored hidden states at most
 
 ATTRS = ("format", "version", "hidden_size", "target_layer_ids", "dtype")
 DS_OFFSETS, DS_IDS, DS_MASK = "sample_offsets", "input_ids", "loss_mask"
@@ -332,13 +333,22 @@ def _disagreement(s0, s, p0, p):
     return None
 
 
-def scan_indices(n, full):
-    """The samples of a shard of n a scan reads: all, or SCAN_PER_SHARD evenly spaced (first and last included),
-    the C reader's choice (train/hs_scan.c)."""
-    m = n if full or n <= SCAN_PER_SHARD else SCAN_PER_SHARD
-    if m == n:
+def sampled_count(shards):
+    """M, the samples a sampled scan reads (DF_HS_SCAN_PER_SHARD per shard, at most about SCAN_BUDGET_BYTES of
+    stored hidden states, at least one): the C reader's df_hs_scan_sampled_count, computed the same way."""
+    n, t = sum(s["n"] for s in shards), sum(s["t"] for s in shards)
+    s0 = shards[0]
+    elem = 2 if s0["dtype"] == "bfloat16" else 4
+    row = elem * (len(s0["target_layer_ids"]) * s0["hidden_size"] + (s0["hidden_size"] if s0["has_last"] else 0))
+    fit = float(SCAN_BUDGET_BYTES) * float(n) / (float(t) * float(row))
+    return min(n, SCAN_PER_SHARD * len(shards), max(1, int(fit)))
+
+
+def scan_indices(n, m):
+    """The global samples a scan of m of n samples reads: all, or m evenly spaced (first and last included)."""
+    if m >= n:
         return list(range(n))
-    return [j * (n - 1) // (m - 1) for j in range(m)]
+    return [j * (n - 1) // (m - 1) for j in range(m)] if m > 1 else [0]
 
 
 def _first_nonfinite(rows):
@@ -350,24 +360,36 @@ def _first_nonfinite(rows):
     return flat // rows.shape[1], flat % rows.shape[1]
 
 
-def scan_shard(p, s, first, full):
-    """Problems for the samples of shard p (summary s, global number of its sample 0) that hold NaN/Inf, and how
-    many samples were read."""
+def _scan_sample(f, p, s, j, g):
+    """The problem of sample j (global number g) of open shard f (path p, summary s), or None."""
     conv = bf16_bits_to_f32 if s["dtype"] == "bfloat16" else (lambda x: x.astype(np.float32))
-    idx = scan_indices(s["n"], full)
-    problems = []
-    with h5py.File(p, "r") as f:
-        for j in idx:
-            r0, r1 = int(s["offsets"][j]), int(s["offsets"][j + 1])
-            for name in (DS_HIDDEN, DS_LAST) if s["has_last"] else (DS_HIDDEN,):
-                hit = _first_nonfinite(conv(f[name][r0:r1]))
-                if hit:
-                    v = conv(f[name][r0 + hit[0]:r0 + hit[0] + 1])[0, hit[1]]
-                    what = "NaN" if np.isnan(v) else ("+Inf" if v > 0 else "-Inf")
-                    problems.append(f"shard {p}: sample {j} (#{first + j}), token {hit[0]}: {name} column {hit[1]} "
-                                    f"is {what}")
-                    break
-    return problems, len(idx)
+    r0, r1 = int(s["offsets"][j]), int(s["offsets"][j + 1])
+    for name in (DS_HIDDEN, DS_LAST) if s["has_last"] else (DS_HIDDEN,):
+        rows = conv(f[name][r0:r1])
+        hit = _first_nonfinite(rows)
+        if hit:
+            v = rows[hit[0], hit[1]]
+            what = "NaN" if np.isnan(v) else ("+Inf" if v > 0 else "-Inf")
+            return f"shard {p}: sample {j} (#{g}), token {hit[0]}: {name} column {hit[1]} is {what}"
+    return None
+
+
+def scan_data(shards, full):
+    """NaN/Inf problems of the samples a scan reads, and how many it read. shards: [(path, summary, first)]."""
+    n = sum(s["n"] for _, s, _ in shards)
+    picked = scan_indices(n, n if full else sampled_count([s for _, s, _ in shards]))
+    problems, k = [], 0
+    for p, s, first in shards:
+        mine = [g for g in picked if first <= g < first + s["n"]]
+        if not mine:
+            continue
+        with h5py.File(p, "r") as f:
+            for g in mine:
+                pr = _scan_sample(f, p, s, g - first, g)
+                if pr:
+                    problems.append(pr)
+        k += len(mine)
+    return problems, k
 
 
 def validate(path, scan="sampled"):
@@ -397,11 +419,8 @@ def validate(path, scan="sampled"):
     if not problems and total == 0:
         problems.append(f"data path {path} holds no samples")
     if not problems and scan != "none":
-        read = 0
-        for p, s, start in shards:
-            probs, n = scan_shard(p, s, start, scan == "full")
-            problems += probs
-            read += n
+        probs, read = scan_data(shards, scan == "full")
+        problems += probs
         validate.last_scan = (read, total)
     return problems
 
@@ -463,7 +482,7 @@ def main(argv=None):
     v = sub.add_parser("validate", help="check a shard or directory, NaN/Inf included; exit 1 on problems")
     v.add_argument("path")
     v.add_argument("--full", action="store_true",
-                   help=f"scan every sample for NaN/Inf (default: {SCAN_PER_SHARD} samples per shard)")
+                   help=f"scan every sample for NaN/Inf (default: up to {SCAN_PER_SHARD} per shard, spread)")
     sub.add_parser("info", help="print attributes and counts").add_argument("path")
     args = ap.parse_args(argv)
     full = args.cmd == "validate" and args.full

@@ -49,7 +49,7 @@ static df_status inspect_json(const char *path, df_error *err) {
   return DF_OK;
 }
 
-static const df_cli_opt INSPECT_OPTS[] = {{"--full", NULL, DF_CLI_FLAG, "off: 16 samples per shard",
+static const df_cli_opt INSPECT_OPTS[] = {{"--full", NULL, DF_CLI_FLAG, "off: up to 16 samples per shard, spread",
                                            "hidden-state data: scan every sample for NaN/Inf, not a sample of them"},
                                           DF_CLI_END};
 

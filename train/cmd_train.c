@@ -23,7 +23,8 @@ static const df_cli_opt TRAIN_OPTS[] = {
     {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads (resume bit-exact with the same count)"},
     {"--no-prefetch", NULL, DF_CLI_FLAG, "off", "read batches on the training thread (the batches are the same)"},
     {"--data-scan", "sampled|full|none", DF_CLI_VALUE, "sampled",
-     "NaN/Inf check of the data at start-up: 16 samples per shard, every sample, or none"},
+     "NaN/Inf check of the data at start-up: up to 16 samples per shard spread over the data (at most ~256 "
+     "MiB read), every sample, or none"},
     {"--schema", NULL, DF_CLI_FLAG, "off", "print every recipe key (type, default, support) and exit"},
     DF_CLI_END};
 

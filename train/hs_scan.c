@@ -72,21 +72,29 @@ df_status df_hs_scan_samples(df_hs_dataset *ds, const int64_t *samples, int64_t 
   return st;
 }
 
+int64_t df_hs_scan_sampled_count(const df_hs_dataset *ds) {
+  const df_hs_info *in = df_hs_get_info(ds);
+  int64_t elem = in->dtype == DF_BF16 ? 2 : 4;
+  int64_t row = elem * ((int64_t)in->num_layers * in->hidden_size + (in->has_last_hidden ? in->hidden_size : 0));
+  int64_t m = (int64_t)DF_HS_SCAN_PER_SHARD * in->num_shards;
+  // budget · N / (T · row) in double: exact enough for a count, and the Python twin computes the same
+  double fit = (double)DF_HS_SCAN_BUDGET_BYTES * (double)in->num_samples / ((double)in->num_tokens * (double)row);
+  int64_t by_bytes = fit < 1 ? 1 : (int64_t)fit;
+  if (by_bytes < m) m = by_bytes;
+  return m < in->num_samples ? m : in->num_samples;
+}
+
 df_status df_hs_scan(df_hs_dataset *ds, df_hs_scan_mode mode, df_hs_scan_report *rep, df_error *err) {
   memset(rep, 0, sizeof *rep);
-  const df_hs_info *in = df_hs_get_info(ds);
-  rep->total = in->num_samples, rep->full = mode == DF_HS_SCAN_FULL;
+  int64_t n = df_hs_get_info(ds)->num_samples;
+  rep->total = n, rep->full = mode == DF_HS_SCAN_FULL;
+  int64_t m = rep->full ? n : df_hs_scan_sampled_count(ds);
   float *buf = NULL;
   int64_t cap = 0;
   df_status st = DF_OK;
-  for (int k = 0; k < in->num_shards && st == DF_OK; k++) {
-    int64_t first, count;
-    df_hs_shard(ds, k, NULL, &first, &count);
-    int64_t m = rep->full || count <= DF_HS_SCAN_PER_SHARD ? count : DF_HS_SCAN_PER_SHARD;
-    for (int64_t j = 0; j < m && st == DF_OK; j++) {
-      int64_t local = m == count ? j : (m > 1 ? j * (count - 1) / (m - 1) : 0);
-      st = scan_one(ds, first + local, &buf, &cap, rep, err);
-    }
+  for (int64_t j = 0; j < m && st == DF_OK; j++) {
+    int64_t i = m == n ? j : (m > 1 ? j * (n - 1) / (m - 1) : 0);
+    st = scan_one(ds, i, &buf, &cap, rep, err);
   }
   free(buf);
   return st;

@@ -18,8 +18,11 @@ extern "C" {
 
 typedef enum { DF_HS_SCAN_SAMPLED, DF_HS_SCAN_FULL } df_hs_scan_mode;
 
-// A sampled scan reads this many samples of each shard, evenly spaced, its first and last included.
-#define DF_HS_SCAN_PER_SHARD 16
+// A sampled scan reads M samples evenly spaced over the whole data (the first and last included):
+// M = min(N, 16 · shards, max(1, budget · N / (T · row bytes))) — 16 per shard, but never much more than 256 MiB
+// of stored hidden states, so its cost at start-up stays bounded on data of any size.
+#define DF_HS_SCAN_PER_SHARD    16
+#define DF_HS_SCAN_BUDGET_BYTES (INT64_C(256) << 20)
 
 enum { DF_HS_SCAN_MAX_REPORT = 16 };
 
@@ -42,11 +45,14 @@ typedef struct {
   df_hs_bad_value bad[DF_HS_SCAN_MAX_REPORT];
 } df_hs_scan_report;
 
-// Scans every sample (full) or DF_HS_SCAN_PER_SHARD per shard (sampled).
+// Scans every sample (full) or the sampled scan's M samples.
 df_status df_hs_scan(df_hs_dataset *ds, df_hs_scan_mode mode, df_hs_scan_report *rep, df_error *err);
 // Scans the given global samples (the samples of a skipped step).
 df_status df_hs_scan_samples(df_hs_dataset *ds, const int64_t *samples, int64_t n, df_hs_scan_report *rep,
                              df_error *err);
+
+// How many samples a sampled scan of ds reads (M above).
+int64_t df_hs_scan_sampled_count(const df_hs_dataset *ds);
 
 // One sample's rows in memory: hidden (L, W) and, when not NULL, last (L, H). True (and *bad's token, column,
 // dataset, value filled) when a value is not finite.

@@ -51,6 +51,10 @@ Test(bad_data_cli, inspect_reports_non_finite_values_by_shard_sample_and_token) 
   snprintf(fx, sizeof fx, "inspect %s/data", FX);
   cr_expect_eq(df_cli_run(&d, fx, out, sizeof out), 0, "%s", out);
   cr_expect(strstr(out, "non-finite values: none"), "%s", out);
+  // 160 small samples: the sampled scan reads 16 (the 256 MiB budget allows them all), as the Python tool does
+  snprintf(fx, sizeof fx, "inspect %s/recipes/demo/train", DF_SOURCE_DIR);
+  cr_expect_eq(df_cli_run(&d, fx, out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "none (sampled scan of 16 of 160 samples; --full reads every sample)"), "%s", out);
   df_cli_dir_close(&d);
 }
 

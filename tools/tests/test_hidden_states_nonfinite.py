@@ -1,6 +1,6 @@
 """tools/hidden_states.py validate and NaN/Inf hidden states (issue 16 "Bad data"): reported by shard, sample and
-token; a sampled scan by default (SCAN_PER_SHARD samples per shard, the C reader's choice) that says so, and
---full for every sample.
+token; a sampled scan by default (up to SCAN_PER_SHARD samples per shard spread over the data, bounded in bytes:
+the C reader's choice) that says so, and --full for every sample.
 
 Run: /usr/bin/python3 -m pytest tools/tests (needs python3-pytest, python3-h5py, python3-numpy)."""
 import pathlib
@@ -65,8 +65,10 @@ def test_full_scan_names_shard_sample_and_token(tmp_path):
 def test_sampled_scan_reads_spread_samples_and_says_so(tmp_path):
     p = tmp_path / "s.h5"
     shard(p, 40, "float32")
-    picked = hs.scan_indices(40, full=False)
-    assert len(picked) == hs.SCAN_PER_SHARD == 16 and picked[0] == 0 and picked[-1] == 39
+    summary = hs.inspect_shard(str(p))[0]
+    assert hs.sampled_count([summary]) == hs.SCAN_PER_SHARD == 16
+    picked = hs.scan_indices(40, 16)
+    assert len(picked) == 16 and picked[0] == 0 and picked[-1] == 39
     missed = next(j for j in range(40) if j not in picked)
     poke(p, missed, 1, 0, np.inf)
     r = run("validate", p)  # the sampled default misses it, and says how much it read
@@ -78,6 +80,15 @@ def test_sampled_scan_reads_spread_samples_and_says_so(tmp_path):
     poke(p, picked[5], 0, 5, np.nan)  # one the sampled scan reads
     r = run("validate", p)
     assert r.returncode == 1 and f"sample {picked[5]} (#{picked[5]}), token 0: hidden_states column 5 is NaN" in r.stderr
+
+
+def test_sampled_scan_is_bounded_in_bytes():
+    # an 8B-sized capture: 100 shards of 1000 samples of 2048 rows, K = 5 layers of H = 4096 in bf16 (84 MB a
+    # sample): 16 per shard would read 134 GB; the budget keeps it to 3 samples (252 MB)
+    big = dict(n=1000, t=2048 * 1000, dtype="bfloat16", target_layer_ids=[1, 9, 17, 25, 33], hidden_size=4096,
+               has_last=False)
+    assert hs.sampled_count([big] * 100) == 3
+    assert hs.scan_indices(100 * 1000, 3) == [0, 49999, 99999]
 
 
 def test_small_shards_are_scanned_whole(tmp_path):
