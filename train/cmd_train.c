@@ -110,10 +110,11 @@ int df_cmd_train(int argc, char **argv) {
   char cmd[8400];
   resume_command(&s, threads, cmd, sizeof cmd);
   if (st != DF_OK) {
+    fflush(stdout);
+    if (s.saved_after_error) // before the error, whose HINT stays the last line
+      fprintf(stderr, "the run failed after step %lld; its state was saved first: %s\nresume with: %s\n",
+              (long long)s.last_step, s.last_checkpoint, cmd);
     print_error(&err, a.verbose);
-    if (s.saved_after_error)
-      fprintf(stderr, "the state after step %lld was saved first: %s\nresume with: %s\n", (long long)s.last_step,
-              s.last_checkpoint, cmd);
     df_cli_free(&a);
     return s.bad_arguments ? DF_EXIT_USAGE : DF_EXIT_FAILURE;
   }

@@ -1,9 +1,11 @@
-// The draftforge subcommands: each takes the arguments after its name and returns the process exit code.
+// The draftforge subcommands: each takes the arguments after its name and returns the process exit code
+// (0 success, 1 failure, 2 bad usage or arguments); each parses its options from a table (train/cli.h) that
+// also makes its --help.
 #ifndef DF_TRAIN_COMMANDS_H
 #define DF_TRAIN_COMMANDS_H
 
 int df_cmd_inspect(int argc, char **argv);
-// `draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH]` (train/cmd_train.c).
+// `draftforge train [RECIPE.yaml] [--set section.key=value ...] [--resume PATH|auto] ...` (train/cmd_train.c).
 int df_cmd_train(int argc, char **argv);
 int df_cmd_export(int argc, char **argv); // train/cmd_export.c
 int df_cmd_eval(int argc, char **argv);   // train/cmd_eval.c

@@ -16,7 +16,10 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
                            "  capture ...         capture target hidden states             (not implemented yet)\n"
                            "  inspect FILE...     print a safetensors file, a config, or HDF5 shards\n"
-                           "  --version           print the version and the backends built in\n";
+                           "  --version           print the version and the backends built in\n"
+                           "\n"
+                           "Every command answers --help with its options and their defaults. Exit codes: 0 success,\n"
+                           "1 failure, 2 bad usage or bad arguments.\n";
 
 static int print_version(void) {
   printf("draftforge %s\n", DF_VERSION);
