@@ -18,14 +18,16 @@ extern "C" {
 typedef struct {
   char path[4200];
   FILE *fp;
+  struct df_tb_writer *tb; // tracking.report_to: tensorboard: every line is mirrored there (owned; NULL: off)
 } df_metrics_log;
 
 // Opens <output_dir>/metrics.jsonl for appending after dropping every line whose "step" is greater than
 // keep_through (0: a fresh run keeps nothing). The rewrite is atomic (temporary file + rename).
 df_status df_metrics_open(df_metrics_log *l, const char *output_dir, int64_t keep_through, df_error *err);
-// Appends obj as one compact line (doubles with 17 significant digits, so equal bits print equal) and flushes.
+// Appends obj as one compact line (doubles with 17 significant digits, so equal bits print equal) and flushes;
+// with l->tb set, also writes it to the TensorBoard event file (train/tb_writer.h).
 df_status df_metrics_append(df_metrics_log *l, const json_t *obj, df_error *err);
-void df_metrics_close(df_metrics_log *l);
+void df_metrics_close(df_metrics_log *l); // closes l->tb too
 
 // Wall-clock fields (they differ between otherwise identical runs): every line keeps them under these keys,
 // and df_metrics_strip_timing removes them before comparing lines.
