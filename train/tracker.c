@@ -13,7 +13,9 @@
 #include "train/pytools.h"
 
 struct df_tracker {
-  pid_t pid;
+  const df_recipe *r;
+  char python[4096], script[4096];
+  pid_t pid;  // -1 until started
   int pipe_w; // the trainer's end; closing it tells the script the run is over
   char backend[16];
   char log_path[4400];
@@ -67,21 +69,29 @@ static void backend_args(const df_recipe *r, argv_list *a, char *mlruns, size_t 
   }
 }
 
-df_status df_tracker_start(const df_recipe *r, int64_t from_step, FILE *log, df_tracker **out, df_error *err) {
+df_status df_tracker_prepare(const df_recipe *r, df_tracker **out, df_error *err) {
   *out = NULL;
   const char *pkg = df_tracker_package(r->tracking.report_to);
   if (!pkg) return DF_OK;
-  char need[64], python[4096], script[4096];
-  snprintf(need, sizeof need, "tracking.report_to = %s", pkg);
-  DF_TRY(df_pytools_python(pkg, pkg, need, "tracking.report_to", python, sizeof python, err));
-  DF_TRY(df_pytools_script("track.py", script, sizeof script, err));
   df_tracker *t = calloc(1, sizeof *t);
   if (!t) return DF_FAIL(err, DF_ERR_NOMEM, "tracking", NULL, "out of memory");
+  t->r = r, t->pid = -1, t->pipe_w = -1;
   snprintf(t->backend, sizeof t->backend, "%s", pkg);
+  char need[64];
+  snprintf(need, sizeof need, "tracking.report_to = %s", pkg);
+  df_status st = df_pytools_python(pkg, pkg, need, "tracking.report_to", t->python, sizeof t->python, err);
+  if (st == DF_OK) st = df_pytools_script("track.py", t->script, sizeof t->script, err);
+  if (st != DF_OK) return free(t), st;
+  *out = t;
+  return DF_OK;
+}
+
+df_status df_tracker_start(df_tracker *t, int64_t from_step, FILE *log, df_error *err) {
+  const df_recipe *r = t->r;
   char dir[4300];
   snprintf(dir, sizeof dir, "%.4200s/tracking", r->output_dir);
   df_status st = df_mkdirs(dir, "check output_dir and its permissions", err);
-  snprintf(t->log_path, sizeof t->log_path, "%s/%s.log", dir, pkg);
+  snprintf(t->log_path, sizeof t->log_path, "%s/%s.log", dir, t->backend);
   int fds[2] = {-1, -1};
   if (st == DF_OK && pipe(fds) != 0) st = DF_FAIL(err, DF_ERR_IO, "tracking", NULL, "cannot create the tracker's pipe");
   if (st != DF_OK) return free(t), st;
@@ -89,7 +99,8 @@ df_status df_tracker_start(const df_recipe *r, int64_t from_step, FILE *log, df_
   char from[32], mlruns[4300];
   snprintf(from, sizeof from, "%lld", (long long)from_step);
   argv_list a = {
-      .v = {python, script, "--backend", (char *)pkg, "--run-dir", (char *)r->output_dir, "--from-step", from}, .n = 8};
+      .v = {t->python, t->script, "--backend", t->backend, "--run-dir", (char *)r->output_dir, "--from-step", from},
+      .n = 8};
   backend_args(r, &a, mlruns, sizeof mlruns);
   a.v[a.n] = NULL;
   // API keys go through the environment, never the command line (ps shows it to every user)
@@ -107,13 +118,16 @@ df_status df_tracker_start(const df_recipe *r, int64_t from_step, FILE *log, df_
     return st;
   }
   t->pipe_w = fds[1];
-  if (log) fprintf(log, "tracking: %s via tools/track.py (pid %ld, log %s)\n", pkg, (long)t->pid, t->log_path);
-  *out = t;
+  if (log) fprintf(log, "tracking: %s via tools/track.py (pid %ld, log %s)\n", t->backend, (long)t->pid, t->log_path);
   return DF_OK;
 }
 
 void df_tracker_finish(df_tracker *t, double timeout_s, FILE *log) {
   if (!t) return;
+  if (t->pid < 0) { // prepared, never started
+    free(t);
+    return;
+  }
   close(t->pipe_w);
   int rc = 0;
   bool ended = df_pytools_wait(t->pid, timeout_s, &rc);

@@ -20,10 +20,14 @@ typedef struct df_tracker df_tracker;
 // The pip package report_to needs ("wandb", "swanlab", "mlflow"); NULL for none and tensorboard.
 const char *df_tracker_package(df_report_to report_to);
 
-// Starts tools/track.py for r->tracking.report_to (*out = NULL when it names no such tracker). The package
-// must be importable (train/pytools.h picks the interpreter), else the error names it. Lines with a step at or
-// below from_step (a resumed run's checkpoint) were forwarded by the run that wrote them and are skipped.
-df_status df_tracker_start(const df_recipe *r, int64_t from_step, FILE *log, df_tracker **out, df_error *err);
+// Checks, before anything else of the run, that r->tracking.report_to's package is importable (train/pytools.h
+// picks the interpreter; the error names the package) and finds tools/track.py. *out = NULL when report_to
+// names no such tracker.
+df_status df_tracker_prepare(const df_recipe *r, df_tracker **out, df_error *err);
+
+// Starts the script. Lines with a step at or below from_step (a resumed run's checkpoint) were forwarded by
+// the run that wrote them and are skipped. On failure t is freed.
+df_status df_tracker_start(df_tracker *t, int64_t from_step, FILE *log, df_error *err);
 
 // Closes the pipe and waits (at most timeout_s) for the script to forward the rest and finish; a script still
 // running then is stopped with SIGTERM. A non-zero exit is reported on log (the run itself is not failed: its

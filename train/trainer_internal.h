@@ -54,8 +54,10 @@ typedef struct {
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err);
 void df_trainer_teardown(df_trainer *t);
 
-// tracking.report_to (train/trainer_observe.c): opens the TensorBoard mirror of metrics.jsonl or starts the
-// tracker process; close waits for the tracker after metrics.jsonl is closed.
+// tracking.report_to (train/trainer_observe.c): prepare checks the tracker's package right after the recipe
+// is read; open starts the TensorBoard mirror of metrics.jsonl or the tracker process; close waits for the
+// tracker after metrics.jsonl is closed.
+df_status df_trainer_observe_prepare(df_trainer *t, df_error *err);
 df_status df_trainer_observe_open(df_trainer *t, df_error *err);
 void df_trainer_observe_close(df_trainer *t);
 

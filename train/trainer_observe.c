@@ -24,6 +24,10 @@ static df_status tb_recipe_text(df_tb_writer *w, const char *yaml, df_error *err
   return st;
 }
 
+df_status df_trainer_observe_prepare(df_trainer *t, df_error *err) {
+  return df_tracker_prepare(t->recipe, &t->tracker, err);
+}
+
 df_status df_trainer_observe_open(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   if (rc->tracking.report_to == DF_REPORT_TENSORBOARD) {
@@ -34,7 +38,10 @@ df_status df_trainer_observe_open(df_trainer *t, df_error *err) {
     if (t->log) fprintf(t->log, "tensorboard: %s (tensorboard --logdir %s)\n", df_tb_path(t->metrics.tb), dir);
     return DF_OK;
   }
-  return df_tracker_start(rc, t->prog.step, t->log, &t->tracker, err);
+  if (!t->tracker) return DF_OK;
+  df_status st = df_tracker_start(t->tracker, t->prog.step, t->log, err);
+  if (st != DF_OK) t->tracker = NULL; // freed by the failed start
+  return st;
 }
 
 void df_trainer_observe_close(df_trainer *t) {

@@ -185,6 +185,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   df_recipe_options ro = {
       .log = opt->log ? stderr : NULL, .overrides = opt->overrides, .n_overrides = opt->n_overrides};
   DF_TRY(df_recipe_load(opt->recipe_path, &ro, &t->recipe, err));
+  DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
   DF_TRY(plan_schedule(t, err));
   DF_TRY(alloc_optimizer(t, err));
