@@ -102,7 +102,8 @@ void df_progress_format(const df_progress *p, char *buf, size_t n) {
              (long long)p->step, (long long)p->stop, (long long)p->epoch, p->lr, eta);
     return;
   }
-  snprintf(buf, n, "step %lld/%lld | ep %lld | loss %.4f | acc %.4f | lr %.2e | gnorm %.3f | %s tok/s | ETA %s",
-           (long long)p->step, (long long)p->stop, (long long)p->epoch, p->loss, p->acc, p->lr, p->grad_norm, rate,
-           eta);
+  snprintf(buf, n,
+           "step %lld/%lld | ep %lld | loss %.4f | acc %.4f | tau %.2f | lr %.2e | gnorm %.3f | %s tok/s | ETA %s",
+           (long long)p->step, (long long)p->stop, (long long)p->epoch, p->loss, p->acc, p->tau, p->lr, p->grad_norm,
+           rate, eta);
 }

@@ -39,12 +39,12 @@ json_t *df_metrics_real(double x);
 
 typedef struct {
   int64_t step, stop, epoch;
-  double loss, acc, lr, grad_norm;
+  double loss, acc, tau, lr, grad_norm; // tau: the window's simulated acceptance length
   double tokens_per_s, eta_s;
   bool skipped;
 } df_progress;
 
-// "step 12/100 | ep 0 | loss 5.4321 | acc 0.1234 | lr 6.00e-04 | gnorm 1.234 | 12.3k tok/s | ETA 0:01:05"
+// "step 12/100 | ep 0 | loss 5.4321 | acc 0.1234 | tau 1.92 | lr 6.00e-04 | gnorm 1.234 | 12.3k tok/s | ETA 0:01:05"
 void df_progress_format(const df_progress *p, char *buf, size_t n);
 
 #ifdef __cplusplus

@@ -8,6 +8,7 @@
 
 #include "moe/ffn_moe.h"
 #include "train/evaluate.h"
+#include "train/progress.h"
 #include "train/trainer_internal.h"
 
 // The one process-wide variable: set by the SIGINT/SIGTERM handler, read at optimizer-step boundaries.
@@ -266,13 +267,15 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
     json_decref(o);
     DF_TRY(st);
   }
-  if (!t->log || !(line || step == t->stop_step || g_stop_signal)) return DF_OK;
+  struct df_progress_term *term = t->opt->progress; // a terminal: redrawn every step
+  if (!t->log || !(line || term || step == t->stop_step || g_stop_signal)) return DF_OK;
   int64_t done = step - t->start_step;
   df_progress p = {.step = step,
                    .stop = t->stop_step,
                    .epoch = w->epoch,
                    .loss = r->loss,
                    .acc = r->acc,
+                   .tau = w->num_blocks ? w->accept_len_sum / (double)w->num_blocks : NAN,
                    .lr = r->lr,
                    .grad_norm = r->grad_norm,
                    .tokens_per_s = r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : NAN,
@@ -280,6 +283,10 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
                    .skipped = r->skipped};
   char buf[512];
   df_progress_format(&p, buf, sizeof buf);
+  if (term) {
+    df_progress_term_update(term, buf, line || step == t->stop_step);
+    return DF_OK;
+  }
   fprintf(t->log, "%s\n", buf);
   fflush(t->log);
   return DF_OK;
