@@ -14,7 +14,8 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
                            "  capture ...         capture target hidden states             (not implemented yet)\n"
-                           "  inspect FILE...     print a safetensors file, a config, or HDF5 shards\n"
+                           "  inspect FILE...     print a safetensors file, a config, HDF5 shards, or a checkpoint\n"
+                           "  plot RUN_DIR        PNG charts of a run's metrics.jsonl          (see plot --help)\n"
                            "  --version           print the version and the backends built in\n";
 
 static int print_version(void) {
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "step")) return df_cmd_step(argc - 2, argv + 2);
   if (!strcmp(argv[1], "export")) return df_cmd_export(argc - 2, argv + 2);
   if (!strcmp(argv[1], "eval")) return df_cmd_eval(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "plot")) return df_cmd_plot(argc - 2, argv + 2);
   static const char *planned[] = {"capture"};
   for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
     if (!strcmp(argv[1], planned[i])) {
