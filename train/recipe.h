@@ -103,6 +103,8 @@ df_status df_recipe_write_resolved(const df_recipe *r, FILE *fp, df_error *err);
 // Every key of the schema with its type, default, range and whether draftforge implements it (the table
 // train/recipe_schema.c holds), for `draftforge step --help` and the docs.
 void df_recipe_print_schema(FILE *fp);
+// The same as the Markdown page docs/recipe-reference.md (train/recipe_doc.c; `draftforge schema --markdown`).
+void df_recipe_print_reference(FILE *fp);
 
 #ifdef __cplusplus
 }
