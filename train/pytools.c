@@ -40,7 +40,7 @@ df_status df_pytools_spawn(char *const argv[], int stdin_fd, const char *log_pat
     posix_spawn_file_actions_destroy(&fa);
     return DF_FAIL(err, DF_ERR_NOMEM, argv[0], NULL, "out of memory");
   }
-  memcpy(env, extra_env, nx * sizeof *env); // first, so they win over inherited copies
+  if (nx) memcpy(env, extra_env, nx * sizeof *env); // first, so they win over inherited copies
   memcpy(env + nx, environ, ne * sizeof *env);
   int rc = strchr(argv[0], '/') ? posix_spawn(pid, argv[0], &fa, NULL, argv, env)
                                 : posix_spawnp(pid, argv[0], &fa, NULL, argv, env);
