@@ -1,6 +1,6 @@
 // `draftforge inspect FILE`: prints what a file holds — a safetensors file's tensors, a draft or target
-// config's resolved values, or an HDF5 hidden-state shard's (or shard directory's) attributes and samples, with
-// a NaN/Inf scan (sampled, or every sample with --full).
+// config's resolved values, a checkpoint (train/inspect_ckpt.h), or an HDF5 hidden-state shard's (or shard
+// directory's) attributes and samples, with a NaN/Inf scan (sampled, or every sample with --full).
 #include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -14,6 +14,7 @@
 #include "train/commands.h"
 #include "train/hidden_states.h"
 #include "train/hs_scan.h"
+#include "train/inspect_ckpt.h"
 
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
@@ -59,14 +60,17 @@ static const df_cli_spec INSPECT_CLI = {
     1,
     DF_CLI_MAX_POS,
     "Prints what each FILE holds: a safetensors file's tensors (or a sharded directory's), a draft or target\n"
-    "config's resolved values, or hidden-state shards (a .h5 file or a directory of them): attributes, sample and\n"
-    "token counts, and any NaN/Inf hidden state by shard, sample and token (which fails, exit 1).",
+    "config's resolved values, a checkpoint (or a run directory's latest one: state, tensor table, moments), or\n"
+    "hidden-state shards (a .h5 file or a directory of them): attributes, sample and token counts, and any NaN/Inf\n"
+    "hidden state by shard, sample and token. A problem found (a NaN, a table mismatch) fails, exit 1.",
     INSPECT_OPTS};
 
 static df_status inspect_path(const char *path, df_hs_scan_mode scan, df_error *err) {
   struct stat st;
   if (stat(path, &st) != 0) return DF_FAIL(err, DF_ERR_IO, path, "check the path", "cannot open '%s'", path);
   if (S_ISDIR(st.st_mode)) {
+    char ckpt[4300]; // a checkpoint, or a run directory's latest one (train/inspect_ckpt.c)
+    if (df_inspect_checkpoint_dir(path, ckpt, sizeof ckpt)) return df_inspect_checkpoint(ckpt, stdout, err);
     if (dir_has_suffix(path, ".h5")) return df_hs_inspect(path, scan, stdout, err);
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/config.json", path);

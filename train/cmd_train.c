@@ -8,6 +8,7 @@
 
 #include "train/cli.h"
 #include "train/commands.h"
+#include "train/progress.h"
 #include "train/recipe.h"
 #include "train/run_dir.h"
 #include "train/trainer.h"
@@ -25,7 +26,6 @@ static const df_cli_opt TRAIN_OPTS[] = {
     {"--data-scan", "sampled|full|none", DF_CLI_VALUE, "sampled",
      "NaN/Inf check of the data at start-up: up to 16 samples per shard spread over the data (at most ~256 "
      "MiB read), every sample, or none"},
-    {"--schema", NULL, DF_CLI_FLAG, "off", "print every recipe key (type, default, support) and exit"},
     DF_CLI_END};
 
 static const df_cli_spec TRAIN_CLI = {
@@ -81,10 +81,6 @@ int df_cmd_train(int argc, char **argv) {
   df_cli_args a;
   int rc = df_cli_parse(&TRAIN_CLI, argc, argv, &a);
   if (rc) return df_cli_free(&a), rc == 1 ? DF_EXIT_OK : rc;
-  if (df_cli_has(&a, "--schema")) {
-    df_recipe_print_schema(stdout);
-    return df_cli_free(&a), DF_EXIT_OK;
-  }
   static const char *const scans[] = {"sampled", "full", "none", NULL};
   long long threads;
   int scan, n_sets;
@@ -94,6 +90,9 @@ int df_cmd_train(int argc, char **argv) {
     return df_cli_free(&a), DF_EXIT_USAGE;
   if ((rc = check_arguments(&a, recipe, resume, sets, n_sets))) return df_cli_free(&a), rc;
   if (threads > 0) omp_set_num_threads((int)threads);
+  df_progress_term *term = NULL; // a terminal gets the refreshing progress line (train/progress.h)
+  df_error err = {0};
+  if (df_progress_is_terminal(stdout) && df_progress_term_open(stdout, 0, &term, &err) != DF_OK) term = NULL;
   df_train_options o = {.recipe_path = recipe,
                         .overrides = sets,
                         .n_overrides = n_sets,
@@ -101,12 +100,13 @@ int df_cmd_train(int argc, char **argv) {
                         .overwrite = df_cli_has(&a, "--overwrite"),
                         .data_scan = (df_data_scan)scan,
                         .threads = (int)threads,
-                        .log = stdout,
+                        .log = term ? df_progress_term_log(term) : stdout,
+                        .progress = term,
                         .handle_signals = true,
                         .no_prefetch = df_cli_has(&a, "--no-prefetch")};
   df_train_summary s;
-  df_error err = {0};
   df_status st = df_train(&o, &s, &err);
+  df_progress_term_close(term);
   char cmd[8400];
   resume_command(&s, threads, cmd, sizeof cmd);
   if (st != DF_OK) {

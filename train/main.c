@@ -5,6 +5,7 @@
 
 #include "kernels/ops.h"
 #include "train/commands.h"
+#include "train/recipe.h"
 #include "train/step.h"
 
 static const char *usage = "usage: draftforge <command> [args]\n"
@@ -15,7 +16,9 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
                            "  capture ...         capture target hidden states             (not implemented yet)\n"
-                           "  inspect FILE...     print a safetensors file, a config, or HDF5 shards\n"
+                           "  inspect FILE...     print a safetensors file, a config, HDF5 shards, or a checkpoint\n"
+                           "  plot RUN_DIR        PNG charts of a run's metrics.jsonl          (see plot --help)\n"
+                           "  schema [--markdown] every recipe key: type, default, status (docs/recipe-reference.md)\n"
                            "  --version           print the version and the backends built in\n"
                            "\n"
                            "Every command answers --help with its options and their defaults. Exit codes: 0 success,\n"
@@ -43,6 +46,8 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "step")) return df_cmd_step(argc - 2, argv + 2);
   if (!strcmp(argv[1], "export")) return df_cmd_export(argc - 2, argv + 2);
   if (!strcmp(argv[1], "eval")) return df_cmd_eval(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "plot")) return df_cmd_plot(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "schema")) return df_cmd_schema(argc - 2, argv + 2);
   static const char *planned[] = {"capture"};
   for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
     if (!strcmp(argv[1], planned[i])) {

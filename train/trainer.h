@@ -41,8 +41,11 @@ typedef struct {
   df_data_scan data_scan; // default: a sampled scan
   int threads;            // CPU threads (0: OpenMP's default)
   FILE *log;              // progress lines and notes (NULL: quiet)
-  bool handle_signals;    // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
-  bool no_prefetch;       // read batches on the training thread (the batches are the same)
+  // A terminal (train/progress.h): the progress line is redrawn there every step, and log should be its log
+  // stream. NULL: a plain progress line on log at each log step.
+  struct df_progress_term *progress;
+  bool handle_signals; // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
+  bool no_prefetch;    // read batches on the training thread (the batches are the same)
   const df_train_hooks *hooks;
 } df_train_options;
 

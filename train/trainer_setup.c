@@ -190,6 +190,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
                             .overwrite = opt->overwrite,
                             .log = opt->log};
   DF_TRY(df_run_plan_make(&po, &t->recipe, &t->plan, err)); // fresh or resume, and the recipe it runs with
+  DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
   DF_TRY(df_trainer_check_data(t, err)); // every data path now, not at the first eval
   DF_TRY(plan_schedule(t, err));
@@ -202,6 +203,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   df_ckpt_remove_stale(ckdir, t->log);
   DF_TRY(t->plan.resume ? resume(t, t->plan.from.ckpt, err) : fresh_start(t, err));
   DF_TRY(write_resolved(t, err));
+  DF_TRY(df_trainer_observe_open(t, err));
   t->start_step = t->prog.step;
   print_plan(t);
   return DF_OK;
@@ -210,6 +212,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
 void df_trainer_teardown(df_trainer *t) {
   free(t->win_samples);
   df_metrics_close(&t->metrics);
+  df_trainer_observe_close(t); // after the close: the tracker forwards metrics.jsonl to its end
   df_feed_close(t->feed);
   df_dflash_model_free(t->model);
   df_ctx_destroy(t->ctx);

@@ -26,7 +26,7 @@ static void expect_defaults_listed(const char *cmd, const char *text) {
 Test(cli_help, every_subcommand_answers_help_with_defaults) {
   df_cli_dir d;
   df_cli_dir_open(&d, "help", NULL);
-  static const char *const cmds[] = {"train", "step", "export", "eval", "inspect"};
+  static const char *const cmds[] = {"train", "step", "export", "eval", "inspect", "plot", "schema"};
   for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
     char args[64];
     snprintf(args, sizeof args, "%s --help", cmds[i]);
@@ -75,8 +75,8 @@ Test(cli_help, unknown_key_error_comes_first_with_did_you_mean) {
   for (const char *c = out; *c; c++) lines += *c == '\n';
   cr_expect_leq(lines, 4, "no page of valid keys: %s", out);
   // the key list is one command away
-  cr_expect(strstr(out, "draftforge train --schema"), "%s", out);
-  cr_expect_eq(df_cli_run(&d, "train --schema", out, sizeof out), 0);
+  cr_expect(strstr(out, "draftforge schema"), "%s", out);
+  cr_expect_eq(df_cli_run(&d, "schema", out, sizeof out), 0);
   cr_expect(strstr(out, "training.max_steps"), "%s", out);
   df_cli_dir_close(&d);
 }

@@ -139,7 +139,7 @@ Test(resume_cli, time_based_saving) {
     cr_expect(df_cli_exists(&d, rel), "%s: %s", rel, out);
   }
   // the schema calls it an extension, and it has a default
-  cr_expect_eq(df_cli_run(&d, "train --schema", out, sizeof out), 0);
+  cr_expect_eq(df_cli_run(&d, "schema", out, sizeof out), 0);
   const char *row = strstr(out, "training.save_interval_minutes");
   cr_assert(row, "%s", out);
   cr_expect(strstr(row, "draftforge extension") && strstr(row, " 15 "), "%.300s", row);

@@ -103,7 +103,7 @@ Test(recipe, unknown_key_names_line_column_and_valid_keys) {
   cr_expect(strstr(err.msg, "bad-unknown-key.yaml:7:3: unknown key 'num_anchor' in section 'training'"), "%s", err.msg);
   cr_expect(strstr(err.hint, "did you mean 'num_anchors'?"), "%s", err.hint);
   cr_expect(strstr(err.hint, "valid keys: strategy, num_epochs, max_steps"), "%s", err.hint);
-  cr_expect(strstr(err.hint, "more (`draftforge train --schema` lists every key)"), "%s", err.hint);
+  cr_expect(strstr(err.hint, "more (`draftforge schema` lists every key)"), "%s", err.hint);
   // the error comes first, with the suggestion in its message: nothing is printed ahead of it (the whole key
   // list used to go to the log before the error)
   cr_expect(strstr(err.msg, "(did you mean 'num_anchors'?)"), "%s", err.msg);
