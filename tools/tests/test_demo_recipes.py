@@ -15,10 +15,11 @@ DEMOS = sorted((ROOT / "recipes").glob("demo-*.yaml"))
 
 
 def commands(text):
-    """The `build/draftforge ...` commands of a text (comment markers and trailing comments removed)."""
+    """The `build/draftforge ...` command lines of a text (a line that starts with the command, after an optional
+    YAML comment marker; trailing comments removed). Prose that mentions a command is not a command line."""
     out = []
     for line in text.splitlines():
-        m = re.search(r"build/draftforge (\w+) (.*)", line)
+        m = re.match(r"\s*(?:#\s*)?(?:\./)?build/draftforge (\w+) (.*)", line)
         if m:
             out.append((m.group(1), shlex.split(m.group(2).split("#")[0])))
     return out
