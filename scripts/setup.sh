@@ -2,6 +2,7 @@
 # Installs what draftforge needs to build, test and fuzz on a fresh Debian 12 machine (run as root, or
 # with sudo available). Packages already present are not reinstalled; apt is only called when needed.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake pkg-config git
@@ -12,6 +13,7 @@ packages=(
   libcriterion-dev         # the C test suite
   clang libomp-dev libclang-rt-14-dev  # libFuzzer targets (clang + its sanitizer runtimes)
   python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and their tests
+  python3-venv             # .venv-tools below
 )
 
 missing=()
@@ -28,3 +30,14 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 echo "setup: all packages present"
+
+# tools/prepare_data.py tokenizes with the target's own tokenizer and chat template through transformers
+# (no torch needed): a venv under an ignored path, pinned to the versions the fixtures were made with.
+venv=.venv-tools
+if ! "$venv/bin/python" -c "import transformers, tokenizers, jinja2, yaml" 2>/dev/null; then
+  echo "setup: creating $venv (transformers, tokenizers)"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check transformers==5.24.0 tokenizers==0.23.3 jinja2 pyyaml
+fi
+echo "setup: $venv ready"

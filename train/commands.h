@@ -5,7 +5,8 @@
 int df_cmd_inspect(int argc, char **argv);
 // `draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH]` (train/cmd_train.c).
 int df_cmd_train(int argc, char **argv);
-int df_cmd_export(int argc, char **argv); // train/cmd_export.c
-int df_cmd_eval(int argc, char **argv);   // train/cmd_eval.c
+int df_cmd_export(int argc, char **argv);  // train/cmd_export.c
+int df_cmd_eval(int argc, char **argv);    // train/cmd_eval.c
+int df_cmd_capture(int argc, char **argv); // train/cmd_capture.c
 
 #endif

@@ -13,7 +13,7 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  step RECIPE.yaml --dump DIR  one micro-step with a gradient dump (see step --help)\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
-                           "  capture ...         capture target hidden states             (not implemented yet)\n"
+                           "  capture --target DIR --data F --draft-config J --out DIR  hidden states from the target\n"
                            "  inspect FILE...     print a safetensors file, a config, or HDF5 shards\n"
                            "  --version           print the version and the backends built in\n";
 
@@ -39,12 +39,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "step")) return df_cmd_step(argc - 2, argv + 2);
   if (!strcmp(argv[1], "export")) return df_cmd_export(argc - 2, argv + 2);
   if (!strcmp(argv[1], "eval")) return df_cmd_eval(argc - 2, argv + 2);
-  static const char *planned[] = {"capture"};
-  for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
-    if (!strcmp(argv[1], planned[i])) {
-      fprintf(stderr, "draftforge %s: not implemented yet\n", argv[1]);
-      return 3;
-    }
+  if (!strcmp(argv[1], "capture")) return df_cmd_capture(argc - 2, argv + 2);
   fprintf(stderr, "draftforge: unknown command '%s'\n%s", argv[1], usage);
   return 2;
 }

@@ -77,6 +77,20 @@ typedef struct {
 df_status df_target_forward(df_target *t, df_target_cache *c, const int32_t *ids, int64_t T,
                             const df_target_outputs *out, df_error *err);
 
+// ---- generation (target_generate.c) ---------------------------------------------------------------------
+
+enum { DF_TARGET_MAX_EOS = 8 };
+
+// The end-of-sequence ids of an HF directory: eos_token_id (an integer or a list) of config.json and of
+// generation_config.json, merged; *n = 0 when neither names one.
+df_status df_target_eos_ids(const char *dir, int32_t *ids, int *n, df_error *err);
+
+// Greedy decoding (temperature 0): resets the cache, prefills prompt (P >= 1 tokens), then appends up to
+// max_new tokens one at a time, stopping after the first one that is in eos (which is kept). out receives the
+// generated ids; the cache then holds prompt + all generated tokens but the last.
+df_status df_target_generate_greedy(df_target *t, df_target_cache *c, const int32_t *prompt, int64_t P, int64_t max_new,
+                                    const int32_t *eos, int n_eos, int32_t *out, int64_t *n_out, df_error *err);
+
 #ifdef __cplusplus
 }
 #endif
