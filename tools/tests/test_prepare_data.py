@@ -134,7 +134,7 @@ def test_cache_reuses_and_rekeys(tmp_path, tokdir):
     assert p1.startswith(str(tmp_path / "c" / "prepared")) and os.path.exists(p1)
     r2 = run(args, str(tmp_path))
     assert r2.returncode == 0 and "cached" in r2.stdout and r2.stdout.strip().splitlines()[-1] == p1
-    r3 = run(args + ["--max-length", "5"], str(tmp_path))
+    r3 = run(args + ["--train-only-last-turn"], str(tmp_path))
     assert r3.returncode == 0 and r3.stdout.strip().splitlines()[-1] != p1
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "bye"},
                                              {"role": "assistant", "content": "fine thanks"}]}) + "\n")
