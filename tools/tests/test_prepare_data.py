@@ -161,3 +161,21 @@ def test_errors_name_the_line_and_the_template(tmp_path, tokdir):
                                              {"role": "assistant", "content": "fine thanks"}]}) + "\n")
     r = run(["--target", tokdir, "--data", str(data), "--chat-template", "qwen", "--out", str(out)], str(tmp_path))
     assert r.returncode == 1 and "no assistant header" in r.stderr
+
+
+def test_byte_tokenizer_hf_files_agree_with_python_encode(tmp_path):
+    """The bundled tiny target's tokenizer.json (transformers) and tools/byte_tokenizer.py give the same ids."""
+    code = ("import sys, json; sys.path.insert(0, %r); import byte_tokenizer as bt\n"
+            "from transformers import AutoTokenizer\n"
+            "tok = AutoTokenizer.from_pretrained(%r)\n"
+            "texts = ['hello', '<|im_start|>user\\nA penny<|im_end|>\\n', 'caf\\u00e9 <|mask|> <|im_end|', '<<|endoftext|>>']\n"
+            "bad = [t for t in texts if tok(t, add_special_tokens=False)['input_ids'] != bt.encode(t)]\n"
+            "chat = tok.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False, add_generation_prompt=True)\n"
+            "print(json.dumps({'bad': bad, 'chat': chat == bt.chatml([{'role': 'user', 'content': 'hi'}], True)}))\n"
+            % (os.path.join(ROOT, "tools"), os.path.join(ROOT, "recipes", "tiny-target")))
+    if not os.path.exists(VENV_PY):
+        pytest.fail(f"{VENV_PY} is missing: run scripts/setup.sh")
+    r = subprocess.run([VENV_PY, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"bad": [], "chat": True}
