@@ -10,6 +10,9 @@ scripts/setup.sh
 scripts/build.sh
 ./build/draftforge --version
 
+# On a shared or oversubscribed machine spinning OpenMP workers wait for descheduled peers at every barrier,
+# which makes the many small ops of a decode step orders of magnitude slower; sleep instead.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 py=.venv-tools/bin/python
 target=recipes/tiny-target
 data=runs/tiny-target-data

@@ -35,7 +35,9 @@ df_status df_cpu_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *des
   const float *qd = q->data, *kd = k->data, *vd = v->data;
   float *od = out->data;
   int failed = 0;
-#pragma omp parallel num_threads(ctx->num_threads)
+  // Below ~64k multiply-adds (decode steps of small models) a parallel region costs more than it saves.
+  const bool par = ntasks > 1 && (double)ntasks * QTILE * (double)(past + T) * (double)hd > 65536.0;
+#pragma omp parallel num_threads(ctx->num_threads) if (par)
   {
     float *s = malloc(sizeof(float) * (size_t)QTILE * (size_t)(past + T));
     if (!s) {
