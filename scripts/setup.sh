@@ -2,7 +2,6 @@
 # Installs what draftforge needs to build, test and fuzz on a fresh Debian 12 machine (run as root, or
 # with sudo available). Packages already present are not reinstalled; apt is only called when needed.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake pkg-config git
@@ -11,9 +10,10 @@ packages=(
   libyaml-dev              # recipes
   libjansson-dev           # JSON: configs, safetensors headers
   libcriterion-dev         # the C test suite
+  libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event records (train/proto/tb_event.proto)
   clang libomp-dev libclang-rt-14-dev  # libFuzzer targets (clang + its sanitizer runtimes)
   python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and their tests
-  python3-venv             # .venv-tools below
+  python3-matplotlib python3-venv  # draftforge plot (tools/plot_run.py); the tools venv below
 )
 
 missing=()
@@ -31,13 +31,19 @@ if ((${#missing[@]})); then
 fi
 echo "setup: all packages present"
 
-# tools/prepare_data.py tokenizes with the target's own tokenizer and chat template through transformers
-# (no torch needed): a venv under an ignored path, pinned to the versions the fixtures were made with.
+# The tools venv (.venv-tools/, ignored by git): PyPI packages the tests read run outputs with —
+# tensorboard's event reader, wandb's offline mode, pytest to run tests/observe — and transformers (no torch)
+# for tools/prepare_data.py, which tokenizes with the target's own tokenizer and chat template. Pinned; rebuilt
+# when a pin changes.
+tools_pins=("tensorboard==2.21.0" "wandb==0.31.0" "pytest==9.2.0" "transformers==5.24.0" "tokenizers==0.23.3"
+  "jinja2==3.1.6" "pyyaml==6.0.4")
 venv=.venv-tools
-if ! "$venv/bin/python" -c "import transformers, tokenizers, jinja2, yaml" 2>/dev/null; then
-  echo "setup: creating $venv (transformers, tokenizers)"
+cd "$(dirname "$0")/.."
+if [ "$(cat "$venv/pins.txt" 2>/dev/null)" != "${tools_pins[*]}" ]; then
+  echo "setup: creating $venv (${tools_pins[*]})"
   rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check transformers==5.24.0 tokenizers==0.23.3 jinja2 pyyaml
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${tools_pins[@]}"
+  echo "${tools_pins[*]}" >"$venv/pins.txt"
 fi
 echo "setup: $venv ready"
