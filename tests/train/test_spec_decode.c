@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "../common/fixture.h"
 #include "../common/json_edit.h"
+#include "modeling/strict_load.h"
 #include "train/spec_decode.h"
 
 #define TARGET DF_FIXTURE_DIR "/target/qwen3_gqa_untied_f32"
@@ -103,3 +105,62 @@ static void run_case(bool dspark) {
 
 Test(spec_decode, dflash_output_equals_greedy) { run_case(false); }
 Test(spec_decode, dspark_output_equals_greedy) { run_case(true); }
+
+// The CLI end to end: a random DFlash draft saved as an export directory, `draftforge eval --spec-decode`
+// writes the report with its documented keys, exits 0 (output identical to greedy); a missing flag is a
+// usage error.
+Test(spec_decode, cli_report_has_the_documented_keys) {
+  fx_file *e = fx_load("target/qwen3_gqa_untied_f32/expected.safetensors");
+  write_prompts(fx_get(e, "input_ids")->data);
+  fx_free(e);
+  cr_assert_eq(system("rm -rf " TMP "/export && mkdir -p " TMP "/export"), 0);
+  json_t *d = df_test_config_doc("tiny-dflash.json");
+  const char *keys[][2] = {{"hidden_size", "32"},
+                           {"vocab_size", "96"},
+                           {"num_target_layers", "3"},
+                           {"head_dim", "8"},
+                           {"intermediate_size", "64"},
+                           {"dflash_config.target_layer_ids", "[1, 0]"},
+                           {"dflash_config.mask_token_id", "95"}};
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) df_test_json_set(d, keys[i][0], df_test_json(keys[i][1]));
+  cr_assert_eq(json_dump_file(d, TMP "/export/config.json", 0), 0);
+  char *text = json_dumps(d, 0);
+  json_decref(d);
+  const df_draft_config *cfg = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_draft_config_from_json(text, strlen(text), "draft", &cfg, &err), &err);
+  free(text);
+  df_ctx *ctx = df_test_cpu_ctx(1);
+  df_dflash_model *m = NULL;
+  DF_ASSERT_OK(df_dflash_model_create(cfg, ctx, &m, &err), &err);
+  DF_ASSERT_OK(df_dflash_model_init(m, 3, &err), &err);
+  DF_ASSERT_OK(df_params_save(df_dflash_model_params(m), df_dflash_model_weights(m), TMP "/export/model.safetensors",
+                              NULL, &err),
+               &err);
+  df_dflash_model_free(m);
+  df_draft_config_free(cfg);
+  df_ctx_destroy(ctx);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "%s eval --spec-decode --target %s --draft %s/export --data %s/data.jsonl --max-new-tokens 12 --out "
+           "%s/report.json > %s/cli.log 2>&1",
+           DF_DRAFTFORGE_BIN, TARGET, TMP, TMP, TMP, TMP);
+  cr_assert_eq(system(cmd), 0, "see " TMP "/cli.log");
+  json_error_t je;
+  json_t *r = json_load_file(TMP "/report.json", 0, &je);
+  cr_assert(r, "%s", je.text);
+  const char *want[] = {
+      "tau", "tau_simulated", "per_position_acceptance", "generated_tokens", "target_forwards", "identical_to_greedy"};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    cr_assert(json_object_get(r, want[i]), "report lacks '%s'", want[i]);
+  cr_assert(json_is_true(json_object_get(r, "identical_to_greedy")));
+  cr_assert_eq(json_integer_value(json_object_get(r, "generated_tokens")), 3 * 12);
+  cr_assert_eq(json_array_size(json_object_get(r, "per_position_acceptance")), 3); // block 4: 3 proposals
+  const double tau = json_real_value(json_object_get(r, "tau")),
+               sim = json_real_value(json_object_get(r, "tau_simulated"));
+  cr_assert(tau >= 1.0 && tau <= 4.0 && sim >= 1.0 && sim <= 4.0, "tau %g, simulated %g", tau, sim);
+  json_decref(r);
+  snprintf(cmd, sizeof cmd, "%s eval --spec-decode --target %s --data x.jsonl > /dev/null 2>&1", DF_DRAFTFORGE_BIN,
+           TARGET);
+  cr_assert_eq(WEXITSTATUS(system(cmd)), 2, "a missing --draft is a usage error");
+}
