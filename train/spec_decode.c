@@ -249,7 +249,7 @@ df_status df_spec_decode_run(df_target *t, df_dflash_model *m, const df_draft_co
   df_dflash_model_set_training(m, false);
   df_token_jsonl in;
   r.n_eos = o->n_eos < DF_TARGET_MAX_EOS ? o->n_eos : DF_TARGET_MAX_EOS;
-  memcpy(r.eos, o->eos, sizeof(int32_t) * (size_t)r.n_eos);
+  if (r.n_eos > 0) memcpy(r.eos, o->eos, sizeof(int32_t) * (size_t)r.n_eos);
   DF_TRY(df_token_jsonl_open(data_path, r.V, &in, err));
   FILE *seq_out = o->sequences_out ? fopen(o->sequences_out, "w") : NULL;
   df_status st = o->sequences_out && !seq_out
