@@ -2,7 +2,10 @@
 // partial and malformed sets, launchers nested in one another) and the recipe's deployment.trainer checked
 // against them; Slurm's compressed lists; the bootstrap port rule.
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tests/common/fixture.h"
 #include "train/dist/dist.h"
@@ -340,4 +343,27 @@ Test(launch, dist_init_reports_recipe_disagreement_before_any_communicator) {
   cr_assert_eq(df_dist_init(&o, &d, &err), DF_ERR_INVALID);
   cr_expect_str_eq(err.where, "deployment.trainer");
   cr_expect_null(d.comm);
+}
+
+// ---- draftforge train started alone while the recipe asks for more processes ----------------------------------
+
+Test(launch, train_alone_with_a_multi_process_recipe_says_how_to_launch) {
+  char out[128], cmd[1024], buf[8192];
+  snprintf(out, sizeof out, "/tmp/df_launch_cli_%d", (int)getpid());
+  snprintf(cmd, sizeof cmd,
+           "env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u SLURM_STEP_ID -u SLURM_STEPID "
+           "%s train %s/recipes/demo-dflash.yaml --set output_dir=%s --set deployment.trainer.nproc_per_node=2 2>&1",
+           DF_DRAFTFORGE_BIN, DF_SOURCE_DIR, out);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t n = fread(buf, 1, sizeof buf - 1, p);
+  buf[n] = 0;
+  int st = pclose(p);
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d:\n%s", st, buf);
+  cr_expect(strstr(buf, "deployment.trainer asks for nnodes 1 x nproc_per_node 2 = 2 processes, but nothing "
+                        "started 1") != NULL,
+            "%s", buf);
+  cr_expect(strstr(buf, "HINT: draftforge starts no processes itself: launch 2 of them, e.g. mpirun -np 2") != NULL,
+            "%s", buf);
+  cr_expect(access(out, F_OK) != 0, "nothing is written");
 }

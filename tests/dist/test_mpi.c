@@ -43,16 +43,16 @@ typedef struct {
   char out[65536];
 } run_result;
 
-// mpirun -np N [extra] dist_worker ARGS, stdout and stderr together, under an outer timeout. The worker links
-// OpenMPI, whose start-up allocations the leak checker would report in sanitizer builds: suppressed there.
-static void run_worker(int np, const char *extra, const char *args, int limit_s, run_result *r) {
-  char cmd[2048];
+// mpirun [common options] TAIL, stdout and stderr together, under an outer timeout. TAIL holds -np and the
+// program(s). The programs link OpenMPI, whose start-up allocations the leak checker of sanitizer builds would
+// report: suppressed there.
+static void run_mpirun(const char *tail, int limit_s, run_result *r) {
+  char cmd[4096];
   snprintf(cmd, sizeof cmd,
-           "timeout -k 5 %d %s -np %d --oversubscribe --bind-to none %s --mca btl_vader_single_copy_mechanism none "
-           "-x OMP_NUM_THREADS=1 -x LSAN_OPTIONS=suppressions=%s/tests/dist/lsan_mpi.supp:print_suppressions=0 %s %s "
-           "%s 2>&1",
-           limit_s, DF_MPIRUN, np, geteuid() == 0 ? "--allow-run-as-root" : "", DF_SOURCE_DIR, extra ? extra : "",
-           DF_DIST_WORKER_BIN, args);
+           "timeout -k 5 %d %s --oversubscribe --bind-to none %s --mca btl_vader_single_copy_mechanism none "
+           "--mca orte_base_help_aggregate 0 -x OMP_NUM_THREADS=1 "
+           "-x LSAN_OPTIONS=suppressions=%s/tests/dist/lsan_mpi.supp:print_suppressions=0 %s 2>&1",
+           limit_s, DF_MPIRUN, geteuid() == 0 ? "--allow-run-as-root" : "", DF_SOURCE_DIR, tail);
   double t0 = now_s();
   FILE *p = popen(cmd, "r");
   cr_assert_not_null(p, "popen %s", cmd);
@@ -61,6 +61,12 @@ static void run_worker(int np, const char *extra, const char *args, int limit_s,
   int st = pclose(p);
   r->seconds = now_s() - t0;
   r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void run_worker(int np, const char *extra, const char *args, int limit_s, run_result *r) {
+  char tail[1024];
+  snprintf(tail, sizeof tail, "-np %d %s %s %s", np, extra ? extra : "", DF_DIST_WORKER_BIN, args);
+  run_mpirun(tail, limit_s, r);
 }
 
 static int count(const char *hay, const char *needle) {
@@ -149,4 +155,60 @@ Test(mpi, no_mpi_build_says_so) {
   cr_expect_null(c);
   cr_expect(strstr(err.msg, "built without MPI") != NULL, "%s", err.msg);
   cr_expect(strstr(err.hint, "openmpi") != NULL, "%s", err.hint);
+}
+
+// ---- draftforge train under mpirun: start-up checks end the whole job with the reason ------------------------
+
+#define DEMO DF_SOURCE_DIR "/recipes/demo-dflash.yaml"
+
+static void train_cmd(char *buf, size_t n, const char *out_dir, const char *sets) {
+  snprintf(buf, n, "%s train %s --threads 1 --set output_dir=%s %s", DF_DRAFTFORGE_BIN, DEMO, out_dir, sets);
+}
+
+static bool exists(const char *path) { return access(path, F_OK) == 0; }
+
+Test(mpi, train_refuses_a_recipe_that_disagrees_with_mpirun, .timeout = 150) {
+  need_mpirun();
+  char out[128], prog[1024], tail[1200];
+  snprintf(out, sizeof out, "/tmp/df_dist_train_%d_a", (int)getpid());
+  train_cmd(prog, sizeof prog, out, "--set deployment.trainer.nproc_per_node=3");
+  snprintf(tail, sizeof tail, "-np 2 %s", prog);
+  run_result r;
+  run_mpirun(tail, 120, &r);
+  cr_expect_neq(r.status, 0, "%s", r.out);
+  cr_expect(strstr(r.out, "deployment.trainer asks for nnodes 1 x nproc_per_node 3 = 3 processes, but mpirun "
+                          "started 2 (OMPI_COMM_WORLD_RANK/SIZE)") != NULL,
+            "%s", r.out);
+  cr_expect(!exists(out), "nothing is written for a job that does not start");
+}
+
+Test(mpi, train_refuses_ranks_with_different_recipes, .timeout = 150) {
+  need_mpirun();
+  char out[128], a[1024], b[1024], tail[2200];
+  snprintf(out, sizeof out, "/tmp/df_dist_train_%d_b", (int)getpid());
+  train_cmd(a, sizeof a, out, "");
+  train_cmd(b, sizeof b, out, "--set training.seed=7");
+  snprintf(tail, sizeof tail, "-np 1 %s : -np 1 %s", a, b);
+  run_result r;
+  run_mpirun(tail, 120, &r);
+  cr_expect_neq(r.status, 0, "%s", r.out);
+  cr_expect(strstr(r.out, "rank 1 has a different resolved recipe than rank 0") != NULL, "%s", r.out);
+  cr_expect(!exists(out), "nothing is written for a job that does not start");
+}
+
+// Launch, recipe and communicator agree; the trainer then refuses world 2 until the optimizer step reduces the
+// gradients (phase 2), rather than train two diverging replicas.
+Test(mpi, train_on_two_ranks_says_what_is_missing, .timeout = 150) {
+  need_mpirun();
+  char out[128], prog[1024], tail[1200];
+  snprintf(out, sizeof out, "/tmp/df_dist_train_%d_c", (int)getpid());
+  train_cmd(prog, sizeof prog, out, "--set deployment.trainer.nproc_per_node=2 --set training.dist_timeout=0.5");
+  snprintf(tail, sizeof tail, "-np 2 %s", prog);
+  run_result r;
+  run_mpirun(tail, 120, &r);
+  cr_expect_neq(r.status, 0, "%s", r.out);
+  cr_expect(strstr(r.out, "rank 0 of 2 (local rank 0, launched by mpirun), mpi communicator, timeout 30 s") != NULL,
+            "%s", r.out);
+  cr_expect(strstr(r.out, "data-parallel training on 2 ranks needs the gradient reduction") != NULL, "%s", r.out);
+  cr_expect(!exists(out), "nothing is written");
 }
