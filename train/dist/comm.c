@@ -63,13 +63,13 @@ double df_comm_now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void df_comm_poll_pause(double waited_s) {
-  if (waited_s < 1e-3) {
+void df_comm_poll_pause(double waited_s, double spin_s, double max_sleep_s) {
+  if (waited_s < spin_s) {
     sched_yield();
     return;
   }
   double pause = waited_s * 0.05;
-  if (pause > 200e-6) pause = 200e-6;
+  if (pause > max_sleep_s) pause = max_sleep_s;
   struct timespec ts = {0, (long)(pause * 1e9)};
   nanosleep(&ts, NULL);
 }

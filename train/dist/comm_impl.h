@@ -37,7 +37,9 @@ struct df_comm {
 void df_comm_init_common(df_comm *c, const df_comm_vtable *vt, df_comm_backend b, int rank, int size,
                          bool device_buffers, double timeout_s, void *impl);
 double df_comm_now_s(void);
-// Sleeps a little while polling: nothing for the first millisecond, then up to 200 µs a round.
-void df_comm_poll_pause(double waited_s);
+// One pause of a polling loop that has waited waited_s: a yield while waited_s < spin_s, then a sleep of 5 % of
+// the wait, at most max_sleep_s. MPI needs the polling to progress a transfer (no progress thread), so it
+// spins long; NCCL progresses on its own, so its polls can sleep early.
+void df_comm_poll_pause(double waited_s, double spin_s, double max_sleep_s);
 
 #endif

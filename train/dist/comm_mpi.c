@@ -12,6 +12,10 @@
 
 enum { TAG_PROBE = 1, TAG_REPLY_BASE = 100, TAG_REPLY_SPAN = 30000 };
 #define CHUNK ((size_t)1 << 30) // elements per MPI call: MPI counts are int
+// Polling: every MPI_Test advances the transfer, so a waiting rank spins (yielding the core, as OpenMPI's own
+// blocking calls do) for SPIN_S, then sleeps at most SLEEP_S between tests while a slow peer is awaited.
+#define SPIN_S  2.0
+#define SLEEP_S 50e-6
 
 typedef struct {
   MPI_Comm data, ctl; // collectives; watchdog probes and replies
@@ -174,7 +178,7 @@ static df_status diagnose(df_comm *c, MPI_Request *req, int mpi_rc, df_error *er
       answered += got[p];
     }
     if (answered == W && mpi_rc != MPI_SUCCESS) break;
-    df_comm_poll_pause(1e-3);
+    df_comm_poll_pause(1.0, 0.0, 1e-3);
   }
   for (int p = 0; p < W; p++) { // ans is freed below: no receive may stay posted into it
     if (rx[p] != MPI_REQUEST_NULL) MPI_Cancel(&rx[p]), MPI_Wait(&rx[p], MPI_STATUS_IGNORE);
@@ -201,7 +205,7 @@ static df_status wait_req(df_comm *c, MPI_Request *req, df_error *err) {
     serve_probes(c);
     double now = df_comm_now_s();
     if (now >= deadline) return diagnose(c, req, MPI_SUCCESS, err);
-    df_comm_poll_pause(now - t0);
+    df_comm_poll_pause(now - t0, SPIN_S, SLEEP_S);
   }
 }
 

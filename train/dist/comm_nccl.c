@@ -80,7 +80,7 @@ static df_status settle(df_comm *c, ncclResult_t r, const char *call, df_error *
   while (r == ncclInProgress) {
     double waited = df_comm_now_s() - t0;
     if (waited > c->timeout_s) return nccl_timeout(c, call, err);
-    df_comm_poll_pause(waited);
+    df_comm_poll_pause(waited, 1e-3, 200e-6);
     ncclResult_t a = ncclSuccess, q = ncclCommGetAsyncError(m->comm, &a);
     r = q != ncclSuccess ? q : a;
   }
@@ -125,7 +125,7 @@ static df_status nccl_wait(df_comm *c, df_error *err) {
       return nccl_error(c, a, "a queued collective", err);
     double waited = df_comm_now_s() - t0;
     if (waited > c->timeout_s) return nccl_timeout(c, "the collectives queued on the stream", err);
-    df_comm_poll_pause(waited);
+    df_comm_poll_pause(waited, 1e-3, 200e-6);
   }
 }
 
