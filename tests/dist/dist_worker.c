@@ -2,7 +2,8 @@
 // compute for every other rank, so it checks its results against sums taken in this one process (plain loops
 // over ranks in rank order, not the communicator). Modes:
 //   collectives          every collective, type, reduction and in-place form; counts 0 to 3·2^20
-//   bootstrap            launcher variables vs MPI; NCCL's id (or a random blob) shared over MPI and over TCP
+//   bootstrap            launcher variables vs MPI; NCCL's id (or a random blob) shared over MPI and over TCP;
+//                        the MoE deferred-update hook (moe/balance.h) over the communicator
 //   hang RANK TIMEOUT_S  RANK stops answering after two collectives; the others must fail naming it
 //   kill RANK            RANK is killed (SIGKILL) after two collectives; the job must end
 // Prints "rank R: ok N checks" and exits 0, or prints what differed and exits 1.
@@ -288,6 +289,17 @@ static int run_bootstrap(df_comm *c) {
   CHECK(nonzero > 0, "the shared id is all zeros");
   CHECK(!memcmp(via_mpi.bytes, via_tcp.bytes, sizeof via_mpi.bytes), "MPI and TCP gave different bytes");
   check_identical(c, "bootstrap id", via_mpi.bytes, sizeof via_mpi.bytes);
+  // The MoE hook: a sum, and a mean over ranks (the EMA centering mean's reduction).
+  df_moe_collective mc = df_dist_moe_collective(c);
+  float v[3] = {1.0f + (float)li.rank, 0.5f, -2.0f * (float)li.rank}, m[3] = {v[0], v[1], v[2]};
+  int W = li.world_size;
+  OK_OR_DIE(df_moe_allreduce(&mc, v, 3, false, &err), &err);
+  OK_OR_DIE(df_moe_allreduce(&mc, m, 3, true, &err), &err);
+  float s0 = 0, s2 = 0; // Σ(1 + r), Σ(−2r) over ranks, in rank order
+  for (int r = 0; r < W; r++) s0 += 1.0f + (float)r, s2 += -2.0f * (float)r;
+  CHECK(mc.world_size == W && v[0] == s0 && v[1] == 0.5f * (float)W && v[2] == s2, "moe sum %g %g %g", v[0], v[1],
+        v[2]);
+  CHECK(m[0] == s0 / (float)W && m[1] == 0.5f && m[2] == s2 / (float)W, "moe mean %g %g %g", m[0], m[1], m[2]);
   df_status st = df_dist_check_same(c, "rank-dependent value", (uint64_t)li.rank, &err);
   CHECK(st == DF_ERR_INVALID && strstr(err.msg, "rank 1 has a different rank-dependent value"), "check_same: %s",
         err.msg);

@@ -45,12 +45,14 @@ typedef struct {
 
 // mpirun [common options] TAIL, stdout and stderr together, under an outer timeout. TAIL holds -np and the
 // program(s). The programs link OpenMPI, whose start-up allocations the leak checker of sanitizer builds would
-// report: suppressed there.
+// report: suppressed by library (tests/dist/lsan_mpi.supp), which needs the slow unwinder — OpenMPI unloads
+// its components at MPI_Finalize, and the fast one then loses the frames that name the library.
 static void run_mpirun(const char *tail, int limit_s, run_result *r) {
   char cmd[4096];
   snprintf(cmd, sizeof cmd,
            "timeout -k 5 %d %s --oversubscribe --bind-to none %s --mca btl_vader_single_copy_mechanism none "
            "--mca orte_base_help_aggregate 0 -x OMP_NUM_THREADS=1 "
+           "-x ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:fast_unwind_on_malloc=0 "
            "-x LSAN_OPTIONS=suppressions=%s/tests/dist/lsan_mpi.supp:print_suppressions=0 %s 2>&1",
            limit_s, DF_MPIRUN, geteuid() == 0 ? "--allow-run-as-root" : "", DF_SOURCE_DIR, tail);
   double t0 = now_s();
