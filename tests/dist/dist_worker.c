@@ -4,6 +4,8 @@
 //   collectives          every collective, type, reduction and in-place form; counts 0 to 3·2^20
 //   bootstrap            launcher variables vs MPI; NCCL's id (or a random blob) shared over MPI and over TCP;
 //                        the MoE deferred-update hook (moe/balance.h) over the communicator
+//   gpu-init             df_dist_init for GPU ranks: NCCL's id over MPI, then the NCCL communicator; prints
+//                        the outcome (on a machine without a GPU: the CUDA error of each rank's device)
 //   hang RANK TIMEOUT_S  RANK stops answering after two collectives; the others must fail naming it
 //   kill RANK            RANK is killed (SIGKILL) after two collectives; the job must end
 // Prints "rank R: ok N checks" and exits 0, or prints what differed and exits 1.
@@ -337,8 +339,26 @@ static int run_fault(df_comm *c, bool kill_it, int victim) {
   return 3;
 }
 
+// No communicator of our own: df_dist_init makes them (MPI to carry the id, then NCCL).
+static int run_gpu_init(void) {
+  df_dist_options o = {.gpu = true, .cuda_device = -1, .timeout_s = 60, .deploy = {.nnodes = 1, .nproc_per_node = 1}};
+  df_dist d;
+  df_error err = {0};
+  df_status st = df_dist_init(&o, &d, &err);
+  printf("rank %s: gpu init: %s: %s\n", getenv("OMPI_COMM_WORLD_RANK"), df_status_name(st),
+         st == DF_OK ? df_comm_backend_name(df_comm_backend_of(d.comm)) : err.msg);
+  fflush(stdout);
+  if (st == DF_OK) st = df_dist_finish(&d, &err);
+  if (st == DF_OK) return 0;
+  // Finalize the MPI that carried the id, so the job ends without an abort (every rank gets here).
+  if (d.host && df_comm_finish(d.host, &err) == DF_OK) d.host = NULL;
+  df_dist_abort(&d, 4);
+  return 4;
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "collectives";
+  if (!strcmp(mode, "gpu-init")) return run_gpu_init();
   double timeout = 60;
   int victim = -1;
   if (!strcmp(mode, "hang") || !strcmp(mode, "kill")) {

@@ -367,3 +367,45 @@ Test(launch, train_alone_with_a_multi_process_recipe_says_how_to_launch) {
             "%s", buf);
   cr_expect(access(out, F_OK) != 0, "nothing is written");
 }
+
+// GPU ranks launched torchrun-style: rank 0 makes NCCL's id and serves it over TCP at MASTER_ADDR:MASTER_PORT;
+// rank 1 (a forked process) fetches it; each then creates its NCCL communicator on device = LOCAL_RANK. On a
+// machine without a GPU both must get as far as their device's CUDA error (rank 1 only after the exchange).
+Test(launch, gpu_ranks_bootstrap_nccl_over_tcp, .timeout = 60) {
+  if (!df_comm_backend_available(DF_COMM_NCCL)) cr_skip_test("this build has no NCCL");
+  char port[32];
+  snprintf(port, sizeof port, "MASTER_PORT=%d", 20000 + (int)(getpid() % 20000));
+  const char *env0[] = {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "MASTER_ADDR=127.0.0.1", port, NULL};
+  const char *env1[] = {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "MASTER_ADDR=127.0.0.1", port, NULL};
+  df_dist_options o = {
+      .gpu = true, .cuda_device = -1, .timeout_s = 20, .deploy = deploy(0, 0), .job_key = 5, .getenv = table_get};
+  pid_t kid = fork();
+  cr_assert(kid >= 0);
+  if (kid == 0) {
+    df_dist d;
+    df_error err = {0};
+    o.getenv_ctx = (void *)env1;
+    df_status st = df_dist_init(&o, &d, &err);
+    bool reached = st == DF_ERR_IO && strstr(err.msg, "rank 1: cudaSetDevice failed on device 1");
+    if (st == DF_OK)
+      df_dist_finish(&d, &err);
+    else
+      df_dist_abort(&d, 1);
+    _exit(st == DF_OK ? 10 : reached ? 0 : 1);
+  }
+  df_dist d;
+  df_error err = {0};
+  o.getenv_ctx = (void *)env0;
+  df_status st = df_dist_init(&o, &d, &err);
+  int status = 0;
+  waitpid(kid, &status, 0);
+  if (st == DF_OK) {
+    df_dist_finish(&d, &err);
+    cr_skip_test("a GPU is present: NCCL ran; two ranks on one machine's devices are not checked here");
+  }
+  df_dist_abort(&d, 1);
+  cr_expect_eq(st, DF_ERR_IO, "%s", err.msg);
+  cr_expect(strstr(err.msg, "rank 0: cudaSetDevice failed on device 0") != NULL, "%s", err.msg);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank 1 reached its device after the exchange (%d)",
+            WEXITSTATUS(status));
+}

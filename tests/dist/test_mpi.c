@@ -149,6 +149,23 @@ Test(mpi, dead_rank_is_named_when_the_launcher_does_not_stop_the_job, .timeout =
   cr_expect(r.seconds < 30, "the job took %.1f s", r.seconds);
 }
 
+// GPU ranks under mpirun: rank 0 makes NCCL's id, MPI carries it, every rank then creates its NCCL
+// communicator on device = local rank. Without a GPU each rank must reach that last step (its CUDA error names
+// its own device, which it can only do after the id arrived); without NCCL rank 0 says so.
+Test(mpi, gpu_ranks_bootstrap_nccl_over_mpi, .timeout = 150) {
+  need_mpirun();
+  run_result r;
+  run_worker(2, NULL, "gpu-init", 120, &r);
+  if (!df_comm_backend_available(DF_COMM_NCCL)) {
+    cr_expect(strstr(r.out, "rank 0: gpu init: unsupported: this draftforge was built without NCCL") != NULL, "%s",
+              r.out);
+    return;
+  }
+  if (strstr(r.out, "gpu init: ok")) cr_skip_test("a GPU is present: two ranks on one machine's devices\n%s", r.out);
+  cr_expect(strstr(r.out, "rank 0: gpu init: io: rank 0: cudaSetDevice failed on device 0") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "rank 1: gpu init: io: rank 1: cudaSetDevice failed on device 1") != NULL, "%s", r.out);
+}
+
 Test(mpi, no_mpi_build_says_so) {
   if (df_comm_backend_available(DF_COMM_MPI)) cr_skip_test("this build has MPI (the tests above run it)");
   df_comm *c = (df_comm *)1;
