@@ -112,8 +112,8 @@ df_status df_comm_wait(df_comm *c, df_error *err);
 // The orderly end: a timed barrier, then MPI_Finalize / ncclCommDestroy, and c is freed. When the barrier fails
 // (a rank is gone) the error says so and c is NOT freed: print it, then df_comm_abort.
 df_status df_comm_finish(df_comm *c, df_error *err);
-// Ends the whole job after this rank failed: MPI_Abort (mpirun then stops every rank; it does not return when
-// world > 1) or ncclCommAbort; frees c. Single process: frees c.
+// Ends the whole job after this rank failed: MPI_Abort (mpirun then stops every rank; this process ends too,
+// so print the error first) or ncclCommAbort (returns); frees c. Single process: frees c.
 void df_comm_abort(df_comm *c, int exit_code);
 
 #ifdef __cplusplus
