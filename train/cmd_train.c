@@ -9,6 +9,7 @@
 
 #include "train/commands.h"
 #include "train/dist/dist.h"
+#include "train/progress.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -133,17 +134,21 @@ int df_cmd_train(int argc, char **argv) {
     free(a.sets);
     return fail_job(&d, &err);
   }
+  df_progress_term *term = NULL; // a terminal gets the refreshing progress line (train/progress.h)
+  if (df_progress_is_terminal(stdout) && df_progress_term_open(stdout, 0, &term, &err) != DF_OK) term = NULL;
   df_train_options o = {.recipe_path = a.recipe,
                         .overrides = a.sets,
                         .n_overrides = a.n_sets,
                         .resume = a.resume,
                         .threads = a.threads,
-                        .log = stdout,
+                        .log = term ? df_progress_term_log(term) : stdout,
+                        .progress = term,
                         .handle_signals = true,
                         .no_prefetch = a.no_prefetch,
                         .comm = d.comm};
   df_train_summary s;
   df_status st = df_train(&o, &s, &err);
+  df_progress_term_close(term);
   free(a.sets);
   if (st == DF_OK) st = df_dist_finish(&d, &err);
   if (st != DF_OK) return fail_job(&d, &err);
