@@ -29,7 +29,11 @@ TOKEN_CHUNK = 4096
 SCAN_PER_SHARD = 16  # DF_HS_SCAN_PER_SHARD and DF_HS_SCAN_BUDGET_BYTES: a sampled NaN/Inf scan reads up to 16
 SCAN_BUDGET_BYTES = 256 << 20  # samples per shard, but about 256 MiB of stored hidden states at most
 
-ATTRS = ("format", "version", "hidden_size", "target_layer_ids", "dtype")
+ATTRS = ("format", "version", "hidden_size", "target_layer_ids", "dtype", "layer_id_convention")
+# id L = the output of decoder layer L = transformers' hidden_states[L + 1] (SpecForge / SGLang); the only
+# convention readers accept. SHIFTED is what a capture of hidden_states[L] declares (refused by name).
+CONVENTION = "hidden_states[L+1]"
+CONVENTION_SHIFTED = "hidden_states[L]"
 DS_OFFSETS, DS_IDS, DS_MASK = "sample_offsets", "input_ids", "loss_mask"
 DS_HIDDEN, DS_LAST = "hidden_states", "target_last_hidden_states"
 
@@ -84,6 +88,7 @@ class ShardWriter:
         a["hidden_size"] = np.int64(self.h)
         a["target_layer_ids"] = np.asarray(ids, dtype=np.int64)
         a["dtype"] = dtype
+        a["layer_id_convention"] = CONVENTION
         filt = dict(compression="gzip", compression_opts=int(gzip_level), shuffle=True) if gzip_level else {}
         hdt = "<u2" if dtype == "bfloat16" else "<f4"
         cr, tc = max(1, int(chunk_rows)), max(1, int(token_chunk))
@@ -248,6 +253,13 @@ def _check_attrs(f, p):
     dt, e = _str_attr(f, "dtype")
     if e or dt not in DTYPES:
         return None, bad("dtype", e or f'is "{dt}", expected "bfloat16" or "float32"')
+    if "layer_id_convention" in f.attrs:  # absent: a shard written before the attribute (read as CONVENTION)
+        cv, e = _str_attr(f, "layer_id_convention")
+        if e or cv != CONVENTION:
+            what = e or (f'is "{cv}": shifted by one layer (id L holds the input of decoder layer L); recapture or '
+                         f're-import with --capture-convention "{CONVENTION_SHIFTED}"' if cv == CONVENTION_SHIFTED
+                         else f'is "{cv}", expected "{CONVENTION}"')
+            return None, bad("layer_id_convention", what)
     return dict(hidden_size=h, target_layer_ids=ids, dtype=dt), []
 
 

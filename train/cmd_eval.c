@@ -37,7 +37,10 @@ static const df_cli_spec EVAL_CLI = {
     "anchors from training.seed. Prints and writes loss, acc, per-position accuracy and the simulated acceptance\n"
     "length τ; for a DSpark draft the loss is the α-weighted DSpark objective and the report adds ce_loss, l1_loss,\n"
     "confidence_loss and tau_probabilistic. A non-finite result fails (exit 1), naming the samples that hold\n"
-    "NaN/Inf hidden states.",
+    "NaN/Inf hidden states.\n"
+    "\n"
+    "draftforge eval --spec-decode --target DIR --draft CKPT --data FILE.jsonl: real speculative decoding\n"
+    "(see draftforge eval --spec-decode --help).",
     EVAL_OPTS};
 
 typedef struct {
@@ -140,6 +143,8 @@ static df_status check_finite_result(const df_eval_report *rep, const char *data
 }
 
 int df_cmd_eval(int argc, char **argv) {
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--spec-decode")) return df_cmd_eval_spec(argc, argv);
   eval_args a;
   df_cli_args cli;
   int rc = parse_eval_args(argc, argv, &a, &cli);

@@ -1,5 +1,8 @@
 // `draftforge train`: the command line around df_train (docs/training.md): options, the checks that make a bad
-// argument exit 2 before anything runs, and the closing message with a resume command that pastes as is.
+// argument exit 2 before anything runs, the process's place in the job (train/dist: launcher,
+// deployment.trainer, communicator, the same recipe on every rank), and the closing message with a resume command
+// that pastes as is. Exit codes: 0 done (or stopped by a signal with a checkpoint), 1 the run failed (on any rank:
+// the whole job ends), 2 bad arguments.
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,9 +11,11 @@
 
 #include "train/cli.h"
 #include "train/commands.h"
+#include "train/dist/dist.h"
 #include "train/progress.h"
 #include "train/recipe.h"
 #include "train/run_dir.h"
+#include "train/run_plan.h"
 #include "train/trainer.h"
 
 static const df_cli_opt TRAIN_OPTS[] = {
@@ -44,11 +49,6 @@ static bool exists(const char *p) {
   return stat(p, &sb) == 0;
 }
 
-static void print_error(const df_error *err, bool verbose) {
-  fflush(stdout);
-  df_error_print_verbose(err, verbose);
-}
-
 // The command that continues the run, ready to paste: the run's own recipe makes --set unnecessary.
 static void resume_command(const df_train_summary *s, long long threads, char *out, size_t n) {
   char self[4096], dir[4096];
@@ -77,6 +77,64 @@ static int check_arguments(const df_cli_args *a, const char *recipe, const char 
   return 0;
 }
 
+static uint64_t fnv1a(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static df_deploy_trainer deploy_of(const df_recipe *rc) {
+  df_deploy_trainer d = {.nnodes = rc->deployment.trainer.nnodes,
+                         .nproc_per_node = rc->deployment.trainer.nproc_per_node,
+                         .node_rank = rc->deployment.trainer.node_rank,
+                         .master_port = rc->deployment.trainer.master_port,
+                         .master_addr = rc->deployment.trainer.master_addr,
+                         .nnodes_set = rc->deployment.trainer.nnodes_set,
+                         .nproc_per_node_set = rc->deployment.trainer.nproc_per_node_set,
+                         .node_rank_set = rc->deployment.trainer.node_rank_set,
+                         .master_port_set = rc->deployment.trainer.master_port_set};
+  return d;
+}
+
+// The job as the launcher started it, checked against the recipe the run will use (RECIPE.yaml, or a resumed
+// run's own recipe.resolved.yaml); then every rank must hold the same resolved recipe (same file, --set options
+// and paths), or the ranks would train different things.
+static df_status start_dist(const df_run_plan_options *po, df_dist *d, df_error *err) {
+  memset(d, 0, sizeof *d);
+  const df_recipe *rc = NULL;
+  DF_TRY(df_run_plan_peek_recipe(po, &rc, err));
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  df_status st = mem ? df_recipe_write_resolved(rc, mem, err) : DF_FAIL(err, DF_ERR_NOMEM, "recipe", NULL, "no memory");
+  if (mem) fclose(mem);
+  uint64_t hash = text ? fnv1a(text, len) : 0;
+  free(text);
+  char out[4096];
+  df_path_absolute(rc->output_dir, out, sizeof out); // the same job key whichever way the path is spelled
+  df_dist_options o = {.gpu = false, // the trainer runs on the CPU context (issue 11 brings the CUDA one)
+                       .cuda_device = -1,
+                       .timeout_s = rc->training.dist_timeout * 60.0,
+                       .deploy = deploy_of(rc),
+                       .job_key = fnv1a(out, strlen(out)),
+                       .log = stdout};
+  if (st == DF_OK) st = df_dist_init(&o, d, err);
+  if (st == DF_OK) st = df_dist_check_same(d->comm, "resolved recipe", hash, err);
+  df_recipe_free(rc);
+  return st;
+}
+
+// Prints this rank's error (a saved-state note first, so the HINT stays the last line), then ends the job
+// everywhere (the other ranks are stopped, not left waiting).
+static int fail_job(df_dist *d, const df_error *err, bool verbose, const char *note, int code) {
+  fflush(stdout);
+  if (note && note[0]) fputs(note, stderr);
+  df_error_print_verbose(err, verbose);
+  fflush(stderr);
+  df_dist_abort(d, code);
+  return code;
+}
+
 int df_cmd_train(int argc, char **argv) {
   df_cli_args a;
   int rc = df_cli_parse(&TRAIN_CLI, argc, argv, &a);
@@ -90,8 +148,14 @@ int df_cmd_train(int argc, char **argv) {
     return df_cli_free(&a), DF_EXIT_USAGE;
   if ((rc = check_arguments(&a, recipe, resume, sets, n_sets))) return df_cli_free(&a), rc;
   if (threads > 0) omp_set_num_threads((int)threads);
-  df_progress_term *term = NULL; // a terminal gets the refreshing progress line (train/progress.h)
+  df_run_plan_options po = {.recipe_path = recipe, .overrides = sets, .n_overrides = n_sets, .resume = resume};
+  df_dist d;
   df_error err = {0};
+  if (start_dist(&po, &d, &err) != DF_OK) {
+    df_cli_free(&a);
+    return fail_job(&d, &err, a.verbose, NULL, DF_EXIT_FAILURE);
+  }
+  df_progress_term *term = NULL; // a terminal gets the refreshing progress line (train/progress.h)
   if (df_progress_is_terminal(stdout) && df_progress_term_open(stdout, 0, &term, &err) != DF_OK) term = NULL;
   df_train_options o = {.recipe_path = recipe,
                         .overrides = sets,
@@ -103,20 +167,21 @@ int df_cmd_train(int argc, char **argv) {
                         .log = term ? df_progress_term_log(term) : stdout,
                         .progress = term,
                         .handle_signals = true,
-                        .no_prefetch = df_cli_has(&a, "--no-prefetch")};
+                        .no_prefetch = df_cli_has(&a, "--no-prefetch"),
+                        .comm = d.comm};
   df_train_summary s;
   df_status st = df_train(&o, &s, &err);
   df_progress_term_close(term);
-  char cmd[8400];
+  char cmd[8400], note[9000] = "";
   resume_command(&s, threads, cmd, sizeof cmd);
+  if (st != DF_OK && s.saved_after_error)
+    snprintf(note, sizeof note, "the run failed after step %lld; its state was saved first: %.4000s\nresume with: %s\n",
+             (long long)s.last_step, s.last_checkpoint, cmd);
+  if (st == DF_OK) st = df_dist_finish(&d, &err);
   if (st != DF_OK) {
-    fflush(stdout);
-    if (s.saved_after_error) // before the error, whose HINT stays the last line
-      fprintf(stderr, "the run failed after step %lld; its state was saved first: %s\nresume with: %s\n",
-              (long long)s.last_step, s.last_checkpoint, cmd);
-    print_error(&err, a.verbose);
+    bool verbose = a.verbose;
     df_cli_free(&a);
-    return s.bad_arguments ? DF_EXIT_USAGE : DF_EXIT_FAILURE;
+    return fail_job(&d, &err, verbose, note, s.bad_arguments ? DF_EXIT_USAGE : DF_EXIT_FAILURE);
   }
   if (s.stopped_by_signal)
     printf("stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: %s\n", (long long)s.last_step,

@@ -15,7 +15,7 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  step RECIPE.yaml --dump DIR  one micro-step with a gradient dump (see step --help)\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
-                           "  capture ...         capture target hidden states             (not implemented yet)\n"
+                           "  capture --target DIR --data F --draft-config J --out DIR  hidden states from the target\n"
                            "  inspect FILE...     print a safetensors file, a config, HDF5 shards, or a checkpoint\n"
                            "  plot RUN_DIR        PNG charts of a run's metrics.jsonl          (see plot --help)\n"
                            "  schema [--markdown] every recipe key: type, default, status (docs/recipe-reference.md)\n"
@@ -48,16 +48,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "eval")) return df_cmd_eval(argc - 2, argv + 2);
   if (!strcmp(argv[1], "plot")) return df_cmd_plot(argc - 2, argv + 2);
   if (!strcmp(argv[1], "schema")) return df_cmd_schema(argc - 2, argv + 2);
-  static const char *planned[] = {"capture"};
-  for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
-    if (!strcmp(argv[1], planned[i])) {
-      bool help = argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"));
-      fprintf(help ? stdout : stderr,
-              "draftforge %s: not implemented yet\n  HINT: capture hidden states with "
-              "tools/import_specforge.py or tools/hidden_states.py (docs/data-format.md)\n",
-              argv[1]);
-      return help ? 0 : 1;
-    }
+  if (!strcmp(argv[1], "capture")) return df_cmd_capture(argc - 2, argv + 2);
   fprintf(stderr, "draftforge: unknown command '%s'\n%s  HINT: draftforge --help lists the commands\n", argv[1], usage);
   return 2;
 }

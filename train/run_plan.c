@@ -220,3 +220,46 @@ df_status df_run_plan_make(const df_run_plan_options *opt, const df_recipe **rec
   if (st != DF_OK || *recipe != asked) df_recipe_free(asked);
   return st;
 }
+
+// The run directory PATH belongs to, by its shape alone: <run>, <run>/checkpoints, <run>/checkpoints/<ckpt>
+// (or its state.h5), as an absolute path. False when PATH has none of these shapes.
+static bool run_dir_of(const char *path, char *run, size_t n) {
+  char p[PATH_MAX], ck[PATH_MAX + 32];
+  df_path_absolute(path, p, sizeof p);
+  size_t len = strlen(p);
+  if (len > 9 && !strcmp(p + len - 9, "/state.h5")) p[len - 9] = 0;
+  struct stat sb;
+  snprintf(ck, sizeof ck, "%s/" DF_CKPT_DIR, p);
+  if (stat(ck, &sb) == 0 && S_ISDIR(sb.st_mode)) return snprintf(run, n, "%s", p), true;
+  for (int up = 0; up < 2; up++) { // p is <run>/checkpoints (up 0) or <run>/checkpoints/<ckpt> (up 1)
+    char *slash = strrchr(p, '/');
+    if (!slash || slash == p) return false;
+    if (up == 1) *slash = 0, slash = strrchr(p, '/');
+    if (!slash || strcmp(slash + 1, DF_CKPT_DIR)) continue;
+    *slash = 0;
+    return snprintf(run, n, "%s", p[0] ? p : "/"), true;
+  }
+  return false;
+}
+
+df_status df_run_plan_peek_recipe(const df_run_plan_options *opt, const df_recipe **recipe, df_error *err) {
+  *recipe = NULL;
+  bool aut = opt->resume && !strcmp(opt->resume, "auto");
+  if (opt->recipe_path || !opt->resume || aut) {
+    df_recipe_options ro = {.overrides = opt->overrides, .n_overrides = opt->n_overrides};
+    if (!opt->recipe_path)
+      return DF_FAIL(err, DF_ERR_INVALID, "RECIPE.yaml", "give the recipe, or resume a run: --resume RUN_DIR",
+                     "a new run needs RECIPE.yaml");
+    return df_recipe_load(opt->recipe_path, &ro, recipe, err);
+  }
+  df_ckpt_choice c = {0};
+  char path[PATH_MAX + 32];
+  struct stat sb;
+  if (run_dir_of(opt->resume, c.run_dir, sizeof c.run_dir) &&
+      snprintf(path, sizeof path, "%s/recipe.resolved.yaml", c.run_dir) > 0 && stat(path, &sb) == 0)
+    return load_run_recipe(&c, opt->overrides, opt->n_overrides, recipe, err);
+  df_run_plan_options quiet = *opt;
+  quiet.log = NULL;
+  df_run_plan plan;
+  return df_run_plan_make(&quiet, recipe, &plan, err);
+}

@@ -40,6 +40,12 @@ df_status df_run_plan_make(const df_run_plan_options *opt, const df_recipe **rec
 // tensorboard/ from output_dir (nothing else). Called once the new run has passed its start-up checks.
 df_status df_run_plan_apply(const df_run_plan *plan, const df_recipe *recipe, FILE *log, df_error *err);
 
+// The recipe the run will use, cheaply (no checkpoint is read or verified), for what must be known before the
+// trainer starts (the launch checks of train/dist and the same-recipe check across ranks): RECIPE.yaml with its
+// --set, or for `--resume PATH` alone the run's recipe.resolved.yaml with output_dir pinned and the --set
+// applied. Falls back to df_run_plan_make when the run has no recipe.resolved.yaml.
+df_status df_run_plan_peek_recipe(const df_run_plan_options *opt, const df_recipe **recipe, df_error *err);
+
 // Whether a resume may change `key` ("section.key"): the stop (max_steps, num_epochs), the save / eval / log
 // cadence, max_checkpoints, max_consecutive_skips, resume_from, tracking and profiling. Everything else must
 // agree with the run; the checkpoint's contract (train/checkpoint.h) checks the values that decide the bits.

@@ -26,7 +26,7 @@ static void expect_defaults_listed(const char *cmd, const char *text) {
 Test(cli_help, every_subcommand_answers_help_with_defaults) {
   df_cli_dir d;
   df_cli_dir_open(&d, "help", NULL);
-  static const char *const cmds[] = {"train", "step", "export", "eval", "inspect", "plot", "schema"};
+  static const char *const cmds[] = {"train", "step", "export", "eval", "inspect", "plot", "schema", "capture"};
   for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
     char args[64];
     snprintf(args, sizeof args, "%s --help", cmds[i]);

@@ -17,8 +17,13 @@ DEMOS = sorted((ROOT / "recipes").glob("demo-*.yaml"))
 def commands(text):
     """The `build/draftforge ...` command lines of a text (a line that starts with the command, after an optional
     YAML comment marker; trailing comments removed). Prose that mentions a command is not a command line."""
-    out = []
-    for line in text.splitlines():
+    out, lines = [], []
+    for raw in text.splitlines():  # join "\\"-continued lines (their comment markers dropped)
+        if lines and lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1] + " " + re.sub(r"^\s*#?\s*", "", raw)
+        else:
+            lines.append(raw.rstrip())
+    for line in lines:
         m = re.match(r"\s*(?:#\s*)?(?:\./)?build/draftforge (\w+) (.*)", line)
         if m:
             out.append((m.group(1), shlex.split(m.group(2).split("#")[0])))
@@ -49,8 +54,9 @@ def test_every_demo_export_lands_in_its_run_directory():
         for out in exports:
             assert inside(out, run), f"{recipe.name}: export --out {out} is outside the run directory {run}"
         for cmd, args in cmds:
-            if cmd == "eval":
-                assert inside(args[0], run), f"{recipe.name}: eval {args[0]} reads outside {run}"
+            if cmd == "eval":  # the checkpoint or export it reads: --draft (spec decode) or the positional one
+                what = args[args.index("--draft") + 1] if "--draft" in args else next(a for a in args if a[0] != "-")
+                assert inside(what, run), f"{recipe.name}: eval {what} reads outside {run}"
         # the docs repeat the same commands: no export of this run goes elsewhere
         for doc in docs:
             for cmd, args in commands(doc):
