@@ -27,6 +27,7 @@ int df_cmd_plot(int argc, char **argv) {
   df_cli_args a;
   int prc = df_cli_parse(&PLOT_CLI, argc, argv, &a);
   const char *run = a.npos ? a.pos[0] : NULL, *out = df_cli_get(&a, "--out");
+  bool verbose = a.verbose;
   df_cli_free(&a); // run and out point into argv
   if (prc) return prc == 1 ? DF_EXIT_OK : prc;
   if (access(run, F_OK) != 0) return df_cli_usage_error(&PLOT_CLI, "%s does not exist", run);
@@ -35,22 +36,22 @@ int df_cmd_plot(int argc, char **argv) {
   if (stat(run, &st) != 0 || !S_ISDIR(st.st_mode)) {
     DF_FAIL(&err, DF_ERR_IO, run, "pass a run directory (the recipe's output_dir)", "cannot open run directory '%s'",
             run);
-    df_error_print(&err);
-    return 1;
+    df_error_print_verbose(&err, verbose);
+    return DF_EXIT_FAILURE;
   }
   char python[4096], script[4096];
   if (df_pytools_python("matplotlib", "matplotlib", "draftforge plot", "plot", python, sizeof python, &err) != DF_OK ||
       df_pytools_script("plot_run.py", script, sizeof script, &err) != DF_OK) {
-    df_error_print(&err);
-    return 1;
+    df_error_print_verbose(&err, verbose);
+    return DF_EXIT_FAILURE;
   }
   char *args[] = {python, script, (char *)run, out ? "--out" : NULL, (char *)out, NULL};
   pid_t pid;
   if (df_pytools_spawn(args, -1, NULL, NULL, &pid, &err) != DF_OK) {
-    df_error_print(&err);
-    return 1;
+    df_error_print_verbose(&err, verbose);
+    return DF_EXIT_FAILURE;
   }
   int rc = 1;
   df_pytools_wait(pid, -1, &rc);
-  return rc == 0 ? 0 : 1;
+  return rc == 0 ? DF_EXIT_OK : DF_EXIT_FAILURE;
 }

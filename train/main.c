@@ -15,6 +15,7 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  step RECIPE.yaml --dump DIR  one micro-step with a gradient dump (see step --help)\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
+                           "  eval --spec-decode --target DIR --draft CKPT --data F  real speculative decoding, tau\n"
                            "  capture --target DIR --data F --draft-config J --out DIR  hidden states from the target\n"
                            "  inspect FILE...     print a safetensors file, a config, HDF5 shards, or a checkpoint\n"
                            "  plot RUN_DIR        PNG charts of a run's metrics.jsonl          (see plot --help)\n"
@@ -36,10 +37,11 @@ static int print_version(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    fputs(usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    fprintf(stderr, "%sdraftforge: no command given\n  HINT: draftforge <command> --help describes a command\n", usage);
+    return 2;
   }
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
   if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return print_version();
   if (!strcmp(argv[1], "inspect")) return df_cmd_inspect(argc - 2, argv + 2);
   if (!strcmp(argv[1], "train")) return df_cmd_train(argc - 2, argv + 2);

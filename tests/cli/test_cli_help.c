@@ -26,7 +26,8 @@ static void expect_defaults_listed(const char *cmd, const char *text) {
 Test(cli_help, every_subcommand_answers_help_with_defaults) {
   df_cli_dir d;
   df_cli_dir_open(&d, "help", NULL);
-  static const char *const cmds[] = {"train", "step", "export", "eval", "inspect", "plot", "schema", "capture"};
+  static const char *const cmds[] = {"train",   "step", "export", "eval",   "eval --spec-decode",
+                                     "inspect", "plot", "schema", "capture"};
   for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
     char args[64];
     snprintf(args, sizeof args, "%s --help", cmds[i]);
@@ -39,6 +40,21 @@ Test(cli_help, every_subcommand_answers_help_with_defaults) {
     expect_defaults_listed(cmds[i], out);
   }
   cr_expect_eq(df_cli_run(&d, "inspect -h", out, sizeof out), 0, "%s", out);
+  // every command `draftforge --help` lists is one of those checked above
+  cr_assert_eq(df_cli_run(&d, "--help", out, sizeof out), 0, "%s", out);
+  const char *list = strstr(out, "commands:\n");
+  cr_assert(list, "%s", out);
+  int listed = 0;
+  for (const char *p = strstr(list, "\n  "); p && p[3] != ' '; p = strstr(p + 1, "\n  ")) {
+    char name[32];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(p + 3, " \n"), p + 3);
+    if (!strcmp(name, "--version")) continue;
+    bool covered = false;
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) covered |= !strcmp(cmds[i], name);
+    cr_expect(covered, "draftforge --help lists '%s', whose --help is not checked", name);
+    listed++;
+  }
+  cr_expect_geq(listed, 8, "%s", out);
   df_cli_dir_close(&d);
 }
 
