@@ -267,8 +267,8 @@ static df_status choose_in_run(const char *ckdir, const char *run, df_ckpt_pick 
   df_path_normalize(run ? run : ckdir, shown, sizeof shown);
   if (n == 0)
     return DF_FAIL(err, DF_ERR_IO, shown,
-                   "a run saves checkpoints every training.save_interval steps, every "
-                   "training.save_interval_minutes, at the end and on SIGTERM",
+                   "a run saves every training.save_interval steps and training.save_interval_minutes, at the end "
+                   "and on SIGTERM; train --resume auto starts the run when it has no checkpoint yet",
                    "no checkpoint under %s", shown);
   const char *link = pick == DF_PICK_BEST ? "best" : "latest";
   int64_t step = link_target(ckdir, link);

@@ -210,11 +210,13 @@ Test(resume_cli, every_checkpoint_has_a_manifest) {
   cr_expect_eq(json_object_size(files), 3);
   json_decref(m);
   free(text);
+  cr_expect_eq(df_cli_run(&d, "inspect m", out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "manifest: every file has its recorded size and XXH3-64 checksum"), "%s", out);
   df_cli_dir_close(&d);
 }
 
 // Damaging one file of the latest checkpoint: resume names the file, says it is damaged and offers step 2;
-// --resume auto takes step 2; export refuses it too.
+// --resume auto takes step 2; export and inspect refuse it too.
 static void expect_damage_caught(df_cli_dir *d, const char *file, long size) {
   two_checkpoints(d);
   char rel[200];
@@ -226,6 +228,9 @@ static void expect_damage_caught(df_cli_dir *d, const char *file, long size) {
   cr_expect_not(df_cli_exists(d, "m/checkpoints/step-00000006"), "%s: nothing resumed", file);
   cr_expect_eq(df_cli_run(d, "export m --out e", out, sizeof out), 1, "%s: %s", file, out);
   cr_expect(strstr(out, "damaged"), "%s: %s", file, out);
+  cr_expect_eq(df_cli_run(d, "inspect m", out, sizeof out), 1, "inspect %s: %s", file, out);
+  cr_expect(strstr(out, "damaged") && strstr(out, file), "inspect %s: %s", file, out);
+  cr_expect(strstr(out, "HINT: the checkpoint changed after it was written"), "inspect %s: %s", file, out);
   cr_expect_eq(
       df_cli_run(d, "train recipe.yaml --set output_dir=m --set training.max_steps=6 --resume auto", out, sizeof out),
       0, "%s: %s", file, out);
@@ -268,6 +273,10 @@ Test(resume_cli, changed_bytes_of_the_same_size_are_caught) {
   cr_assert_eq(system(cmd), 0);
   cr_expect_eq(df_cli_run(&d, RESUME_M, out, sizeof out), 1, "%s", out);
   cr_expect(strstr(out, "checksum") && strstr(out, "model.safetensors"), "%s", out);
+  // inspect names it too (by the manifest: one changed byte of a weight)
+  cr_expect_eq(df_cli_run(&d, "inspect m", out, sizeof out), 1, "%s", out);
+  cr_expect(strstr(out, "PROBLEM: checkpoint file m/checkpoints/latest/model.safetensors is damaged: checksum"), "%s",
+            out);
   df_cli_dir_close(&d);
 }
 
