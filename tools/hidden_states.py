@@ -488,6 +488,16 @@ def info(path, out=sys.stdout):
         print(f"  {p}: samples {s['n']} (from #{first}), tokens {s['t']}{rng}", file=out)
 
 
+def problem_hint(path, problems, full):
+    """The advice that ends validate's and info's error output, as every draftforge error ends with a HINT."""
+    if not os.path.exists(path):
+        return "check the path: a shard (.h5) or a directory of shards"
+    if any("column" in pr for pr in problems):  # NaN/Inf hidden states
+        more = "" if full else "validate --full lists every sample that has them; "
+        return more + "remove or recapture those samples (draftforge capture), or leave the shard out"
+    return "re-create the shard with draftforge capture or tools/hidden_states.py (docs/data-format.md)"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -502,8 +512,7 @@ def main(argv=None):
     for pr in problems:
         print(f"error: {pr}", file=sys.stderr)
     if problems:
-        if args.cmd == "validate" and not full and any("column" in pr for pr in problems):
-            print("hint: validate --full lists every sample with NaN/Inf", file=sys.stderr)
+        print(f"  HINT: {problem_hint(args.path, problems, full or args.cmd != 'validate')}", file=sys.stderr)
         return 1
     if args.cmd == "info":
         info(args.path)

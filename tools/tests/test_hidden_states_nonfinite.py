@@ -97,3 +97,21 @@ def test_small_shards_are_scanned_whole(tmp_path):
     poke(p, 5, 3, 1, np.nan)
     r = run("validate", p)
     assert r.returncode == 1 and "sample 5 (#5), token 3: hidden_states column 1 is NaN" in r.stderr
+
+
+def test_every_error_ends_with_a_hint(tmp_path):
+    """As every draftforge error does: the last line of a failing validate or info is "  HINT: ..."."""
+    p = tmp_path / "s.h5"
+    shard(p, 6, "bfloat16")
+    poke(p, 2, 0, 0, np.nan)
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(p.read_bytes()[:3000])
+    cases = [(("validate", p), "validate --full lists every sample"),
+             (("validate", "--full", p), "remove or recapture those samples"),
+             (("validate", tmp_path / "missing.h5"), "check the path"),
+             (("info", cut), "re-create the shard")]
+    for args, advice in cases:
+        r = run(*args)
+        assert r.returncode == 1, (args, r.stderr)
+        last = r.stderr.rstrip("\n").splitlines()[-1]
+        assert last.startswith("  HINT: ") and advice in last, (args, r.stderr)
