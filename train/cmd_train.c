@@ -172,7 +172,7 @@ int df_cmd_train(int argc, char **argv) {
   df_train_summary s;
   df_status st = df_train(&o, &s, &err);
   df_progress_term_close(term);
-  char cmd[8400], note[9000] = "";
+  char cmd[8400], note[8400 + 4000 + 200] = ""; // room for the longest command and checkpoint path
   resume_command(&s, threads, cmd, sizeof cmd);
   if (st != DF_OK && s.saved_after_error)
     snprintf(note, sizeof note, "the run failed after step %lld; its state was saved first: %.4000s\nresume with: %s\n",
