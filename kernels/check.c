@@ -11,8 +11,8 @@ df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *nam
                    "tensor '%s' is %s, expected dtype %s", name, df_tensor_desc(t, d, sizeof d), df_dtype_name(dt));
   if (t->device != ctx->device)
     return DF_FAIL(err, DF_ERR_INVALID, name, "move the tensor to the context's device",
-                   "tensor '%s' is on %s but the context runs on %s", name, t->device == DF_DEV_CPU ? "cpu" : "cuda",
-                   ctx->device == DF_DEV_CPU ? "cpu" : "cuda");
+                   "tensor '%s' is on %s but the context runs on %s", name, df_device_name(t->device),
+                   df_device_name(ctx->device));
   if (ndim >= 0 && t->ndim != ndim)
     return DF_FAIL(err, DF_ERR_INVALID, name, NULL, "tensor '%s' is %s, expected %d dims", name,
                    df_tensor_desc(t, d, sizeof d), ndim);
@@ -63,9 +63,4 @@ int64_t df_last_dim(const df_tensor *t) { return t->ndim > 0 ? t->shape[t->ndim 
 int64_t df_rows(const df_tensor *t) {
   int64_t last = df_last_dim(t);
   return last > 0 ? df_numel(t) / last : 0;
-}
-
-df_status df_no_cuda_backend(const char *op, df_error *err) {
-  return DF_FAIL(err, DF_ERR_UNSUPPORTED, op, "rebuild with nvcc on PATH or use the CPU backend",
-                 "op %s was called on a CUDA context but this build has no CUDA backend", op);
 }

@@ -40,7 +40,8 @@ df_status df_rmsnorm_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w
   if (!(eps >= 0.0f) || isinf(eps))
     return DF_FAIL(err, DF_ERR_INVALID, "eps", "use rms_norm_eps from the model config (e.g. 1e-6)",
                    "eps = %g must be finite and >= 0", (double)eps);
-  return DF_DISPATCH(ctx, rmsnorm_forward, x, w, eps, y, rstd, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_RMSNORM_FORWARD, ctx->backend->rmsnorm_forward, DF_F32, err));
+  return ctx->backend->rmsnorm_forward(ctx, x, w, eps, y, rstd, err);
 }
 
 df_status df_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
@@ -55,7 +56,8 @@ df_status df_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor 
     DF_TRY(df_check_tensor(ctx, dw, "dw", DF_F32, 1, err));
     DF_TRY(df_check_dim(dw, "dw", 0, w->shape[0], err));
   }
-  return DF_DISPATCH(ctx, rmsnorm_backward, dy, x, w, rstd, dx, accumulate_dx, dw, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_RMSNORM_BACKWARD, ctx->backend->rmsnorm_backward, DF_F32, err));
+  return ctx->backend->rmsnorm_backward(ctx, dy, x, w, rstd, dx, accumulate_dx, dw, err);
 }
 
 // ---- Rotary embedding ----------------------------------------------------------------------------------
@@ -107,13 +109,15 @@ static df_status check_rope(df_ctx *ctx, const df_tensor *x, const char *xn, con
 df_status df_rope_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *pos, const df_tensor *inv_freq,
                           float mscale, df_tensor *y, df_error *err) {
   DF_TRY(check_rope(ctx, x, "x", pos, inv_freq, mscale, y, "y", err));
-  return DF_DISPATCH(ctx, rope_forward, x, pos, inv_freq, mscale, y, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_ROPE_FORWARD, ctx->backend->rope_forward, DF_F32, err));
+  return ctx->backend->rope_forward(ctx, x, pos, inv_freq, mscale, y, err);
 }
 
 df_status df_rope_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *pos, const df_tensor *inv_freq,
                            float mscale, df_tensor *dx, df_error *err) {
   DF_TRY(check_rope(ctx, dy, "dy", pos, inv_freq, mscale, dx, "dx", err));
-  return DF_DISPATCH(ctx, rope_backward, dy, pos, inv_freq, mscale, dx, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_ROPE_BACKWARD, ctx->backend->rope_backward, DF_F32, err));
+  return ctx->backend->rope_backward(ctx, dy, pos, inv_freq, mscale, dx, err);
 }
 
 // ---- SwiGLU --------------------------------------------------------------------------------------------
@@ -133,7 +137,8 @@ df_status df_swiglu_forward(df_ctx *ctx, const df_tensor *g, const df_tensor *u,
   DF_TRY(check_swiglu(ctx, g, u, limit, err));
   DF_TRY(df_check_tensor(ctx, h, "h", DF_F32, -1, err));
   DF_TRY(df_check_same_numel(g, "g", h, "h", err));
-  return DF_DISPATCH(ctx, swiglu_forward, g, u, limit, h, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_SWIGLU_FORWARD, ctx->backend->swiglu_forward, DF_F32, err));
+  return ctx->backend->swiglu_forward(ctx, g, u, limit, h, err);
 }
 
 df_status df_swiglu_backward(df_ctx *ctx, const df_tensor *dh, const df_tensor *g, const df_tensor *u, float limit,
@@ -145,7 +150,8 @@ df_status df_swiglu_backward(df_ctx *ctx, const df_tensor *dh, const df_tensor *
   DF_TRY(df_check_same_numel(g, "g", dg, "dg", err));
   DF_TRY(df_check_tensor(ctx, du, "du", DF_F32, -1, err));
   DF_TRY(df_check_same_numel(g, "g", du, "du", err));
-  return DF_DISPATCH(ctx, swiglu_backward, dh, g, u, limit, dg, du, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_SWIGLU_BACKWARD, ctx->backend->swiglu_backward, DF_F32, err));
+  return ctx->backend->swiglu_backward(ctx, dh, g, u, limit, dg, du, err);
 }
 
 // ---- Embedding -----------------------------------------------------------------------------------------
@@ -166,11 +172,13 @@ static df_status check_embedding(df_ctx *ctx, const df_tensor *table, const char
 df_status df_embedding_forward(df_ctx *ctx, const df_tensor *table, const df_tensor *ids, df_tensor *out,
                                df_error *err) {
   DF_TRY(check_embedding(ctx, table, "table", ids, out, "out", err));
-  return DF_DISPATCH(ctx, embedding_forward, table, ids, out, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_EMBEDDING_FORWARD, ctx->backend->embedding_forward, DF_F32, err));
+  return ctx->backend->embedding_forward(ctx, table, ids, out, err);
 }
 
 df_status df_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_tensor *ids, df_tensor *dtable,
                                 df_error *err) {
   DF_TRY(check_embedding(ctx, dtable, "dtable", ids, dout, "dout", err));
-  return DF_DISPATCH(ctx, embedding_backward, dout, ids, dtable, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_EMBEDDING_BACKWARD, ctx->backend->embedding_backward, DF_F32, err));
+  return ctx->backend->embedding_backward(ctx, dout, ids, dtable, err);
 }

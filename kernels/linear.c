@@ -16,7 +16,8 @@ df_status df_matmul(df_ctx *ctx, const df_tensor *a, bool trans_a, const df_tens
                    (long long)kb, (long long)n);
   DF_TRY(df_check_dim(c, "c", 0, m, err));
   DF_TRY(df_check_dim(c, "c", 1, n, err));
-  return DF_DISPATCH(ctx, matmul, a, trans_a, b, trans_b, alpha, beta, c, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_MATMUL, ctx->backend->matmul, DF_F32, err));
+  return ctx->backend->matmul(ctx, a, trans_a, b, trans_b, alpha, beta, c, err);
 }
 
 static df_status check_linear(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *b,
@@ -39,7 +40,8 @@ static df_status check_linear(df_ctx *ctx, const df_tensor *x, const df_tensor *
 df_status df_linear_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *b, df_tensor *y,
                             df_error *err) {
   DF_TRY(check_linear(ctx, x, w, b, y, "y", err));
-  return DF_DISPATCH(ctx, linear_forward, x, w, b, y, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_LINEAR_FORWARD, ctx->backend->linear_forward, DF_F32, err));
+  return ctx->backend->linear_forward(ctx, x, w, b, y, err);
 }
 
 df_status df_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w, df_tensor *dx,
@@ -51,12 +53,14 @@ df_status df_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *
   if (dw) DF_TRY(df_check_same_numel(w, "w", dw, "dw", err));
   if (db) DF_TRY(df_check_tensor(ctx, db, "db", DF_F32, 1, err));
   if (db) DF_TRY(df_check_dim(db, "db", 0, w->shape[0], err));
-  return DF_DISPATCH(ctx, linear_backward, dy, x, w, dx, accumulate_dx, dw, db, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_LINEAR_BACKWARD, ctx->backend->linear_backward, DF_F32, err));
+  return ctx->backend->linear_backward(ctx, dy, x, w, dx, accumulate_dx, dw, db, err);
 }
 
 df_status df_axpy(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y, df_error *err) {
   DF_TRY(df_check_tensor(ctx, x, "x", DF_F32, -1, err));
   DF_TRY(df_check_tensor(ctx, y, "y", DF_F32, -1, err));
   DF_TRY(df_check_same_numel(x, "x", y, "y", err));
-  return DF_DISPATCH(ctx, axpy, alpha, x, y, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_AXPY, ctx->backend->axpy, DF_F32, err));
+  return ctx->backend->axpy(ctx, alpha, x, y, err);
 }

@@ -46,7 +46,8 @@ df_status df_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tens
     DF_TRY(df_check_same_numel(hidden, "hidden", dhidden, "dhidden", err));
   }
   // Label values live on the op's device, so each backend range-checks them before writing anything.
-  return DF_DISPATCH(ctx, lmhead_ce, desc, hidden, head, labels, weights, loss, correct, dhidden, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_LMHEAD_CE, ctx->backend->lmhead_ce, DF_F32, err));
+  return ctx->backend->lmhead_ce(ctx, desc, hidden, head, labels, weights, loss, correct, dhidden, err);
 }
 
 // p and q are logit sets of one shape, viewed as [R, V].
@@ -63,7 +64,8 @@ static df_status check_logit_pair(const df_ctx *ctx, const df_tensor *p, const d
 df_status df_softmax_l1_forward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_tensor *l1, df_error *err) {
   DF_TRY(check_logit_pair(ctx, p, q, err));
   DF_TRY(df_check_per_row(ctx, l1, "l1", DF_F32, df_rows(p), err));
-  return DF_DISPATCH(ctx, softmax_l1_forward, p, q, l1, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_SOFTMAX_L1_FORWARD, ctx->backend->softmax_l1_forward, DF_F32, err));
+  return ctx->backend->softmax_l1_forward(ctx, p, q, l1, err);
 }
 
 df_status df_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, const df_tensor *dl1,
@@ -72,7 +74,8 @@ df_status df_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tenso
   DF_TRY(df_check_per_row(ctx, dl1, "dl1", DF_F32, df_rows(p), err));
   DF_TRY(df_check_tensor(ctx, dp, "dp", DF_F32, -1, err));
   DF_TRY(df_check_same_numel(p, "p", dp, "dp", err));
-  return DF_DISPATCH(ctx, softmax_l1_backward, p, q, dl1, dp, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_SOFTMAX_L1_BACKWARD, ctx->backend->softmax_l1_backward, DF_F32, err));
+  return ctx->backend->softmax_l1_backward(ctx, p, q, dl1, dp, err);
 }
 
 // x and every per-element companion hold the same number of elements.
@@ -86,7 +89,8 @@ df_status df_bce_logits_forward(df_ctx *ctx, const df_tensor *x, const df_tensor
   DF_TRY(df_check_tensor(ctx, x, "x", DF_F32, -1, err));
   DF_TRY(check_elementwise(ctx, x, t, "t", err));
   DF_TRY(check_elementwise(ctx, x, loss, "loss", err));
-  return DF_DISPATCH(ctx, bce_logits_forward, x, t, loss, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_BCE_LOGITS_FORWARD, ctx->backend->bce_logits_forward, DF_F32, err));
+  return ctx->backend->bce_logits_forward(ctx, x, t, loss, err);
 }
 
 df_status df_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, const df_tensor *dloss,
@@ -95,5 +99,6 @@ df_status df_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tenso
   DF_TRY(check_elementwise(ctx, x, t, "t", err));
   DF_TRY(check_elementwise(ctx, x, dloss, "dloss", err));
   DF_TRY(check_elementwise(ctx, x, dx, "dx", err));
-  return DF_DISPATCH(ctx, bce_logits_backward, x, t, dloss, dx, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_BCE_LOGITS_BACKWARD, ctx->backend->bce_logits_backward, DF_F32, err));
+  return ctx->backend->bce_logits_backward(ctx, x, t, dloss, dx, err);
 }

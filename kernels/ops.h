@@ -20,7 +20,8 @@ extern "C" {
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Context: the backend (CPU or CUDA) and its handles. Passed down to every op; never global.
+// Context: the backend (kernels/backend.h: CPU, CUDA or the fake test device) and its handles. Passed down
+// to every op; never global.
 typedef struct df_ctx df_ctx;
 
 typedef struct {
@@ -33,16 +34,44 @@ df_status df_ctx_create(const df_ctx_options *opt, df_ctx **out, df_error *err);
 void df_ctx_destroy(df_ctx *ctx);
 df_device df_ctx_device(const df_ctx *ctx);
 int df_ctx_num_threads(const df_ctx *ctx);
+const char *df_ctx_backend_name(const df_ctx *ctx);
+// Whether host code may dereference the context's buffers (true only for the CPU backend). Code that would
+// otherwise read device memory (checkpoint writes, test hooks) stages through df_copy when it is false.
+bool df_ctx_host_addressable(const df_ctx *ctx);
 // Whether this build can run op on a CUDA device at all (compiled in and a device present).
 bool df_cuda_available(void);
 
 // Buffers on the context's device (CPU: 64-byte aligned host memory) and copies between devices.
 df_status df_buffer_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err);
 void df_buffer_free(df_ctx *ctx, void *p);
+// Page-locked host memory for staging uploads (CPU: ordinary aligned memory).
+df_status df_host_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err);
+void df_host_free(df_ctx *ctx, void *p);
+// A copy that has completed on return.
 df_status df_copy(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df_device src_dev, size_t bytes,
                   df_error *err);
+// A copy queued on the context's stream, ordered with the ops around it; its host side must stay untouched
+// (and, for uploads, should be df_host_alloc memory) until an event recorded after it has been waited for.
+df_status df_copy_async(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df_device src_dev, size_t bytes,
+                        df_error *err);
+// A point in the context's queue: record it after queued work, wait for it before reusing that work's host
+// buffers. Synchronous backends (CPU) complete everything before record returns.
+typedef struct df_event df_event;
+df_status df_event_create(df_ctx *ctx, df_event **out, df_error *err);
+df_status df_event_record(df_ctx *ctx, df_event *ev, df_error *err);
+df_status df_event_wait(df_ctx *ctx, df_event *ev, df_error *err);
+void df_event_destroy(df_ctx *ctx, df_event *ev);
 // Waits for the context's queued work (no-op on the CPU).
 df_status df_sync(df_ctx *ctx, df_error *err);
+
+// Debug counters of host↔device traffic through df_copy / df_copy_async (device↔device and host↔host copies
+// are not transfers). Tests use them to prove a training step stays on the device.
+typedef struct {
+  int64_t h2d, d2h;             // copies
+  int64_t h2d_bytes, d2h_bytes; // bytes
+} df_transfer_stats;
+df_transfer_stats df_ctx_transfer_stats(const df_ctx *ctx);
+void df_ctx_reset_transfer_stats(df_ctx *ctx);
 
 // ---------------------------------------------------------------------------------------------
 // Dense algebra

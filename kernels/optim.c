@@ -49,7 +49,8 @@ df_status df_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df
                         const df_adamw_hparams *hp, df_error *err) {
   DF_TRY(check_adamw_buffers(ctx, param, grad, m, v, err));
   DF_TRY(check_adamw_hparams(hp, err));
-  return DF_DISPATCH(ctx, adamw_step, param, grad, m, v, hp, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_ADAMW_STEP, ctx->backend->adamw_step, DF_F32, err));
+  return ctx->backend->adamw_step(ctx, param, grad, m, v, hp, err);
 }
 
 // bufs[0..nbufs) are fp32 tensors on ctx's device; each error names "bufs[i]".
@@ -68,7 +69,8 @@ static df_status check_buffer_list(df_ctx *ctx, const df_tensor *bufs, int nbufs
 df_status df_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err) {
   DF_TRY(check_buffer_list(ctx, bufs, nbufs, err));
   if (!norm) return DF_FAIL(err, DF_ERR_INVALID, "norm", "pass where to store the norm", "norm is NULL");
-  return DF_DISPATCH(ctx, global_norm, bufs, nbufs, norm, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_GLOBAL_NORM, ctx->backend->global_norm, DF_F32, err));
+  return ctx->backend->global_norm(ctx, bufs, nbufs, norm, err);
 }
 
 df_status df_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm, double *coef,
@@ -84,5 +86,6 @@ df_status df_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, 
   if (!isfinite(norm))
     return DF_FAIL(err, DF_ERR_NUMERIC, "norm", "skip this optimizer step (zero the gradients and continue)",
                    "gradient norm is %g; buffers left unchanged", norm);
-  return DF_DISPATCH(ctx, clip_by_norm, bufs, nbufs, norm, max_norm, coef, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_CLIP_BY_NORM, ctx->backend->clip_by_norm, DF_F32, err));
+  return ctx->backend->clip_by_norm(ctx, bufs, nbufs, norm, max_norm, coef, err);
 }
