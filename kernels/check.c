@@ -22,6 +22,16 @@ df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *nam
   return DF_OK;
 }
 
+df_status df_check_storage(const df_tensor *t, const char *name, df_dtype *storage, df_error *err) {
+  char d[96];
+  if (!t) return DF_FAIL(err, DF_ERR_INVALID, name, "pass a tensor view", "tensor '%s' is missing", name);
+  if (t->dtype != DF_F32 && t->dtype != DF_BF16)
+    return DF_FAIL(err, DF_ERR_INVALID, name, "store activations, weights and gradients as f32 or bf16",
+                   "tensor '%s' is %s", name, df_tensor_desc(t, d, sizeof d));
+  *storage = t->dtype;
+  return DF_OK;
+}
+
 df_status df_check_dim(const df_tensor *t, const char *name, int dim, int64_t expect, df_error *err) {
   char d[96];
   if (dim >= t->ndim || t->shape[dim] != expect)

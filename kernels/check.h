@@ -11,6 +11,10 @@ extern "C" {
 // t is present, has dtype dt, lives on ctx's device, is contiguous and (if ndim >= 0) has ndim dims.
 df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int ndim,
                           df_error *err);
+// The storage dtype of an op's activation / weight / gradient tensors, read from t: fp32 or bf16 (anything else
+// is an error naming t). The op's other storage tensors are then checked against it with df_check_tensor;
+// statistics (rstd, lse, losses, row weights, norms, moments) stay fp32 whatever the storage.
+df_status df_check_storage(const df_tensor *t, const char *name, df_dtype *storage, df_error *err);
 // t->shape[dim] == expect.
 df_status df_check_dim(const df_tensor *t, const char *name, int dim, int64_t expect, df_error *err);
 // a and b have the same number of elements (views of one shape under different splits are fine).

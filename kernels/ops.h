@@ -2,7 +2,12 @@
 // backward, over df_tensor views. Model code calls only these; the context decides which backend runs.
 //
 // Conventions
-// - All tensors are contiguous, row-major, fp32 unless stated (indices are i32, flags u8).
+// - All tensors are contiguous and row-major; indices are i32, flags u8.
+// - Storage dtype: an op's activation, weight and gradient tensors share one storage dtype, f32 or bf16 (the
+//   GPU path stores bf16 and accumulates in fp32); statistics are always f32: RMSNorm rstd, attention lse,
+//   RoPE frequencies, per-row losses / weights / flags' companions, confidence logits, norms, and the
+//   optimizer's masters and moments. Whether a backend takes bf16 is its table's answer (kernels/backend.h);
+//   the CPU backend is f32 only, and says so naming the op.
 // - Backward ops *write* the input gradient (dx, dq, ...) unless `accumulate_dx` says add; parameter
 //   gradients (dw, db, dtable) are always *added to*, so a caller zeroes the grad buffer once per step.
 // - Every op validates shapes, dtypes and devices first and fails with an error naming the argument;

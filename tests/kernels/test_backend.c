@@ -107,3 +107,27 @@ Test(backend, events_and_async_copies) {
   df_buffer_free(ctx, dev);
   df_ctx_destroy(ctx);
 }
+
+// bf16 storage passes validation, and the CPU table refuses it naming op, backend and dtype; a mixed pair is an
+// argument error naming the odd tensor.
+Test(backend, bf16_storage_is_refused_by_the_cpu) {
+  df_ctx *ctx = df_test_cpu_ctx(1);
+  df_error err = {0};
+  uint16_t x[8] = {0}, w[8] = {0}, y[4] = {0};
+  float wf[8] = {0};
+  df_tensor tx = df_view(x, DF_BF16, DF_DEV_CPU, 2, DF_SHAPE(2, 4)),
+            tw = df_view(w, DF_BF16, DF_DEV_CPU, 2, DF_SHAPE(2, 4));
+  df_tensor ty = df_view(y, DF_BF16, DF_DEV_CPU, 2, DF_SHAPE(2, 2)), twf = df_f32(wf, 2, 4);
+  cr_expect_eq(df_linear_forward(ctx, &tx, &tw, NULL, &ty, &err), DF_ERR_UNSUPPORTED);
+  cr_expect_str_eq(err.where, "linear_forward");
+  cr_expect(strstr(err.msg, "cpu") && strstr(err.msg, "bf16"), "%s", err.msg);
+  cr_expect(strstr(err.hint, "fp32"), "%s", err.hint);
+  cr_expect_eq(df_linear_forward(ctx, &tx, &twf, NULL, &ty, &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "x");
+  // integer storage is not a float format at all
+  int32_t ids[4] = {0};
+  df_tensor ti = df_i32(ids, 4), tf = df_f32(wf, 4);
+  cr_expect_eq(df_axpy(ctx, 1.0f, &tf, &ti, &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "y");
+  df_ctx_destroy(ctx);
+}
