@@ -8,15 +8,22 @@
 // kernels/cuda/<family>.cu) whose df_<backend>_register_<family> sets the slot. A slot left NULL is an op
 // the backend lacks: the dispatcher answers DF_ERR_NOT_IMPLEMENTED naming the op and the backend.
 //
-// Where a CUDA op goes (see kernels/cuda/backend.h for the shared stream, handles and checked launches):
-//   matmul, linear_*, axpy, fill, scale, cast          kernels/cuda/linear.cu, kernels/cuda/elementwise.cu
-//   rmsnorm_*, rope_*, swiglu_*, embedding_*, gather    kernels/cuda/rmsnorm.cu, rope.cu, swiglu.cu, embedding.cu
-//   block_attn_*                                        kernels/cuda/attention.cu
-//   lmhead_ce, softmax_l1_*, bce_logits_*, lmhead_dspark kernels/cuda/lmhead_ce.cu, dspark_loss.cu,
-//                                                       lmhead_dspark.cu
-//   dpace_weights, block_metrics, dspark_metrics         kernels/cuda/metrics.cu
-//   adamw_*, global_norm, clip_by_norm, grad_norm_clip   kernels/cuda/optim.cu
-// (the CPU twin of each is the file of the same name in kernels/cpu/).
+// Where each op lives: one file per family per backend, the same name on both sides.
+//   kernels/cpu/linear.c        ↔ kernels/cuda/linear.cu         matmul, linear_forward/backward, axpy
+//   kernels/cpu/elementwise.c   ↔ kernels/cuda/elementwise.cu    fill, scale, cast
+//   kernels/cpu/rmsnorm.c       ↔ kernels/cuda/rmsnorm.cu        rmsnorm_forward/backward
+//   kernels/cpu/rope.c          ↔ kernels/cuda/rope.cu           rope_forward/backward
+//   kernels/cpu/swiglu.c        ↔ kernels/cuda/swiglu.cu         swiglu_forward/backward
+//   kernels/cpu/embedding.c     ↔ kernels/cuda/embedding.cu      embedding_forward/backward
+//   kernels/cpu/gather.c        ↔ kernels/cuda/gather.cu         gather_rows
+//   kernels/cpu/attention.c     ↔ kernels/cuda/attention.cu      block_attn_forward/backward
+//   kernels/cpu/lmhead_ce.c     ↔ kernels/cuda/lmhead_ce.cu      lmhead_ce
+//   kernels/cpu/dspark_loss.c   ↔ kernels/cuda/dspark_loss.cu    softmax_l1_*, bce_logits_*
+//   kernels/cpu/lmhead_dspark.c ↔ kernels/cuda/lmhead_dspark.cu  lmhead_dspark
+//   kernels/cpu/metrics.c       ↔ kernels/cuda/metrics.cu        dpace_weights, block_metrics, dspark_block_metrics
+//   kernels/cpu/optim.c         ↔ kernels/cuda/optim.cu          adamw_step, global_norm, clip_by_norm
+//   kernels/cpu/adamw_fused.c   ↔ kernels/cuda/adamw_fused.cu    grad_norm_clip, adamw_fused
+// Today kernels/cuda/ has linear.cu only; kernels/cuda/backend.h holds the state every .cu file shares.
 #ifndef DF_KERNELS_BACKEND_H
 #define DF_KERNELS_BACKEND_H
 
@@ -32,6 +39,9 @@ typedef enum {
   DF_OP_LINEAR_FORWARD,
   DF_OP_LINEAR_BACKWARD,
   DF_OP_AXPY,
+  DF_OP_FILL,
+  DF_OP_SCALE,
+  DF_OP_CAST,
   DF_OP_RMSNORM_FORWARD,
   DF_OP_RMSNORM_BACKWARD,
   DF_OP_ROPE_FORWARD,
@@ -40,6 +50,7 @@ typedef enum {
   DF_OP_SWIGLU_BACKWARD,
   DF_OP_EMBEDDING_FORWARD,
   DF_OP_EMBEDDING_BACKWARD,
+  DF_OP_GATHER_ROWS,
   DF_OP_BLOCK_ATTN_FORWARD,
   DF_OP_BLOCK_ATTN_BACKWARD,
   DF_OP_LMHEAD_CE,
@@ -48,9 +59,14 @@ typedef enum {
   DF_OP_BCE_LOGITS_FORWARD,
   DF_OP_BCE_LOGITS_BACKWARD,
   DF_OP_LMHEAD_DSPARK,
+  DF_OP_DPACE_WEIGHTS,
+  DF_OP_BLOCK_METRICS,
+  DF_OP_DSPARK_BLOCK_METRICS,
   DF_OP_ADAMW_STEP,
   DF_OP_GLOBAL_NORM,
   DF_OP_CLIP_BY_NORM,
+  DF_OP_GRAD_NORM_CLIP,
+  DF_OP_ADAMW_FUSED,
   DF_OP_COUNT
 } df_op;
 
@@ -67,6 +83,9 @@ typedef df_status df_linear_forward_fn(df_ctx *ctx, const df_tensor *x, const df
 typedef df_status df_linear_backward_fn(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
                                         df_tensor *dx, bool accumulate_dx, df_tensor *dw, df_tensor *db, df_error *err);
 typedef df_status df_axpy_fn(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y, df_error *err);
+typedef df_status df_fill_fn(df_ctx *ctx, df_tensor *t, double value, df_error *err);
+typedef df_status df_scale_fn(df_ctx *ctx, df_tensor *t, float alpha, df_error *err);
+typedef df_status df_cast_fn(df_ctx *ctx, const df_tensor *src, df_tensor *dst, df_error *err);
 typedef df_status df_rmsnorm_forward_fn(df_ctx *ctx, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
                                         df_tensor *rstd, df_error *err);
 typedef df_status df_rmsnorm_backward_fn(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
@@ -84,6 +103,8 @@ typedef df_status df_embedding_forward_fn(df_ctx *ctx, const df_tensor *table, c
                                           df_error *err);
 typedef df_status df_embedding_backward_fn(df_ctx *ctx, const df_tensor *dout, const df_tensor *ids, df_tensor *dtable,
                                            df_error *err);
+typedef df_status df_gather_rows_fn(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out,
+                                    df_error *err);
 typedef df_status df_block_attn_forward_fn(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
                                            const df_tensor *k, const df_tensor *v, const df_tensor *anchors,
                                            const df_tensor *keep, df_tensor *out, df_tensor *lse, df_error *err);
@@ -105,11 +126,23 @@ typedef df_status df_bce_logits_backward_fn(df_ctx *ctx, const df_tensor *x, con
                                             df_tensor *dx, df_error *err);
 typedef df_status df_lmhead_dspark_fn(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,
                                       const df_lmhead_dspark_out *out, df_error *err);
+typedef df_status df_dpace_weights_fn(df_ctx *ctx, df_dpace_mode mode, double alpha, int64_t bs, const df_tensor *ce,
+                                      const df_tensor *w, df_tensor *out, df_tensor *row_w, df_error *err);
+typedef df_status df_block_metrics_fn(df_ctx *ctx, int64_t bs, const df_tensor *ce, const df_tensor *correct,
+                                      const df_tensor *lw, const df_tensor *valid, const df_tensor *keep,
+                                      df_tensor *stats, df_error *err);
+typedef df_status df_dspark_block_metrics_fn(df_ctx *ctx, int64_t bs, const df_dspark_metrics_in *in, df_tensor *stats,
+                                             df_error *err);
 typedef df_status df_adamw_step_fn(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df_tensor *m, df_tensor *v,
                                    const df_adamw_hparams *hp, df_error *err);
 typedef df_status df_global_norm_fn(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err);
 typedef df_status df_clip_by_norm_fn(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm,
                                      double *coef, df_error *err);
+typedef df_status df_grad_norm_clip_fn(df_ctx *ctx, const df_grad_norm_desc *desc, const df_tensor *grad,
+                                       const df_tensor *mask, const df_tensor *guard, df_tensor *out, df_error *err);
+typedef df_status df_adamw_fused_fn(df_ctx *ctx, const df_adamw_fused_desc *desc, df_tensor *master,
+                                    const df_tensor *grad, df_tensor *m, df_tensor *v, const df_tensor *mask,
+                                    const df_tensor *norm_stats, df_tensor *params, df_error *err);
 
 // ---- the table -------------------------------------------------------------------------------------------------
 
@@ -151,6 +184,9 @@ typedef struct df_backend {
   df_linear_forward_fn *linear_forward;
   df_linear_backward_fn *linear_backward;
   df_axpy_fn *axpy;
+  df_fill_fn *fill;
+  df_scale_fn *scale;
+  df_cast_fn *cast;
   df_rmsnorm_forward_fn *rmsnorm_forward;
   df_rmsnorm_backward_fn *rmsnorm_backward;
   df_rope_forward_fn *rope_forward;
@@ -159,6 +195,7 @@ typedef struct df_backend {
   df_swiglu_backward_fn *swiglu_backward;
   df_embedding_forward_fn *embedding_forward;
   df_embedding_backward_fn *embedding_backward;
+  df_gather_rows_fn *gather_rows;
   df_block_attn_forward_fn *block_attn_forward;
   df_block_attn_backward_fn *block_attn_backward;
   df_lmhead_ce_fn *lmhead_ce;
@@ -167,9 +204,14 @@ typedef struct df_backend {
   df_bce_logits_forward_fn *bce_logits_forward;
   df_bce_logits_backward_fn *bce_logits_backward;
   df_lmhead_dspark_fn *lmhead_dspark;
+  df_dpace_weights_fn *dpace_weights;
+  df_block_metrics_fn *block_metrics;
+  df_dspark_block_metrics_fn *dspark_block_metrics;
   df_adamw_step_fn *adamw_step;
   df_global_norm_fn *global_norm;
   df_clip_by_norm_fn *clip_by_norm;
+  df_grad_norm_clip_fn *grad_norm_clip;
+  df_adamw_fused_fn *adamw_fused;
 } df_backend;
 
 // The tables. df_cuda_backend() is NULL in a build without the CUDA backend.

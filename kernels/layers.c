@@ -195,3 +195,19 @@ df_status df_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_ten
   DF_TRY(df_backend_require(ctx, DF_OP_EMBEDDING_BACKWARD, ctx->backend->embedding_backward, st, err));
   return ctx->backend->embedding_backward(ctx, dout, ids, dtable, err);
 }
+
+// ---- Row gather ------------------------------------------------------------------------------------------------
+
+df_status df_gather_rows(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out, df_error *err) {
+  char d[96];
+  df_dtype st;
+  DF_TRY(df_check_storage(src, "src", &st, err));
+  DF_TRY(df_check_tensor(ctx, src, "src", st, 2, err));
+  DF_TRY(df_check_tensor(ctx, idx, "idx", DF_I32, -1, err));
+  DF_TRY(df_check_tensor(ctx, out, "out", st, -1, err));
+  if (df_last_dim(out) != src->shape[1] || df_numel(out) != df_numel(idx) * src->shape[1])
+    return DF_FAIL(err, DF_ERR_INVALID, "out", NULL, "tensor 'out' %s should be [R = %lld, H = %lld]",
+                   df_tensor_desc(out, d, sizeof d), (long long)df_numel(idx), (long long)src->shape[1]);
+  DF_TRY(df_backend_require(ctx, DF_OP_GATHER_ROWS, ctx->backend->gather_rows, st, err));
+  return ctx->backend->gather_rows(ctx, src, idx, out, err);
+}

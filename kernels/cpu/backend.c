@@ -17,6 +17,10 @@ void df_cpu_register_lmhead_ce(df_backend *be);
 void df_cpu_register_dspark_loss(df_backend *be);
 void df_cpu_register_lmhead_dspark(df_backend *be);
 void df_cpu_register_optim(df_backend *be);
+void df_cpu_register_elementwise(df_backend *be);
+void df_cpu_register_gather(df_backend *be);
+void df_cpu_register_metrics(df_backend *be);
+void df_cpu_register_adamw_fused(df_backend *be);
 
 static df_status cpu_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
   (void)ctx;
@@ -58,6 +62,12 @@ static df_status cpu_sync(df_ctx *ctx, df_error *err) {
   return DF_OK;
 }
 
+// fp32 compute only; bf16 buffers can be filled and cast (to read and write what a GPU run stores).
+static bool cpu_supports(const df_ctx *ctx, df_op op, df_dtype storage) {
+  (void)ctx;
+  return storage == DF_F32 || (storage == DF_BF16 && (op == DF_OP_FILL || op == DF_OP_CAST));
+}
+
 static df_backend cpu_table;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
@@ -65,7 +75,7 @@ static void cpu_build(void) {
   cpu_table = (df_backend){.name = "cpu",
                            .device = DF_DEV_CPU,
                            .host_addressable = true,
-                           .supports_op = NULL, // fp32 only
+                           .supports_op = cpu_supports,
                            .alloc = cpu_alloc,
                            .free = cpu_free,
                            .host_alloc = cpu_alloc,
@@ -86,6 +96,10 @@ static void cpu_build(void) {
   df_cpu_register_dspark_loss(&cpu_table);
   df_cpu_register_lmhead_dspark(&cpu_table);
   df_cpu_register_optim(&cpu_table);
+  df_cpu_register_elementwise(&cpu_table);
+  df_cpu_register_gather(&cpu_table);
+  df_cpu_register_metrics(&cpu_table);
+  df_cpu_register_adamw_fused(&cpu_table);
 }
 
 const df_backend *df_cpu_backend(void) {
