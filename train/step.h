@@ -12,6 +12,7 @@
 #include "strategies/dflash.h"
 #include "strategies/dspark.h"
 #include "train/batch.h"
+#include "train/stage.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,9 +37,17 @@ typedef struct {
     double ce_alpha, l1_alpha, conf_alpha; // training.dspark_{ce_loss,l1_loss,confidence_head}_alpha
   } dspark;
   df_dspark_metrics *dspark_metrics; // when not NULL, receives the DSpark metrics (df_dspark_metrics_free)
+  // Device residency (train/stage.h). stage: the caller's double-buffered stage, reused across micro-steps (NULL:
+  // a temporary one). stats: an f64 vector on the context's device that the step's metric sums are *added* to —
+  // DF_BLOCK_STATS(bs) for DFlash, DF_DSPARK_STATS(bs) for DSpark — and nothing is read back; the metrics then
+  // carry only what the host knows (loss_den, num_blocks, bs, aux_loss, and loss_num = aux_loss·loss_den). NULL:
+  // the step reads its own sums back once and fills the metrics in full.
+  df_stage *stage;
+  df_tensor *stats;
 } df_step_options;
 
-// The frozen target pieces as the step reads them: embedding (V, H) and LM head (V, H), CPU fp32.
+// The frozen target pieces as the step reads them: embedding (V, H) and LM head (V, H), fp32 on the context's
+// device (df_run_resources_place uploads them once).
 typedef struct {
   const float *embed, *lm_head;
   int64_t vocab, hidden;
@@ -57,6 +66,15 @@ typedef struct {
 df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                         const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
                         df_dflash_metrics *out, df_error *err);
+
+// What the stage of a run with these options builds (train/stage.h); heads: the model's DSpark heads or NULL.
+df_stage_spec df_step_stage_spec(const df_draft_config *cfg, const df_step_frozen *fz, const df_step_options *opt,
+                                 df_dspark_heads *heads);
+// The DSpark loss weights of the options (SpecForge's defaults unless opt->dspark.set), with the chunking and
+// grad_scale.
+df_dspark_loss_options df_step_dspark_loss(const df_step_options *opt);
+// The part of DSpark metrics callers that read df_dflash_metrics need (pos arrays allocated).
+df_status df_step_dspark_shared(const df_dspark_metrics *d, df_dflash_metrics *out, df_error *err);
 
 typedef struct {
   double loss_num, loss_den, loss, acc_num, acc_den;
