@@ -3,7 +3,7 @@
 // test device (df_fake_backend). The dispatchers in kernels/*.c validate their arguments, ask the table
 // (df_backend_require), then call ctx->backend-><op>; model code above kernels/ never sees this header.
 //
-// Adding an op: one DF_OP_* value and name (kernels/backend.c), one df_<op>_fn typedef and slot below, one
+// Adding an op: one DF_OP_* value and its row in kernels/backend.c, one df_<op>_fn typedef and slot below, one
 // dispatcher in kernels/<family>.c, and one file per backend (kernels/cpu/<family>.c and, when written,
 // kernels/cuda/<family>.cu) whose df_<backend>_register_<family> sets the slot. A slot left NULL is an op
 // the backend lacks: the dispatcher answers DF_ERR_NOT_IMPLEMENTED naming the op and the backend.
@@ -179,39 +179,45 @@ typedef struct df_backend {
   // Blocks until everything queued on the context has run; reports an asynchronous failure, if any.
   df_status (*sync)(df_ctx *ctx, df_error *err);
 
-  // Ops (NULL: not implemented by this backend).
-  df_matmul_fn *matmul;
-  df_linear_forward_fn *linear_forward;
-  df_linear_backward_fn *linear_backward;
-  df_axpy_fn *axpy;
-  df_fill_fn *fill;
-  df_scale_fn *scale;
-  df_cast_fn *cast;
-  df_rmsnorm_forward_fn *rmsnorm_forward;
-  df_rmsnorm_backward_fn *rmsnorm_backward;
-  df_rope_forward_fn *rope_forward;
-  df_rope_backward_fn *rope_backward;
-  df_swiglu_forward_fn *swiglu_forward;
-  df_swiglu_backward_fn *swiglu_backward;
-  df_embedding_forward_fn *embedding_forward;
-  df_embedding_backward_fn *embedding_backward;
-  df_gather_rows_fn *gather_rows;
-  df_block_attn_forward_fn *block_attn_forward;
-  df_block_attn_backward_fn *block_attn_backward;
-  df_lmhead_ce_fn *lmhead_ce;
-  df_softmax_l1_forward_fn *softmax_l1_forward;
-  df_softmax_l1_backward_fn *softmax_l1_backward;
-  df_bce_logits_forward_fn *bce_logits_forward;
-  df_bce_logits_backward_fn *bce_logits_backward;
-  df_lmhead_dspark_fn *lmhead_dspark;
-  df_dpace_weights_fn *dpace_weights;
-  df_block_metrics_fn *block_metrics;
-  df_dspark_block_metrics_fn *dspark_block_metrics;
-  df_adamw_step_fn *adamw_step;
-  df_global_norm_fn *global_norm;
-  df_clip_by_norm_fn *clip_by_norm;
-  df_grad_norm_clip_fn *grad_norm_clip;
-  df_adamw_fused_fn *adamw_fused;
+  // Ops (NULL: not implemented by this backend), by name and, for generic checks, by df_op (kernels/backend.c
+  // asserts at compile time that the two orders agree).
+  union {
+    struct {
+      df_matmul_fn *matmul;
+      df_linear_forward_fn *linear_forward;
+      df_linear_backward_fn *linear_backward;
+      df_axpy_fn *axpy;
+      df_fill_fn *fill;
+      df_scale_fn *scale;
+      df_cast_fn *cast;
+      df_rmsnorm_forward_fn *rmsnorm_forward;
+      df_rmsnorm_backward_fn *rmsnorm_backward;
+      df_rope_forward_fn *rope_forward;
+      df_rope_backward_fn *rope_backward;
+      df_swiglu_forward_fn *swiglu_forward;
+      df_swiglu_backward_fn *swiglu_backward;
+      df_embedding_forward_fn *embedding_forward;
+      df_embedding_backward_fn *embedding_backward;
+      df_gather_rows_fn *gather_rows;
+      df_block_attn_forward_fn *block_attn_forward;
+      df_block_attn_backward_fn *block_attn_backward;
+      df_lmhead_ce_fn *lmhead_ce;
+      df_softmax_l1_forward_fn *softmax_l1_forward;
+      df_softmax_l1_backward_fn *softmax_l1_backward;
+      df_bce_logits_forward_fn *bce_logits_forward;
+      df_bce_logits_backward_fn *bce_logits_backward;
+      df_lmhead_dspark_fn *lmhead_dspark;
+      df_dpace_weights_fn *dpace_weights;
+      df_block_metrics_fn *block_metrics;
+      df_dspark_block_metrics_fn *dspark_block_metrics;
+      df_adamw_step_fn *adamw_step;
+      df_global_norm_fn *global_norm;
+      df_clip_by_norm_fn *clip_by_norm;
+      df_grad_norm_clip_fn *grad_norm_clip;
+      df_adamw_fused_fn *adamw_fused;
+    };
+    void (*slot[DF_OP_COUNT])(void);
+  };
 } df_backend;
 
 // The tables. df_cuda_backend() is NULL in a build without the CUDA backend.
@@ -223,9 +229,11 @@ const df_backend *df_fake_backend(void);
 // outlive the context; opt->device is ignored (the table's device is used).
 df_status df_ctx_create_with(const df_backend *be, const df_ctx_options *opt, df_ctx **out, df_error *err);
 
-// For dispatchers: DF_OK when ctx's backend has the op (`present`: its slot is not NULL) and supports the
-// storage dtype; otherwise an error naming the op, the backend and the dtype.
-df_status df_backend_require(const df_ctx *ctx, df_op op, bool present, df_dtype storage, df_error *err);
+// For dispatchers: DF_OK when ctx's backend has the op and takes the storage dtype; otherwise an error naming the
+// op, the backend and the dtype.
+df_status df_backend_require(const df_ctx *ctx, df_op op, df_dtype storage, df_error *err);
+// Whether a table has every op (the commands' device: auto picks a backend only then); *missing: the first it lacks.
+bool df_backend_complete(const df_backend *be, const char **missing);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 #include "modeling/strict_load.h"
 #include "moe/ffn_moe.h"
 #include "moe/layout.h"
+#include "train/device.h"
 #include "train/fsutil.h"
 #include "train/recipe.h"
 #include "train/stage.h"
@@ -184,14 +185,14 @@ typedef struct {
 static void run_free(step_run *r) {
   df_batch_free(&r->batch);
   df_dflash_model_free(r->model);
+  df_run_resources_free(&r->res); // before the context: the frozen pieces may live on its device
   df_ctx_destroy(r->ctx);
-  df_run_resources_free(&r->res);
   df_recipe_free(r->recipe);
 }
 
-static df_status load_model(step_run *r, int threads, df_error *err) {
-  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
-  DF_TRY(df_ctx_create(&co, &r->ctx, err));
+static df_status load_model(step_run *r, int threads, const df_device_choice *device, df_error *err) {
+  DF_TRY(df_device_open(device ? *device : r->recipe->training.device, threads, stderr, &r->ctx, err));
+  DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
   DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
   const df_recipe *rc = r->recipe;
   if (!rc->model.draft_checkpoint_path) return df_dflash_model_init(r->model, rc->training.seed, err);
@@ -202,12 +203,12 @@ static df_status load_model(step_run *r, int threads, df_error *err) {
 
 // Recipe; configs, strategy check, frozen pieces and mask token (df_run_resources_load, as the trainer); model;
 // the first batch.
-static df_status load_all(step_run *r, const char *recipe, int threads, df_error *err) {
+static df_status load_all(step_run *r, const char *recipe, int threads, const df_device_choice *device, df_error *err) {
   df_recipe_options ro = {.log = stderr};
   DF_TRY(df_recipe_load(recipe, &ro, &r->recipe, err));
   const df_recipe *rc = r->recipe;
   DF_TRY(df_run_resources_load(rc, &r->res, err));
-  DF_TRY(load_model(r, threads, err));
+  DF_TRY(load_model(r, threads, device, err));
   return df_batch_first(rc->data.hidden_states_path, rc->training.seed, rc->training.batch_size, rc->data.max_length,
                         r->res.draft, &r->batch, err);
 }
@@ -328,10 +329,11 @@ static void fill_result(const df_batch *bt, int64_t N, df_step_result *r) {
   r->mean_accept_len = m->num_blocks > 0 ? m->accept_len_sum / (double)m->num_blocks : 0.0;
 }
 
-df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_step_result *out, df_error *err) {
+df_status df_step_run(const char *recipe, const char *dump_dir, int threads, const df_device_choice *device,
+                      df_step_result *out, df_error *err) {
   memset(out, 0, sizeof *out);
   step_run r = {0};
-  df_status st = load_all(&r, recipe, threads, err);
+  df_status st = load_all(&r, recipe, threads, device, err);
   int64_t N = 0;
   if (st == DF_OK) {
     df_dflash_sampler s;

@@ -12,6 +12,7 @@
 #include "strategies/dflash.h"
 #include "strategies/dspark.h"
 #include "train/batch.h"
+#include "train/recipe.h"
 #include "train/stage.h"
 
 #ifdef __cplusplus
@@ -93,14 +94,16 @@ typedef struct {
 // checkpoint layout, e.g. experts.{e}.gate_proj.weight for qwen) and dump_dir/step.json atomically. For an MoE
 // draft step.json's loss = CE ratio + aux_loss (the routers' summed aux loss) and the gradients include it. The draft
 // config decides the strategy (DFlash or DSpark); training.strategy must agree with it.
-df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_step_result *out, df_error *err);
+// device: where it runs (NULL: the recipe's training.device).
+df_status df_step_run(const char *recipe, const char *dump_dir, int threads, const df_device_choice *device,
+                      df_step_result *out, df_error *err);
 void df_step_result_free(df_step_result *r);
 
 // Writes r as step.json into dir (temp file + rename).
 df_status df_step_write_json(const df_step_result *r, const char *dir, df_error *err);
 
-// `draftforge step RECIPE.yaml --dump DIR [--threads N]`: argv holds the arguments after "step" (the
-// train/commands.h convention); returns the process exit code.
+// `draftforge step RECIPE.yaml --dump DIR [--threads N] [--device auto|cpu|cuda]`: argv holds the arguments after
+// "step" (the train/commands.h convention); returns the process exit code.
 int df_cmd_step(int argc, char **argv);
 
 #ifdef __cplusplus

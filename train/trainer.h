@@ -9,6 +9,8 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "kernels/ops.h"
+#include "train/recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,6 +38,9 @@ typedef struct {
   bool handle_signals; // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
   bool no_prefetch;    // read batches on the training thread (the batches are the same)
   const df_train_hooks *hooks;
+  bool has_device;                   // --device given: it wins over training.device
+  df_device_choice device;           // auto | cpu | cuda (train/device.h)
+  const df_ctx_options *ctx_options; // when not NULL, the exact context to run on (tests: the fake device)
 } df_train_options;
 
 typedef struct {
