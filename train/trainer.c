@@ -469,8 +469,11 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   int64_t step = t->prog.step + 1;
   double t0 = now_s();
   memset(r, 0, sizeof *r);
+  df_ctx_reset_transfer_stats(t->ctx);
   DF_TRY(run_window(t, step, w, err));
   DF_TRY(optimizer_step(t, step, w, r, err));
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (hooks && hooks->after_step) hooks->after_step(hooks->ctx, step, df_ctx_transfer_stats(t->ctx));
   df_ckpt_progress *p = &t->prog;
   p->step = step;
   p->tokens_seen += w->tokens;

@@ -26,6 +26,9 @@ typedef struct {
   void (*before_update)(void *ctx, int64_t step, const float *grads, int64_t n, double grad_norm, double clip_coef);
   // After AdamW updated the fp32 master weights (n elements) of step `step` (tests simulate an overflow here).
   void (*after_update)(void *ctx, int64_t step, float *params, int64_t n);
+  // After optimizer step `step` (its window and update, before eval and checkpoints): the host↔device traffic of
+  // that step alone (kernels/ops.h df_transfer_stats; the trainer resets the counters as each step begins).
+  void (*after_step)(void *ctx, int64_t step, df_transfer_stats transfers);
 } df_train_hooks;
 
 typedef struct {
