@@ -34,6 +34,7 @@ static void on_step(void *ctx, int64_t step, df_transfer_stats s) {
 
 typedef struct {
   const char *name, *draft, *data, *strategy, *extra;
+  bool eval; // also evaluate (on the training data) at the last step: eval's lines must match too
 } rcase;
 
 static void write_recipe(const char *path, const rcase *c) {
@@ -41,12 +42,14 @@ static void write_recipe(const char *path, const rcase *c) {
   cr_assert(fp);
   fprintf(fp,
           "model:\n  target_model_path: " DFX "/target\n  draft_model_config: %s\n"
-          "data:\n  hidden_states_path: %s\n  max_length: 64\n"
+          "data:\n  hidden_states_path: %s\n%s%s%s  max_length: 64\n"
           "training:\n  strategy: %s\n  batch_size: 2\n  accumulation_steps: %d\n  num_anchors: 4\n"
           "  objective_chunk_blocks: 2\n  num_epochs: 4\n  total_steps: %d\n  learning_rate: 1e-3\n"
-          "  warmup_ratio: 0.0\n  max_grad_norm: 1.0\n  weight_decay: 0.1\n  log_interval: 1\n  seed: 7\n%s"
+          "  warmup_ratio: 0.0\n  max_grad_norm: 1.0\n  weight_decay: 0.1\n  log_interval: 1\n  seed: 7\n"
+          "  eval_interval: %d\n%s"
           "run_id: residency\n",
-          c->draft, c->data, c->strategy, ACCUM, STEPS, c->extra ? c->extra : "");
+          c->draft, c->data, c->eval ? "  eval_hidden_states_path: " : "", c->eval ? c->data : "", c->eval ? "\n" : "",
+          c->strategy, ACCUM, STEPS, c->eval ? STEPS : 0, c->extra ? c->extra : "");
   fclose(fp);
 }
 
@@ -134,6 +137,7 @@ static void run_case(const rcase *c, const df_backend *be) {
   }
   char *a = metrics_text(cpu), *b = metrics_text(fake);
   cr_expect_str_eq(a, b, "%s: the fake-device run differs from the CPU run", c->name);
+  cr_expect(!c->eval || strstr(a, "eval/loss"), "%s: no eval line", c->name);
   free(a), free(b);
   char wa[400], wb[400];
   snprintf(wa, sizeof wa, "%s/checkpoints/step-%08d/model.safetensors", cpu, STEPS);
@@ -148,23 +152,24 @@ static void run_case(const rcase *c, const df_backend *be) {
 // DFlash and D-PACE run on the strict fake device: its buffers fault on any host load or store, so these runs also
 // prove that no host code reads or writes device memory outside the backend table.
 Test(residency, dflash_step_moves_only_the_batch_and_one_read) {
-  rcase c = {"dflash", DFX "/tiny-dflash.json", DFX "/data", "dflash", "  loss_decay_gamma: 7.0\n"};
+  rcase c = {"dflash", DFX "/tiny-dflash.json", DFX "/data", "dflash", "  loss_decay_gamma: 7.0\n", .eval = true};
   run_case(&c, df_fake_strict_backend());
 }
 
 Test(residency, dpace_step_moves_only_the_batch_and_one_read) {
-  rcase c = {"dpace", DFX "/tiny-dflash.json", DFX "/data", "dflash", "  loss_type: dpace\n  dpace_alpha: 0.5\n"};
+  rcase c = {"dpace", DFX "/tiny-dflash.json", DFX "/data", "dflash", "  loss_type: dpace\n  dpace_alpha: 0.5\n",
+             false};
   run_case(&c, df_fake_strict_backend());
 }
 
 // DSpark's heads and the MoE routing still loop on the host over host-backed memory (they become ops next): the
 // counting fake device checks their copies, not the absence of host loops.
 Test(residency, dspark_step_moves_only_the_batch_and_one_read) {
-  rcase c = {"dspark", SFX "/tiny-dspark.json", SFX "/data", "dspark", NULL};
+  rcase c = {"dspark", SFX "/tiny-dspark.json", SFX "/data", "dspark", NULL, .eval = true};
   run_case(&c, df_fake_backend());
 }
 
 Test(residency, moe_step_moves_only_the_batch_and_one_read) {
-  rcase c = {"moe", DF_SOURCE_DIR "/configs/tiny-dflash-moe.json", DFX "/data", "dflash", NULL};
+  rcase c = {"moe", DF_SOURCE_DIR "/configs/tiny-dflash-moe.json", DFX "/data", "dflash", NULL, false};
   run_case(&c, df_fake_backend());
 }
