@@ -10,6 +10,7 @@
 
 #include "train/cli.h"
 #include "train/commands.h"
+#include "train/device.h"
 #include "train/evaluate.h"
 #include "train/export.h"
 #include "train/recipe.h"
@@ -25,6 +26,8 @@ static const df_cli_opt EVAL_OPTS[] = {
     {"--out", "FILE", DF_CLI_VALUE, "CHECKPOINT/eval.json", "where the JSON report goes"},
     {"--max-samples", "N", DF_CLI_VALUE, "every sample", "evaluate the first N samples in file order"},
     {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
+    {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "training.device (auto)",
+     "where it runs; auto takes CUDA when a GPU is visible and its backend has every op of a step, else the CPU"},
     DF_CLI_END};
 
 static const df_cli_spec EVAL_CLI = {
@@ -47,7 +50,8 @@ typedef struct {
   const char *checkpoint, *recipe, *data, *out;
   int64_t max_samples;
   int threads;
-  bool best, verbose;
+  bool best, verbose, has_device;
+  df_device_choice device;
 } eval_args;
 
 // Returns 0 to run, 1 after --help, 2 on a usage error (printed).
@@ -55,9 +59,13 @@ static int parse_eval_args(int argc, char **argv, eval_args *e, df_cli_args *a) 
   memset(e, 0, sizeof *e);
   int rc = df_cli_parse(&EVAL_CLI, argc, argv, a);
   if (rc) return rc;
+  static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
   long long n, threads;
-  if (!df_cli_int(a, "--max-samples", 0, INT64_MAX, 0, &n) || !df_cli_int(a, "--threads", 0, 4096, 0, &threads))
+  int device;
+  if (!df_cli_int(a, "--max-samples", 0, INT64_MAX, 0, &n) || !df_cli_int(a, "--threads", 0, 4096, 0, &threads) ||
+      !df_cli_choice(a, "--device", devices, 0, &device))
     return DF_EXIT_USAGE;
+  e->has_device = df_cli_has(a, "--device"), e->device = (df_device_choice)device;
   e->checkpoint = a->pos[0], e->recipe = df_cli_get(a, "--recipe"), e->data = df_cli_get(a, "--data");
   e->out = df_cli_get(a, "--out"), e->max_samples = n, e->threads = (int)threads;
   e->best = df_cli_has(a, "--best"), e->verbose = a->verbose;
@@ -79,19 +87,19 @@ typedef struct {
 
 static void eval_free(eval_run *r) {
   df_dflash_model_free(r->model);
+  df_run_resources_free(&r->res); // before the context: the frozen pieces may live on its device
   df_ctx_destroy(r->ctx);
-  df_run_resources_free(&r->res);
   df_recipe_free(r->recipe);
 }
 
 // The recipe's target pieces and mask token (train/trainer_resources.h) with the draft built from the
 // checkpoint's own config.json, and its weights loaded strictly.
-static df_status load_draft(eval_run *r, int threads, df_error *err) {
+static df_status load_draft(eval_run *r, const eval_args *a, df_error *err) {
   char cfg_path[PATH_MAX + 16];
   snprintf(cfg_path, sizeof cfg_path, "%s/config.json", r->dir);
   DF_TRY(df_run_resources_load_ex(r->recipe, cfg_path, &r->res, err));
-  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
-  DF_TRY(df_ctx_create(&co, &r->ctx, err));
+  DF_TRY(df_device_open(a->has_device ? a->device : r->recipe->training.device, a->threads, stderr, &r->ctx, err));
+  DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
   DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
   return df_dflash_model_load(r->model, r->dir, err);
 }
@@ -113,7 +121,7 @@ static df_status run_eval(const eval_args *a, eval_run *r, df_eval_report *rep, 
   DF_TRY(df_ckpt_choose_model(a->checkpoint, a->best, &c, err));
   snprintf(r->dir, sizeof r->dir, "%.4000s", c.ckpt);
   snprintf(r->note, sizeof r->note, "%s", c.note);
-  DF_TRY(load_draft(r, a->threads, err));
+  DF_TRY(load_draft(r, a, err));
   df_eval_options o = df_eval_options_from_recipe(r->recipe, r->res.mask_token_id);
   o.max_samples = a->max_samples;
   *data = eval_data_path(r->recipe, a->data);

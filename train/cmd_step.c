@@ -7,12 +7,15 @@
 #include <unistd.h>
 
 #include "train/cli.h"
+#include "train/device.h"
 #include "train/recipe.h"
 #include "train/step.h"
 
 static const df_cli_opt STEP_OPTS[] = {
     {"--dump", "DIR", DF_CLI_VALUE, "required", "where grads.safetensors and step.json go"},
     {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
+    {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "training.device (auto)",
+     "where it runs; auto takes CUDA when a GPU is visible and its backend has every op of a step, else the CPU"},
     {"--schema", NULL, DF_CLI_FLAG, "off", "print every recipe key (type, default, support) and exit"},
     DF_CLI_END};
 
@@ -30,7 +33,8 @@ static const df_cli_spec STEP_CLI = {
 typedef struct {
   const char *recipe, *dump;
   int threads;
-  bool schema, verbose;
+  bool schema, verbose, has_device;
+  df_device_choice device;
 } step_args;
 
 // argv holds the arguments after "step". Returns 0 to run, 1 after --help, 2 on a usage error (printed).
@@ -38,8 +42,12 @@ static int parse_step_args(int argc, char **argv, step_args *s) {
   memset(s, 0, sizeof *s);
   df_cli_args a;
   int rc = df_cli_parse(&STEP_CLI, argc, argv, &a);
+  static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
   long long threads = 0;
-  if (!rc && !df_cli_int(&a, "--threads", 0, 4096, 0, &threads)) rc = DF_EXIT_USAGE;
+  int device = 0;
+  if (!rc && !(df_cli_int(&a, "--threads", 0, 4096, 0, &threads) && df_cli_choice(&a, "--device", devices, 0, &device)))
+    rc = DF_EXIT_USAGE;
+  s->has_device = !rc && df_cli_has(&a, "--device"), s->device = (df_device_choice)device;
   s->recipe = a.npos ? a.pos[0] : NULL, s->dump = df_cli_get(&a, "--dump"), s->threads = (int)threads;
   s->schema = df_cli_has(&a, "--schema"), s->verbose = a.verbose;
   df_cli_free(&a);
@@ -69,7 +77,7 @@ int df_cmd_step(int argc, char **argv) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   df_step_result r;
   df_error err = {0};
-  if (df_step_run(a.recipe, a.dump, a.threads, &r, &err) != DF_OK) {
+  if (df_step_run(a.recipe, a.dump, a.threads, a.has_device ? &a.device : NULL, &r, &err) != DF_OK) {
     df_error_print_verbose(&err, a.verbose);
     return DF_EXIT_FAILURE;
   }

@@ -11,6 +11,7 @@
 
 #include "train/cli.h"
 #include "train/commands.h"
+#include "train/device.h"
 #include "train/dist/dist.h"
 #include "train/progress.h"
 #include "train/recipe.h"
@@ -28,6 +29,8 @@ static const df_cli_opt TRAIN_OPTS[] = {
      "a new run may replace an earlier run's checkpoints and metrics in output_dir"},
     {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads (resume bit-exact with the same count)"},
     {"--no-prefetch", NULL, DF_CLI_FLAG, "off", "read batches on the training thread (the batches are the same)"},
+    {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "training.device (auto)",
+     "where it runs; auto takes CUDA when a GPU is visible and its backend has every op of a step, else the CPU"},
     {"--data-scan", "sampled|full|none", DF_CLI_VALUE, "sampled",
      "NaN/Inf check of the data at start-up: up to 16 samples per shard spread over the data (at most ~256 "
      "MiB read), every sample, or none"},
@@ -140,11 +143,13 @@ int df_cmd_train(int argc, char **argv) {
   int rc = df_cli_parse(&TRAIN_CLI, argc, argv, &a);
   if (rc) return df_cli_free(&a), rc == 1 ? DF_EXIT_OK : rc;
   static const char *const scans[] = {"sampled", "full", "none", NULL};
+  static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
   long long threads;
-  int scan, n_sets;
+  int scan, n_sets, device;
   const char *const *sets = df_cli_list(&a, "--set", &n_sets);
   const char *recipe = a.npos ? a.pos[0] : NULL, *resume = df_cli_get(&a, "--resume");
-  if (!df_cli_int(&a, "--threads", 0, 4096, 0, &threads) || !df_cli_choice(&a, "--data-scan", scans, 0, &scan))
+  if (!df_cli_int(&a, "--threads", 0, 4096, 0, &threads) || !df_cli_choice(&a, "--data-scan", scans, 0, &scan) ||
+      !df_cli_choice(&a, "--device", devices, 0, &device))
     return df_cli_free(&a), DF_EXIT_USAGE;
   if ((rc = check_arguments(&a, recipe, resume, sets, n_sets))) return df_cli_free(&a), rc;
   if (threads > 0) omp_set_num_threads((int)threads);
@@ -168,6 +173,8 @@ int df_cmd_train(int argc, char **argv) {
                         .progress = term,
                         .handle_signals = true,
                         .no_prefetch = df_cli_has(&a, "--no-prefetch"),
+                        .has_device = df_cli_has(&a, "--device"),
+                        .device = (df_device_choice)device,
                         .comm = d.comm};
   df_train_summary s;
   df_status st = df_train(&o, &s, &err);
