@@ -8,15 +8,18 @@
 #include "train/export.h"
 
 static const char *export_usage =
-    "usage: draftforge export CHECKPOINT --out DIR [--dtype bfloat16|float32] [--block-size N] [--threads N]\n"
+    "usage: draftforge export CHECKPOINT --out DIR [--dtype bfloat16|float32] [--block-size N]\n"
+    "                         [--mask-token-id N] [--threads N]\n"
     "\n"
-    "Writes DIR/config.json (normalised for SGLang as SpecForge's normalize_dflash_export.py does) and\n"
-    "DIR/model.safetensors (exactly the draft's tensors, bfloat16 by default) from CHECKPOINT: a checkpoint\n"
-    "directory (config.json + model.safetensors) or a run directory (its latest checkpoint). Every tensor is\n"
-    "checked against the draft's parameter table first. DIR appears whole or not at all. --block-size N fails\n"
-    "unless the draft's block size is N (the size the server will run). DFlash and DSpark drafts: a DSpark\n"
-    "export carries its markov_head.* / confidence_head.* tensors and architectures [\"Qwen3DSparkModel\"] with\n"
-    "the head settings (markov_rank, markov_head_type, ...) copied to the top level of config.json.\n";
+    "Writes DIR/config.json (every key SGLang reads resolved, then normalised as SpecForge's\n"
+    "normalize_dflash_export.py does) and DIR/model.safetensors (exactly the draft's tensors, bfloat16 by\n"
+    "default; a DSpark confidence head stays float32) from CHECKPOINT: a checkpoint directory (config.json +\n"
+    "model.safetensors) or a run directory (its latest checkpoint). Every tensor is checked against the draft's\n"
+    "parameter table first. DIR appears whole or not at all. --block-size N fails unless the draft's block size\n"
+    "is N (the size the server will run). --mask-token-id N is needed only for a checkpoint whose config.json\n"
+    "has no mask id. DSpark exports name Qwen3DSparkModel with the head keys (markov_rank, markov_head_type,\n"
+    "enable_confidence_head, confidence_head_with_markov) at the top level and in dflash_config; MoE drafts name\n"
+    "DFlashMoEDraftModel / Qwen3MoeDSparkModel, which stock SGLang does not have (docs/export-and-eval.md).\n";
 
 typedef struct {
   const char *checkpoint, *out;
@@ -53,6 +56,10 @@ static int parse_export_args(int argc, char **argv, export_args *a) {
       if (!parse_count(argv[++i], 2, 1 << 20, &v))
         return fprintf(stderr, "draftforge export: --block-size wants an integer >= 2, got '%s'\n", argv[i]), 2;
       a->opt.expect_block_size = v;
+    } else if (!strcmp(s, "--mask-token-id") && i + 1 < argc) {
+      if (!parse_count(argv[++i], 0, 1L << 40, &v))
+        return fprintf(stderr, "draftforge export: --mask-token-id wants a token id >= 0, got '%s'\n", argv[i]), 2;
+      a->opt.has_mask_token_id = true, a->opt.mask_token_id = v;
     } else if (!strcmp(s, "--threads") && i + 1 < argc) {
       if (!parse_count(argv[++i], 0, 4096, &v))
         return fprintf(stderr, "draftforge export: --threads wants a count, got '%s'\n", argv[i]), 2;
@@ -79,5 +86,17 @@ int df_cmd_export(int argc, char **argv) {
   }
   printf("export: %s -> %s (%d tensors, %lld parameters, %s)\n", info.checkpoint, a.out, info.num_tensors,
          (long long)info.num_params, a.opt.dtype == DF_ST_BF16 ? "bfloat16" : "float32");
+  printf("export: architectures [\"%s\"], mask_token_id %lld\n", info.architecture, (long long)info.mask_token_id);
+  if (info.needs_external)
+    printf("note: %s is not part of stock SGLang 0.5.23: serve it with SGLANG_EXTERNAL_MODEL_PACKAGE naming a "
+           "package that provides it (docs/export-and-eval.md)\n",
+           info.architecture);
+  if (strstr(info.architecture, "DSpark") && !info.confidence_head)
+    printf("note: this DSpark export has no confidence head: SGLang serves it in the default ragged-verify mode "
+           "(SGLANG_RAGGED_VERIFY_MODE=static); the cap-accept and compact modes build the head and refuse to load "
+           "it\n");
+  if (a.opt.dtype == DF_ST_F32)
+    printf("note: config.json says float32, which SGLang's --dtype auto serves as float16: launch with --dtype "
+           "bfloat16, or export bfloat16\n");
   return 0;
 }

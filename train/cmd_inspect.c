@@ -11,6 +11,7 @@
 #include "modeling/target_config.h"
 #include "train/commands.h"
 #include "train/hidden_states.h"
+#include "train/inspect_export.h"
 
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
@@ -46,6 +47,16 @@ static df_status inspect_json(const char *path, df_error *err) {
   return DF_OK;
 }
 
+// A DFlash-family serving directory also gets the SGLang 0.5.23 report (train/inspect_export.h); its problems
+// make the command fail.
+static df_status inspect_serving(const char *dir, df_error *err) {
+  int problems = 0;
+  DF_TRY(df_inspect_export(dir, stdout, &problems, err));
+  if (problems == 0) return DF_OK;
+  return DF_FAIL(err, DF_ERR_INVALID, dir, "see the PROBLEM lines above (docs/export-and-eval.md)",
+                 "%d problem(s) serving this directory with SGLang 0.5.23", problems);
+}
+
 static df_status inspect_path(const char *path, df_error *err) {
   struct stat st;
   if (stat(path, &st) != 0) return DF_FAIL(err, DF_ERR_IO, path, "check the path", "cannot open '%s'", path);
@@ -61,6 +72,7 @@ static df_status inspect_path(const char *path, df_error *err) {
         DF_TRY(df_st_print(df_st_path(df_st_model_shard(m, i)), stdout, err));
       df_st_model_close(m);
     }
+    if (df_inspect_is_draft_dir(path)) return inspect_serving(path, err);
     return DF_OK;
   }
   if (ends_with(path, ".safetensors")) return df_st_print(path, stdout, err);

@@ -326,7 +326,7 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
                      .exp_avg_sq = t->exp_avg_sq,
                      .contract = &t->contract,
                      .progress = &t->prog,
-                     .draft_config = t->draft->json,
+                     .draft_config = t->res.resolved_config,
                      .recipe_yaml = t->recipe_yaml,
                      .moe = t->draft->moe};
   DF_TRY(df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,

@@ -80,11 +80,13 @@ df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config
   if (st == DF_OK) st = df_draft_config_check_target(out->draft, out->target, err);
   if (st == DF_OK) st = load_pieces(rc, out, err);
   if (st == DF_OK) st = resolve_mask_token(rc, out, &out->mask_token_id, err);
+  if (st == DF_OK) st = df_draft_config_resolved_json(out->draft, out->mask_token_id, &out->resolved_config, err);
   if (st != DF_OK) df_run_resources_free(out);
   return st;
 }
 
 void df_run_resources_free(df_run_resources *r) {
+  json_decref(r->resolved_config);
   free(r->scaled_head);
   df_target_pieces_free(&r->pieces);
   df_draft_config_free(r->draft);
