@@ -301,6 +301,11 @@ static void moe_keys(const reader *r, df_serve_shape *s) {
   s->shared = qwen3_int(r, "n_shared_experts", 0, &p);
   s->shared_I = qwen3_int(r, "shared_expert_intermediate_size", 0, &p);
   s->router_bias = json_is_true(json_object_get(r->root, "moe_router_bias"));
+  if (r->dc && json_object_get(r->dc, "moe_router_center"))
+    df_serve_line(r->log, "PROBLEM",
+                  "%-30s present: an export carries the centering folded into gate.bias; naming it "
+                  "too asks for the shift twice",
+                  "moe_router_center");
   df_serve_line(r->log, s->E > 0 && s->k >= 1 && s->k <= s->E && s->moe_I > 0 ? "ok" : "PROBLEM",
                 "%-30s %lld experts, top-%lld, width %lld, %lld shared (width %lld), router bias %s", "moe",
                 (long long)s->E, (long long)s->k, (long long)s->moe_I, (long long)s->shared, (long long)s->shared_I,

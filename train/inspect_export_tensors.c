@@ -116,14 +116,21 @@ static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape) {
     snprintf(buf, n, "[%lld, %lld]", (long long)shape[0], (long long)(ndim > 1 ? shape[1] : 0));
 }
 
-static void check_file_tensor(expects *e, const df_st_tensor *t, df_serve_log *log, int *conf_tensors) {
+static void check_file_tensor(expects *e, const df_serve_shape *s, const df_st_tensor *t, df_serve_log *log,
+                              int *conf_tensors) {
   expect *x = find(e, t->name);
+  const bool moe = s->cls == DF_SERVE_MOE_DFLASH || s->cls == DF_SERVE_MOE_DSPARK;
   *conf_tensors += !strncmp(t->name, "confidence_head.", 16);
   if (!x) {
     if (!strncmp(t->name, "markov_head.", 12))
       df_serve_line(log, "PROBLEM", "%-44s no such parameter: SGLang raises \"unexpected markov weight\"", t->name);
     else if (!strncmp(t->name, "confidence_head.", 16))
       df_serve_line(log, "PROBLEM", "%-44s no such parameter: cap-accept / compact raise", t->name);
+    else if (moe && strstr(t->name, ".mlp."))
+      df_serve_line(log, "PROBLEM",
+                    "%-44s no such MoE parameter: the MoE class maps every *.mlp.* tensor and raises "
+                    "(a leftover gate.input_mean would shift the router twice)",
+                    t->name);
     else if (!strncmp(t->name, "prefix_gru.", 11) || !strncmp(t->name, "embed_proj.", 11))
       df_serve_line(log, "PROBLEM", "%-44s Domino projector weights: SGLang's DFlash raises", t->name);
     else if (strncmp(t->name, "lm_head.", 8) && strncmp(t->name, "embed_tokens.", 13))
@@ -154,7 +161,8 @@ df_status df_inspect_export_tensors(const char *dir, const df_serve_shape *s, df
     return DF_FAIL(err, DF_ERR_NOMEM, dir, NULL, "out of memory listing the expected tensors");
   }
   int conf_tensors = 0, before = log->problems;
-  for (int i = 0; i < df_st_model_count(m); i++) check_file_tensor(&e, df_st_model_at(m, i, NULL), log, &conf_tensors);
+  for (int i = 0; i < df_st_model_count(m); i++)
+    check_file_tensor(&e, s, df_st_model_at(m, i, NULL), log, &conf_tensors);
   for (int i = 0; i < e.n; i++) {
     if (e.v[i].seen || (e.v[i].conf && conf_tensors == 0)) continue;
     char want[48];

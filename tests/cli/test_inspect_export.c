@@ -158,3 +158,19 @@ Test(inspect_export, a_missing_tensor_is_a_problem_naming_it) {
   cr_expect_not_null(strstr(out, "uninitialised"), "%s", out);
   remove_export(dir);
 }
+
+static void center_again(json_t *c) {
+  json_object_set_new(json_object_get(c, "dflash_config"), "moe_router_center", json_string("sample"));
+}
+
+Test(inspect_export, moe_export_names_the_external_class_and_flags_a_second_centering) {
+  char dir[1024], args[2048];
+  export_fixture("tests/fixtures/moe_step/moe_ckpt_qwen", dir, sizeof dir);
+  snprintf(args, sizeof args, "inspect %s", dir);
+  cr_assert_eq(run(args), 0, "%s", out);
+  cr_expect_not_null(strstr(out, "DFlashMoEDraftModel: NOT in stock SGLang 0.5.23"), "%s", out);
+  cr_expect_not_null(strstr(out, "SGLANG_EXTERNAL_MODEL_PACKAGE=YOUR_PACKAGE python -m sglang.launch_server"), "%s",
+                     out);
+  expect_problem(dir, center_again, "moe_router_center");
+  remove_export(dir);
+}
