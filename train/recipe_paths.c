@@ -71,6 +71,12 @@ static df_status hub_path(const df_recipe_key *k, df_rvalue *v, const char *raw,
   where(v, file, at, sizeof at);
   df_recipe_key_path(k, kp, sizeof kp);
   df_hf_cache_root(cache_dir, root, sizeof root);
+  if (root[0] != '/') { // a relative model.cache_dir is taken from the current directory, as from_pretrained does
+    char joined[JOINED_MAX];
+    snprintf(joined, sizeof joined, "%s/%s", base, root);
+    normalise(joined);
+    snprintf(root, sizeof root, "%.*s", (int)sizeof root - 1, joined);
+  }
   bool found = df_hf_cache_snapshot(root, raw, repo, sizeof repo, snap, sizeof snap);
   snprintf(hint, sizeof hint,
            "download it where there is network: hf download %s%s%s (huggingface_hub's CLI), or set "

@@ -161,6 +161,12 @@ Test(recipe_paths, hub_ids_resolve_from_the_cache_transformers_uses) {
   r = parse_ok(text);
   cr_expect_str_eq(r->model.target_model_path, at("own/models--Qwen--Qwen3-8B/snapshots/o1"));
   df_recipe_free(r);
+  // a relative model.cache_dir is taken from the current directory
+  cache_model("rel/cache", "models--Qwen--Qwen3-8B", "r1", true);
+  r = parse_ok("model:\n  cache_dir: ./rel/cache\n  target_model_path: Qwen/Qwen3-8B\n"
+               "data:\n  hidden_states_path: data/hs\ntraining:\n  strategy: dflash\n");
+  cr_expect_str_eq(r->model.target_model_path, at("rel/cache/models--Qwen--Qwen3-8B/snapshots/r1"));
+  df_recipe_free(r);
   // a local directory of that name comes first, as in transformers
   mkdirs("Qwen/Qwen3-8B");
   r = parse_ok(RECIPE("Qwen/Qwen3-8B"));
