@@ -519,7 +519,8 @@ def serve_moe(export_dir: str, ragged_mode: str = "static") -> Report:
         # The rest is the dense class's: check it with the mlp removed from both sides.
         rep.kind = "dspark" if MOE_CLASSES[rep.architecture] == "dspark" else "dflash"
         _serve_into(raw, view, rep, dense, ragged_mode)
-        rep.silent = [s for s in rep.silent if ".mlp." not in s]  # the dense MLP params the MoE block replaces
+        # the dense MLP parameters the MoE block replaces are not the MoE class's
+        rep.silent = [s for s in rep.silent if not (".mlp.gate_up_proj." in s or ".mlp.down_proj." in s)]
     except ServingError as e:
         rep.errors.append(str(e))
     return rep
