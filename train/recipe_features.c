@@ -22,8 +22,9 @@ typedef struct {
 
 static const char EAGLE_INSTEAD[] = "train it with SpecForge (specforge train), or train a DFlash or DSpark draft "
                                     "here (training.strategy: dflash | dspark)";
-static const char OFFLINE_INSTEAD[] = "capture the target's hidden states first (SpecForge's offline capture, "
-                                      "converted with tools/import_specforge.py) and set data.hidden_states_path";
+static const char OFFLINE_INSTEAD[] = "capture the target's hidden states first (draftforge capture, or SpecForge's "
+                                      "offline capture converted with tools/import_specforge.py) and set "
+                                      "data.hidden_states_path";
 static const char COLOCATED_INSTEAD[] = "train on one node from captured data: deployment.mode: local_colocated "
                                         "with data.hidden_states_path";
 
@@ -126,5 +127,5 @@ void df_recipe_print_inert(const df_rvalue *vals, FILE *fp) {
     fprintf(fp, "%s%s",
             n++ ? ", " : "recipe: accepted, no effect on this run: ", df_recipe_key_path(&t[i], kp, sizeof kp));
   }
-  if (n) fprintf(fp, " (`draftforge step --help` lists why each is inert)\n");
+  if (n) fprintf(fp, " (`draftforge schema` says why each is inert)\n");
 }

@@ -243,6 +243,7 @@ Test(recipe_paths, recipes_that_need_a_missing_feature_are_refused_naming_the_ke
               NULL, 0);
   cr_expect_str_eq(e.where, "data.train_data_path");
   cr_expect(strstr(e.msg, "online capture"), "%s", e.msg);
+  cr_expect(strstr(e.hint, "draftforge capture"), "%s", e.hint);
   cr_expect(strstr(e.hint, "set data.hidden_states_path"), "%s", e.hint);
   e = refused("model:\n  target_model_path: data\ndata:\n  hidden_states_path: data/hs\n"
               "training:\n  strategy: dspark\ndeployment:\n  mode: disaggregated\n",

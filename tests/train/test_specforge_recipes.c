@@ -1,9 +1,10 @@
 // Every example recipe of SpecForge (examples/configs/ at the commit tests/fixtures/specforge_recipes/README.md
-// names) loaded as a SpecForge user runs it, from a checkout-like directory with the Hugging Face cache holding
-// its hub ids: exactly the recipes tests/fixtures/specforge_recipes/expected.tsv calls accepted load, every other
-// one is refused with one line naming the key and the missing feature. The recipes themselves are SpecForge's
-// files and are not committed here: point DF_SPECFORGE_RECIPES at that examples/configs directory (or place
-// it at tests/fixtures/specforge_recipes/configs); without it the test is skipped, saying so.
+// names, copied there with SpecForge's licence) loaded as a SpecForge user runs it, from a checkout-like
+// directory with the Hugging Face cache holding its hub ids: exactly the recipes
+// tests/fixtures/specforge_recipes/expected.tsv calls accepted load, and their draft configs (SpecForge's own
+// configs/*.json) build the draft the recipe's strategy trains; every other one is refused with one line naming
+// the key and the missing feature. DF_SPECFORGE_RECIPES points the test at another examples/configs directory
+// (a newer SpecForge checkout: the manifest must then be updated).
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <dirent.h>
@@ -14,10 +15,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "modeling/draft_config.h"
 #include "tests/common/fixture.h"
 #include "train/recipe.h"
 
-#define MANIFEST DF_FIXTURE_DIR "/specforge_recipes/expected.tsv"
+#define SPECFORGE DF_FIXTURE_DIR "/specforge_recipes"
+#define MANIFEST  SPECFORGE "/expected.tsv"
 
 typedef struct {
   char file[128], verdict[16], key[64], fragment[128], needs[512];
@@ -49,7 +52,7 @@ static void read_manifest(void) {
 
 static bool find_recipes(void) {
   const char *env = getenv("DF_SPECFORGE_RECIPES");
-  snprintf(recipes, sizeof recipes, "%s", env && env[0] ? env : DF_FIXTURE_DIR "/specforge_recipes/configs");
+  snprintf(recipes, sizeof recipes, "%s", env && env[0] ? env : SPECFORGE "/examples/configs");
   struct stat sb;
   return stat(recipes, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
@@ -61,7 +64,7 @@ static void run(const char *fmt, const char *a, const char *b) {
 }
 
 // What an accepted recipe reads, made real in the sandbox: "hub:NS/NAME" a cached model (refs/main and a snapshot
-// with config.json), "file:P" an empty JSON file, "dir:P" a directory.
+// with config.json), "copy:P" SpecForge's file P (committed beside the recipes), "dir:P" a directory.
 static void make_needs(const char *needs) {
   char buf[512];
   snprintf(buf, sizeof buf, "%s", needs);
@@ -74,8 +77,11 @@ static void make_needs(const char *needs) {
       memmove(slash + 1, slash, strlen(slash) + 1), slash[0] = '-', slash[1] = '-';
       run("mkdir -p '%s/snapshots/0123abcd' '%s/refs'", folder, folder);
       run("printf 0123abcd > '%s/refs/main' && echo '{}' > '%s/snapshots/0123abcd/config.json'", folder, folder);
-    } else if (!strncmp(t, "file:", 5)) {
-      run("mkdir -p \"$(dirname '%s')\" && echo '{}' > '%s'", t + 5, t + 5);
+    } else if (!strncmp(t, "copy:", 5)) {
+      char src[PATH_MAX];
+      snprintf(src, sizeof src, "%s/%s", SPECFORGE, t + 5);
+      run("mkdir -p \"$(dirname '%s')\"%s", t + 5, "");
+      run("cp '%s' '%s'", src, t + 5);
     } else if (!strncmp(t, "dir:", 4)) {
       run("mkdir -p '%s'%s", t + 4, "");
     } else if (strcmp(t, "-"))
@@ -89,11 +95,38 @@ static const row *manifest_row(const char *file) {
   return NULL;
 }
 
+// An accepted recipe's draft config (SpecForge's configs/*.json, unchanged) builds the draft its strategy
+// trains, with the mask id and capture layers SpecForge's loader would use, resolved for serving.
+static void check_draft(const char *file, const df_recipe *rc) {
+  const df_draft_config *cfg = NULL;
+  df_error err = {0};
+  cr_assert_eq(df_draft_config_from_file(rc->model.draft_model_config, &cfg, &err), DF_OK, "%s: %s: %s [%s]", file,
+               rc->model.draft_model_config, err.msg, err.where);
+  bool dspark = rc->training.strategy == DF_STRATEGY_DSPARK;
+  cr_expect_eq(cfg->kind, dspark ? DF_DRAFT_DSPARK : DF_DRAFT_DFLASH, "%s: the draft config is %s", file,
+               df_draft_kind_name(cfg->kind));
+  cr_expect_eq(cfg->block_size, dspark ? 7 : 16, "%s", file);
+  cr_expect_eq(cfg->dflash.mask_token_id, 151669, "%s", file);
+  cr_expect_eq(cfg->num_target_layers, 36, "%s", file);
+  cr_assert_eq(cfg->dflash.num_target_layer_ids, 5, "%s", file);
+  static const int layers[5] = {1, 9, 17, 25, 33};
+  for (int i = 0; i < 5; i++) cr_expect_eq(cfg->dflash.target_layer_ids[i], layers[i], "%s: layer %d", file, i);
+  json_t *served = NULL;
+  cr_assert_eq(df_draft_config_resolved_json(cfg, cfg->dflash.mask_token_id, &served, &err), DF_OK, "%s: %s", file,
+               err.msg);
+  // SpecForge's DSpark configs keep the head keys in dflash_config only; SGLang builds the heads from the top level
+  if (dspark) {
+    cr_expect_eq(json_integer_value(json_object_get(served, "markov_rank")), 256, "%s", file);
+    cr_expect(json_is_true(json_object_get(served, "confidence_head_with_markov")), "%s", file);
+  }
+  cr_expect_eq(json_integer_value(json_object_get(json_object_get(served, "dflash_config"), "mask_token_id")), 151669,
+               "%s", file);
+  json_decref(served);
+  df_draft_config_free(cfg);
+}
+
 Test(specforge_recipes, every_example_is_accepted_or_refused_as_expected) {
-  if (!find_recipes())
-    cr_skip_test(
-        "SpecForge's examples/configs are not here: set DF_SPECFORGE_RECIPES to that directory (git archive "
-        "a6b6b02 examples/configs from sgl-project/SpecForge; see tests/fixtures/specforge_recipes/README.md)");
+  cr_assert(find_recipes(), "no SpecForge recipes at %s (tests/fixtures/specforge_recipes/README.md)", recipes);
   read_manifest();
   // the directory holds exactly the recipes the manifest lists (a newer SpecForge needs a new manifest)
   DIR *d = opendir(recipes);
@@ -132,6 +165,7 @@ Test(specforge_recipes, every_example_is_accepted_or_refused_as_expected) {
                   r->file, rc->model.target_model_path);
         cr_expect(!strncmp(rc->data.hidden_states_path, sandbox, strlen(sandbox)), "%s: %s", r->file,
                   rc->data.hidden_states_path);
+        check_draft(r->file, rc);
       }
     } else {
       refused++;
