@@ -138,6 +138,12 @@ void df_draft_config_param_counts(const df_draft_config *cfg, int64_t *total, in
 // it parses back into the same draft. *out is a new reference.
 df_status df_draft_config_resolved_json(const df_draft_config *cfg, int64_t mask_token_id, json_t **out, df_error *err);
 
+// Keys of a draft config SGLang 0.5.23 reads that would make it serve another computation than draftforge trains
+// (use_gemma_norm, rope_is_neox_style, dflash_config.conv_kernel_size, ...; DSpark: sample_from_anchor false):
+// the number found; the first max are named in keys[] with what SGLang would do in whats[]. The resolved config
+// refuses the first (training and export stop naming it); inspect flags them all.
+int df_draft_config_serving_variants(const json_t *root, bool dspark, const char **keys, const char **whats, int max);
+
 // The resolved values, defaults included (`draftforge inspect config.json`).
 void df_draft_config_print(const df_draft_config *cfg, FILE *fp);
 

@@ -117,9 +117,64 @@ static bool put_dspark(const df_draft_config *cfg, json_t *root, json_t *dc) {
          put(dc, "projector_type", json_string("dspark"));
 }
 
+// Keys SGLang 0.5.23 reads that select a computation draftforge neither trains nor exports (models/dflash.py,
+// dspark.py, speculative/dflash_utils.py): kept verbatim, each would make SGLang serve another model from the same
+// tensors. `ok` is the set of values that leave SGLang computing what draftforge trained.
+typedef enum { OK_FALSEY, OK_ABSENT_OR_TRUE, OK_ZEROISH, OK_NULL_OR_ONE, OK_ABSENT_OR_NULL } variant_ok;
+
+static const struct {
+  bool nested; // "dflash_config.<key>" (else a top-level key)
+  bool dspark_only;
+  const char *path;
+  variant_ok ok;
+  const char *what;
+} VARIANTS[] = {
+    {false, false, "use_gemma_norm", OK_FALSEY, "Gemma RMSNorm (x * (1 + w)) in every norm"},
+    {false, false, "rope_is_neox_style", OK_ABSENT_OR_TRUE, "interleaved (GPT-J) rotary pairs"},
+    {false, false, "is_neox_style", OK_ABSENT_OR_TRUE, "interleaved (GPT-J) rotary pairs"},
+    {false, false, "quantization_config", OK_ABSENT_OR_NULL, "quantized weights"},
+    {false, true, "sample_from_anchor", OK_ABSENT_OR_TRUE, "no draft token from the anchor row (gamma + 1 query rows)"},
+    {true, false, "dflash_config.conv_kernel_size", OK_ZEROISH, "grouped convolutions in every layer"},
+    {true, false, "dflash_config.conv_group_size", OK_ZEROISH, "grouped convolutions in every layer"},
+    {true, false, "dflash_config.attention_value_scale", OK_NULL_OR_ONE, "V scaled in every attention"},
+    {true, false, "dflash_config.attention_sink_bias", OK_FALSEY, "per-head attention sinks"},
+};
+
+static bool variant_is_ok(const json_t *v, variant_ok ok) {
+  if (!v) return true;
+  switch (ok) {
+  case OK_FALSEY: return json_is_null(v) || json_is_false(v);
+  case OK_ABSENT_OR_TRUE: return json_is_true(v); // SGLang takes bool(null) = False
+  case OK_ZEROISH: return json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 0);
+  case OK_NULL_OR_ONE: return json_is_null(v) || (json_is_number(v) && json_number_value(v) == 1.0);
+  case OK_ABSENT_OR_NULL: return json_is_null(v);
+  }
+  return false;
+}
+
+int df_draft_config_serving_variants(const json_t *root, bool dspark, const char **keys, const char **whats, int max) {
+  const json_t *dc = json_object_get(root, "dflash_config");
+  int n = 0;
+  for (size_t i = 0; i < sizeof VARIANTS / sizeof *VARIANTS; i++) {
+    if (VARIANTS[i].dspark_only && !dspark) continue;
+    const char *path = VARIANTS[i].path;
+    const json_t *v = VARIANTS[i].nested ? json_object_get(dc, strchr(path, '.') + 1) : json_object_get(root, path);
+    if (variant_is_ok(v, VARIANTS[i].ok)) continue;
+    if (n < max) keys[n] = path, whats[n] = VARIANTS[i].what;
+    n++;
+  }
+  return n;
+}
+
 df_status df_draft_config_resolved_json(const df_draft_config *cfg, int64_t mask_token_id, json_t **out,
                                         df_error *err) {
   *out = NULL;
+  const char *key = NULL, *what = NULL;
+  if (df_draft_config_serving_variants(cfg->json, cfg->kind == DF_DRAFT_DSPARK, &key, &what, 1) > 0)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, key,
+                   "remove the key: draftforge trains the plain Qwen3 DFlash / DSpark draft, which SGLang serves "
+                   "without it",
+                   "%s: %s makes SGLang 0.5.23 serve %s, which draftforge does not train", cfg->source, key, what);
   if (mask_token_id >= cfg->vocab_size)
     return DF_FAIL(err, DF_ERR_INVALID, "mask_token_id", "the mask token must be a row of the target embedding",
                    "%s: mask_token_id %lld is not below vocab_size %lld", cfg->source, (long long)mask_token_id,

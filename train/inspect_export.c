@@ -199,6 +199,15 @@ static void rope_keys(const reader *r) {
 
 // ---- DFlash-family keys ----------------------------------------------------------------------------------
 
+// Keys that make SGLang build another computation than draftforge trained (df_draft_config_serving_variants).
+static void variant_keys(const reader *r, bool dspark) {
+  const char *keys[16], *whats[16];
+  int n = df_draft_config_serving_variants(r->root, dspark, keys, whats, 16);
+  for (int i = 0; i < n && i < 16; i++)
+    df_serve_line(r->log, "PROBLEM", "%-30s set: SGLang would serve %s, which draftforge does not train", keys[i],
+                  whats[i]);
+}
+
 static void block_and_layers(const reader *r, df_serve_shape *s, bool dspark, int64_t *bs_out) {
   const char *src;
   json_t *bs = nested_then_top(r, "block_size", &src);
@@ -342,6 +351,7 @@ static df_status report(reader *r, const char *dir, int ci, df_error *err) {
   backbone_keys(r, &s);
   layer_keys(r);
   rope_keys(r);
+  variant_keys(r, dspark);
   int64_t bs = 0;
   block_and_layers(r, &s, dspark, &bs);
   mask_key(r, dspark);

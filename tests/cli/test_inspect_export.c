@@ -94,6 +94,11 @@ static void yarn_params_only(json_t *c) {
   json_object_set_new(c, "rope_scaling", json_null());
 }
 static void drop_head_dim(json_t *c) { json_object_del(c, "head_dim"); }
+static void gemma_norm_and_no_anchor(json_t *c) {
+  json_object_set_new(c, "use_gemma_norm", json_true());
+  json_object_set_new(c, "sample_from_anchor", json_false());
+  json_object_set_new(json_object_get(c, "dflash_config"), "conv_kernel_size", json_integer(3));
+}
 
 Test(inspect_export, flags_each_key_sglang_would_read_wrongly) {
   char dir[1024];
@@ -125,6 +130,12 @@ Test(inspect_export, flags_each_key_sglang_would_read_wrongly) {
   // without head_dim SGLang (and draftforge) take Qwen3Config's 128: the tensors no longer fit
   expect_problem(dir, drop_head_dim, "layers.0.self_attn.q_norm.weight");
   cr_expect_not_null(strstr(out, "head_dim                       128          Qwen3Config default"), "%s", out);
+  remove_export(dir);
+  // keys that make SGLang build another model from the same tensors: each one flagged
+  export_fixture("tests/fixtures/dspark_step/ckpt_rnn", dir, sizeof dir);
+  expect_problem(dir, gemma_norm_and_no_anchor, "use_gemma_norm");
+  cr_expect_not_null(strstr(out, "PROBLEM  sample_from_anchor"), "%s", out);
+  cr_expect_not_null(strstr(out, "PROBLEM  dflash_config.conv_kernel_size"), "%s", out);
   remove_export(dir);
 }
 

@@ -141,3 +141,49 @@ Test(draft_serving, an_moe_draft_names_its_moe_serving_class) {
   df_draft_config_free(back), df_draft_config_free(cfg);
   json_decref(r), json_decref(doc);
 }
+
+// Keys SGLang reads that select another computation (Gemma norms, GPT-J rotary pairs, grouped convolutions, V
+// scaling, attention sinks, quantized weights; DSpark: no anchor sampling) are refused naming the key; their
+// values that change nothing pass.
+Test(draft_serving, keys_that_make_sglang_serve_another_model_are_refused_naming_them) {
+  static const struct {
+    const char *cfg, *path, *bad, *fine;
+  } cases[] = {
+      {"tiny-dflash.json", "use_gemma_norm", "true", "false"},
+      {"tiny-dflash.json", "rope_is_neox_style", "false", "true"},
+      {"tiny-dflash.json", "is_neox_style", "null", "true"},
+      {"tiny-dflash.json", "quantization_config", "{\"quant_method\": \"fp8\"}", "null"},
+      {"tiny-dflash.json", "dflash_config.conv_kernel_size", "3", "0"},
+      {"tiny-dflash.json", "dflash_config.conv_group_size", "2", "null"},
+      {"tiny-dflash.json", "dflash_config.attention_value_scale", "0.5", "1.0"},
+      {"tiny-dflash.json", "dflash_config.attention_sink_bias", "true", "false"},
+      {"tiny-dspark.json", "sample_from_anchor", "false", "true"},
+      {"tiny-dspark.json", "use_gemma_norm", "1", "null"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    json_t *doc = df_test_config_doc(cases[i].cfg);
+    df_test_json_set(doc, cases[i].path, df_test_json(cases[i].bad));
+    const df_draft_config *cfg = build(doc);
+    json_t *out = NULL;
+    df_error err = {0};
+    cr_expect_eq(df_draft_config_resolved_json(cfg, -1, &out, &err), DF_ERR_UNSUPPORTED, "%s = %s", cases[i].path,
+                 cases[i].bad);
+    cr_expect_null(out);
+    cr_expect_str_eq(err.where, cases[i].path);
+    cr_expect(strstr(err.msg, cases[i].path) && strstr(err.msg, "SGLang 0.5.23 serve"), "%s", err.msg);
+    cr_expect(err.hint[0]);
+    df_draft_config_free(cfg);
+    df_test_json_set(doc, cases[i].path, df_test_json(cases[i].fine));
+    cfg = build(doc);
+    json_decref(resolved(cfg, -1));
+    df_draft_config_free(cfg);
+    json_decref(doc);
+  }
+  // sample_from_anchor is DSpark's: SGLang's DFlash never reads it
+  json_t *doc = df_test_config_doc("tiny-dflash.json");
+  df_test_json_set(doc, "sample_from_anchor", json_false());
+  const df_draft_config *cfg = build(doc);
+  json_decref(resolved(cfg, -1));
+  df_draft_config_free(cfg);
+  json_decref(doc);
+}

@@ -362,6 +362,30 @@ def _dtype_checks(tensors, model_dtype: str, rep: Report) -> None:
             rep.silent.append(f"{name}: stored {dtype} but SGLang keeps it in fp32 (precision already lost)")
 
 
+def _variants(raw: Dict[str, Any], view: Qwen3View, rep: Report) -> None:
+    """Keys that make DFlashDraftModel / the DSpark mixin build another computation than the plain Qwen3 draft
+    (dflash.py: DFlashAttention's norm class, rotary style, v_scale and sinks, DFlashGroupedConv; dflash_utils:
+    parse_dflash_draft_config; dspark_config.get_dspark_sample_from_anchor; model_config: quantization)."""
+    dc = _dflash_cfg(raw)
+    if bool(view.get("use_gemma_norm", False)):
+        rep.silent.append("use_gemma_norm: every norm is GemmaRMSNorm (x * (1 + w)), not the trained RMSNorm")
+    neox = view.get("rope_is_neox_style", view.get("is_neox_style", True))
+    if not bool(neox):
+        rep.silent.append("rope_is_neox_style / is_neox_style false: interleaved rotary pairs")
+    if raw.get("quantization_config") is not None:
+        rep.silent.append("quantization_config: the weights are read as quantized")
+    if dc.get("conv_kernel_size") or dc.get("conv_group_size"):
+        rep.silent.append("dflash_config.conv_kernel_size / conv_group_size: grouped convolutions in every layer "
+                          "(parameters no tensor fills)")
+    scale = dc.get("attention_value_scale")
+    if scale is not None and float(scale) != 1.0:
+        rep.silent.append(f"dflash_config.attention_value_scale {scale}: V is scaled in every attention")
+    if dc.get("attention_sink_bias", False):
+        rep.silent.append("dflash_config.attention_sink_bias: attention sinks (a parameter no tensor fills)")
+    if rep.kind == "dspark" and not bool(raw.get("sample_from_anchor", True)):
+        rep.silent.append("sample_from_anchor false: the anchor row is not sampled (gamma + 1 query rows)")
+
+
 def serve(export_dir: str, ragged_mode: str = "static") -> Report:
     """What `python -m sglang.launch_server --speculative-draft-model-path export_dir` would load."""
     assert ragged_mode in RAGGED_MODES
@@ -383,6 +407,7 @@ def serve(export_dir: str, ragged_mode: str = "static") -> Report:
     if raw.get("dtype") or raw.get("torch_dtype"):
         if (raw.get("dtype") or raw.get("torch_dtype")) == "float32":
             rep.silent.append("config dtype float32: --dtype auto serves the draft in float16")
+    _variants(raw, view, rep)
     try:
         _serve_into(raw, view, rep, read_header(export_dir), ragged_mode)
     except ServingError as e:
@@ -518,6 +543,7 @@ def serve_moe(export_dir: str, ragged_mode: str = "static") -> Report:
             raise ServingError(f"MoE parameters not provided by the checkpoint (would serve uninitialised): {missing[:4]}")
         # The rest is the dense class's: check it with the mlp removed from both sides.
         rep.kind = "dspark" if MOE_CLASSES[rep.architecture] == "dspark" else "dflash"
+        _variants(raw, view, rep)
         _serve_into(raw, view, rep, dense, ragged_mode)
         # the dense MLP parameters the MoE block replaces are not the MoE class's
         rep.silent = [s for s in rep.silent if not (".mlp.gate_up_proj." in s or ".mlp.down_proj." in s)]

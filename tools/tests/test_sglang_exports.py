@@ -347,3 +347,42 @@ def test_model_rope_reads():
     both = {"rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 2.0}, **only_params}
     assert sg.rope_sglang(both)[0]["rope_type"] == "linear"
     assert sg.rope_sglang({"rope_parameters": dict(yarn, attention_factor=1.2)})[1]  # SGLang ignores it
+
+
+@pytest.mark.parametrize("where,key,value", [
+    ("top", "use_gemma_norm", True), ("top", "rope_is_neox_style", False), ("top", "is_neox_style", None),
+    ("top", "quantization_config", {"quant_method": "fp8"}), ("top", "sample_from_anchor", False),
+    ("dflash_config", "conv_kernel_size", 3), ("dflash_config", "attention_value_scale", 0.5),
+    ("dflash_config", "attention_sink_bias", True)])
+def test_model_keys_that_make_sglang_serve_another_model(tmp_path, where, key, value):
+    """Each of these keys makes SGLang build a computation the tensors were not trained for; its harmless values
+    (and the plain config) serve clean."""
+    c = _tiny_dspark_config()
+    assert sg.serve(_fake_export(tmp_path, c, _tiny_dspark_tensors(72))).silent == []
+    (c if where == "top" else c["dflash_config"])[key] = value
+    if key == "conv_kernel_size":
+        c["dflash_config"]["conv_group_size"] = 2
+    rep = sg.serve(_fake_export(tmp_path, c, _tiny_dspark_tensors(72)))
+    assert any(key in s for s in rep.silent), rep.silent
+
+
+@pytest.mark.parametrize("key,value", [("use_gemma_norm", True), ("dflash_config.attention_value_scale", 0.5),
+                                       ("sample_from_anchor", False)])
+def test_a_draft_config_that_sglang_would_serve_as_another_model_is_refused_at_train_time(tmp_path, key, value):
+    """draftforge resolves the serving config when the run is built: such a key stops training, naming it, before
+    a checkpoint or export could carry it."""
+    cfg = copy.deepcopy(_json("dspark_step/vanilla.json"))
+    if key.startswith("dflash_config."):
+        cfg["dflash_config"][key.split(".", 1)[1]] = value
+    else:
+        cfg[key] = value
+    (tmp_path / "draft.json").write_text(json.dumps(cfg), encoding="utf-8")
+    recipe = [f"output_dir: {tmp_path / 'run'}", "model:", f"  target_model_path: {TARGET}",
+              f"  draft_model_config: {tmp_path / 'draft.json'}", "data:", f"  hidden_states_path: {DSPARK_DATA}",
+              "  max_length: 64", "training:", "  strategy: dspark", "  batch_size: 2", "  num_anchors: 3",
+              "  max_steps: 1", "  seed: 1"]
+    (tmp_path / "recipe.yaml").write_text("\n".join(recipe) + "\n", encoding="utf-8")
+    p = subprocess.run([draftforge(), "train", str(tmp_path / "recipe.yaml")], capture_output=True, text=True)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"{key} makes SGLang 0.5.23 serve" in p.stderr, p.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
