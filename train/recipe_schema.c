@@ -38,6 +38,7 @@ static const char *const DEPLOY_MODES[] = {"local_colocated", "disaggregated", N
 static const char *const DEPLOY_MODES_OK[] = {"local_colocated", NULL};
 static const char *const STORE_BACKENDS[] = {"shared_dir", "mooncake", NULL};
 static const char *const MOONCAKE_PROTOCOLS[] = {"tcp", "rdma", NULL};
+static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
 
 #define OFFLINE    "offline runs never start the target or its SGLang engine"
 #define PREP       "applies when the data is prepared; offline runs read captured hidden states"
@@ -49,8 +50,8 @@ static const char *const MOONCAKE_PROTOCOLS[] = {"tcp", "rdma", NULL};
 #define ONE_PROC                                                                                                       \
   "data parallel is plain replication with one gradient reduction per step; sharding follows (docs/distributed.md)"
 #define LAUNCH "checked against the launcher's environment at start-up (docs/distributed.md)"
-#define ENGINE     "a setting of the SGLang capture engine, which offline runs never start"
-#define GATED      "online data: refused by the online-capture row of train/recipe_features.c until that lands"
+#define ENGINE "a setting of the SGLang capture engine, which offline runs never start"
+#define GATED  "online data: refused by the online-capture row of train/recipe_features.c until that lands"
 
 static const df_recipe_key SCHEMA[] = {
     // ---- top level
@@ -151,7 +152,10 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "max_consecutive_skips", DF_RT_INT, .def = "5", GT(0), USED,
       .note = EXT ": optimizer steps skipped in a row for a NaN/Inf loss or gradient norm before the run stops"),
     K("training", "optimizer_cpu_offload", DF_RT_BOOL, .def = "false",
-      INERT("the fp32 masters and AdamW moments always live in host memory")),
+      INERT("the fp32 masters and AdamW moments live on the training device")),
+    K("training", "device", DF_RT_ENUM, .def = "auto", .choices = DEVICES, USED,
+      .note = EXT ": cpu, cuda, or auto (cuda when the build has it, a GPU is visible and its backend runs every op "
+                  "of the step; else cpu); --device overrides it"),
     K("training", "ttt_length", DF_RT_INT, .def = "7", GT(0), INERT(OTHER_ALGO)),
     K("training", "attention_backend", DF_RT_ENUM, .def = "flex_attention", .choices = ATTENTION,
       .supported = ATTENTION_OK, INERT("eager, sdpa and flex_attention compute the same masked attention")),
