@@ -38,6 +38,9 @@
 extern "C" {
 #endif
 
+// Every confidence-head tensor name starts with this (the one part of a draft SGLang keeps in fp32).
+#define DF_DSPARK_CONFIDENCE_PREFIX "confidence_head."
+
 typedef struct df_dspark_heads df_dspark_heads;
 struct df_dflash_model;
 

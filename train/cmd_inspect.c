@@ -15,6 +15,7 @@
 #include "train/hidden_states.h"
 #include "train/hs_scan.h"
 #include "train/inspect_ckpt.h"
+#include "train/inspect_export.h"
 
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
@@ -65,6 +66,16 @@ static const df_cli_spec INSPECT_CLI = {
     "hidden state by shard, sample and token. A problem found (a NaN, a table mismatch) fails, exit 1.",
     INSPECT_OPTS};
 
+// A DFlash-family serving directory also gets the SGLang 0.5.23 report (train/inspect_export.h); its problems
+// make the command fail.
+static df_status inspect_serving(const char *dir, df_error *err) {
+  int problems = 0;
+  DF_TRY(df_inspect_export(dir, stdout, &problems, err));
+  if (problems == 0) return DF_OK;
+  return DF_FAIL(err, DF_ERR_INVALID, dir, "see the PROBLEM lines above (docs/export-and-eval.md)",
+                 "%d problem(s) serving this directory with SGLang 0.5.23", problems);
+}
+
 static df_status inspect_path(const char *path, df_hs_scan_mode scan, df_error *err) {
   struct stat st;
   if (stat(path, &st) != 0) return DF_FAIL(err, DF_ERR_IO, path, "check the path", "cannot open '%s'", path);
@@ -82,6 +93,7 @@ static df_status inspect_path(const char *path, df_hs_scan_mode scan, df_error *
         DF_TRY(df_st_print(df_st_path(df_st_model_shard(m, i)), stdout, err));
       df_st_model_close(m);
     }
+    if (df_inspect_is_draft_dir(path)) return inspect_serving(path, err);
     return DF_OK;
   }
   if (ends_with(path, ".safetensors")) return df_st_print(path, stdout, err);

@@ -203,7 +203,9 @@ static df_status list_shards(const char *dir, char ***out, int *count, df_error 
   closedir(d);
   if (n == 0) {
     free(v);
-    return DF_FAIL(err, DF_ERR_FORMAT, dir, "a data directory holds shards named *.h5 (tools/import_specforge.py)",
+    return DF_FAIL(err, DF_ERR_FORMAT, dir,
+                   "a data directory holds shards named *.h5; SpecForge's capture (*.ckpt) converts with "
+                   "tools/import_specforge.py DIR --out NEW_DIR, then --set data.hidden_states_path=NEW_DIR",
                    "data directory %s has no *.h5 shards", dir);
   }
   qsort(v, (size_t)n, sizeof *v, cmp_str);

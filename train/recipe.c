@@ -2,7 +2,6 @@
 // default-only keys), required keys, cross-key rules, and the resolution into the immutable df_recipe.
 #include "train/recipe.h"
 
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
@@ -278,24 +277,6 @@ static const df_rvalue *val(const recipe_impl *r, const char *section, const cha
   return i < 0 ? NULL : &r->vals[i];
 }
 
-// A relative path written in the file is taken from the recipe's directory; every path is then normalised
-// ("recipes/../runs/x" -> "runs/x"), so messages show it the way a user would write it.
-static df_status resolve_path(recipe_impl *r, const char *section, const char *key, const char *base_dir,
-                              df_error *err) {
-  df_rvalue *v = (df_rvalue *)val(r, section, key);
-  if (!v || v->is_null || !v->s || !v->s[0]) return DF_OK;
-  bool join = v->present && !v->from_cli && v->s[0] != '/' && base_dir;
-  size_t n = (join ? strlen(base_dir) + 1 : 0) + strlen(v->s) + 2;
-  char *joined = malloc(n), *p = malloc(n + 2);
-  if (!joined || !p) return free(joined), free(p), DF_FAIL(err, DF_ERR_NOMEM, key, NULL, "out of memory");
-  snprintf(joined, n, "%s%s%s", join ? base_dir : "", join ? "/" : "", v->s);
-  df_path_normalize(joined, p, n + 2);
-  free(joined);
-  free(v->s);
-  v->s = p;
-  return DF_OK;
-}
-
 static const char *str_or_null(const df_rvalue *v) { return v->is_null || !v->s[0] ? NULL : v->s; }
 
 static int64_t int_or_zero(const df_rvalue *v) { return v->is_null ? 0 : v->i; }
@@ -396,9 +377,14 @@ static df_status trainer_checks(const recipe_impl *r, const char *file, df_error
 
 // Rules between keys that SpecForge's validators enforce and that touch keys draftforge accepts.
 static df_status cross_checks(const recipe_impl *r, const char *file, df_error *err) {
-  if (!val(r, "data", "hidden_states_path")->s[0])
-    return DF_FAIL(err, DF_ERR_INVALID, "data.hidden_states_path", "point it at the captured .h5 data",
-                   "%s: data.hidden_states_path is empty", file);
+  int sources = 0;
+  static const char *const data_keys[] = {"train_data_path", "prompts_path", "hidden_states_path"};
+  for (int i = 0; i < 3; i++) sources += val(r, "data", data_keys[i])->s[0] != 0;
+  if (sources != 1)
+    return DF_FAIL(err, DF_ERR_INVALID, "data.hidden_states_path",
+                   "point data.hidden_states_path at the captured .h5 data",
+                   "%s: set exactly one of data.train_data_path, data.prompts_path or data.hidden_states_path (%d set)",
+                   file, sources);
   if (!val(r, "model", "target_model_path")->s[0])
     return DF_FAIL(err, DF_ERR_INVALID, "model.target_model_path", "point it at the target model directory",
                    "%s: model.target_model_path is empty", file);
@@ -413,10 +399,7 @@ static df_status cross_checks(const recipe_impl *r, const char *file, df_error *
 
 static df_status resolve(recipe_impl *r, const char *file, const char *base_dir, df_error *err) {
   DF_TRY(cross_checks(r, file, err));
-  const df_recipe_key *t = df_recipe_schema();
-  for (int i = 0; i < df_recipe_schema_count(); i++)
-    if (t[i].type == DF_RT_PATH) DF_TRY(resolve_path(r, t[i].section, t[i].key, base_dir, err));
-  return DF_OK;
+  return df_recipe_resolve_paths(r->vals, file, base_dir, err);
 }
 
 // ---- entry points ------------------------------------------------------------------------------------------
@@ -463,6 +446,7 @@ static df_status walk_document(walker *w, yaml_document_t *doc) {
     return DF_FAIL(w->err, DF_ERR_FORMAT, w->file,
                    "the top level holds sections such as model:, data:", "%s:%d:%d: the recipe is not a mapping",
                    w->file, (int)root->start_mark.line + 1, (int)root->start_mark.column + 1);
+  DF_TRY(df_recipe_feature_gate(doc, w->file, w->opt, w->err));
   DF_TRY(walk_mapping(w, root, ""));
   for (int i = 0; w->opt && i < w->opt->n_overrides; i++) DF_TRY(apply_override(w, w->opt->overrides[i]));
   return fill_defaults(w);
@@ -492,6 +476,7 @@ df_status df_recipe_parse(const char *text, size_t len, const char *name, const 
     return st;
   }
   build_public(r, r->pub.path);
+  if (opt && opt->log) df_recipe_print_inert(r->vals, opt->log);
   *out = &r->pub;
   return DF_OK;
 }
@@ -523,13 +508,9 @@ df_status df_recipe_load(const char *path, const df_recipe_options *opt, const d
   char *text = NULL;
   size_t len = 0;
   DF_TRY(read_file(path, &text, &len, err));
-  char *copy = strdup(path);
-  if (!copy) {
-    free(text);
-    return DF_FAIL(err, DF_ERR_NOMEM, path, NULL, "out of memory");
-  }
-  df_status st = df_recipe_parse(text, len, path, dirname(copy), opt, out, err);
-  free(copy), free(text);
+  // Relative paths are taken from the current directory, as SpecForge (run from its checkout) takes them.
+  df_status st = df_recipe_parse(text, len, path, NULL, opt, out, err);
+  free(text);
   return st;
 }
 

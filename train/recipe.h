@@ -31,8 +31,9 @@ typedef enum {
   DF_REPORT_MLFLOW
 } df_report_to;
 
-// What a recipe resolves to. Paths are absolute or relative to the working directory: a relative path in the
-// file is resolved against the recipe's own directory. Optional values absent from the file are NULL / flagged.
+// What a recipe resolves to. Paths are absolute: a relative one (in the file or a --set) is resolved against the
+// current directory, as SpecForge resolves it, and a model path may be a Hugging Face hub id found in the local
+// cache (train/recipe_paths.c). Optional values absent from the file are NULL / flagged.
 typedef struct df_recipe {
   const char *path; // the recipe file ("<memory>" name for df_recipe_parse)
   const char *run_id;
@@ -98,15 +99,16 @@ typedef struct {
   FILE *log;
   // Command-line overrides, "section.key=value" (a top-level key without a section: "output_dir=runs/x";
   // nested sections with dots: "deployment.trainer.nnodes=1"). The value is read as YAML (flow lists work) and
-  // checked like the file's; it replaces the file's value. Relative paths are taken from the working directory.
+  // checked like the file's; it replaces the file's value.
   const char *const *overrides;
   int n_overrides;
 } df_recipe_options;
 
 // Reads and resolves a recipe file. On failure *out is NULL and err names the key (section.key), the file,
-// line and column. opt may be NULL.
+// line and column. opt may be NULL; with opt->log the inert keys the recipe sets are listed there once.
 df_status df_recipe_load(const char *path, const df_recipe_options *opt, const df_recipe **out, df_error *err);
-// The same on len bytes of YAML; name labels messages, base_dir resolves relative paths (NULL: the cwd).
+// The same on len bytes of YAML; name labels messages, base_dir resolves relative paths (NULL: the current
+// directory, which is what df_recipe_load uses).
 df_status df_recipe_parse(const char *text, size_t len, const char *name, const char *base_dir,
                           const df_recipe_options *opt, const df_recipe **out, df_error *err);
 void df_recipe_free(const df_recipe *r);

@@ -498,7 +498,7 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
                      .exp_avg_sq = bufs[2],
                      .contract = &t->contract,
                      .progress = &t->prog,
-                     .draft_config = t->draft->json,
+                     .draft_config = t->res.resolved_config,
                      .recipe_yaml = t->recipe_yaml,
                      .moe = t->draft->moe};
   if (st == DF_OK)
