@@ -21,6 +21,7 @@
   OP(EMBEDDING_FORWARD, embedding_forward)                                                                             \
   OP(EMBEDDING_BACKWARD, embedding_backward)                                                                           \
   OP(GATHER_ROWS, gather_rows)                                                                                         \
+  OP(COPY_2D, copy_2d)                                                                                                 \
   OP(BLOCK_ATTN_FORWARD, block_attn_forward)                                                                           \
   OP(BLOCK_ATTN_BACKWARD, block_attn_backward)                                                                         \
   OP(CAUSAL_ATTN_FORWARD, causal_attn_forward)                                                                         \
@@ -30,6 +31,10 @@
   OP(BCE_LOGITS_FORWARD, bce_logits_forward)                                                                           \
   OP(BCE_LOGITS_BACKWARD, bce_logits_backward)                                                                         \
   OP(LMHEAD_DSPARK, lmhead_dspark)                                                                                     \
+  OP(MARKOV_GATE_FORWARD, markov_gate_forward)                                                                         \
+  OP(MARKOV_GATE_BACKWARD, markov_gate_backward)                                                                       \
+  OP(MARKOV_RNN_FORWARD, markov_rnn_forward)                                                                           \
+  OP(MARKOV_RNN_BACKWARD, markov_rnn_backward)                                                                         \
   OP(DPACE_WEIGHTS, dpace_weights)                                                                                     \
   OP(BLOCK_METRICS, block_metrics)                                                                                     \
   OP(DSPARK_BLOCK_METRICS, dspark_block_metrics)                                                                       \

@@ -15,12 +15,13 @@
 //   kernels/cpu/rope.c          ↔ kernels/cuda/rope.cu           rope_forward/backward
 //   kernels/cpu/swiglu.c        ↔ kernels/cuda/swiglu.cu         swiglu_forward/backward
 //   kernels/cpu/embedding.c     ↔ kernels/cuda/embedding.cu      embedding_forward/backward
-//   kernels/cpu/gather.c        ↔ kernels/cuda/gather.cu         gather_rows
+//   kernels/cpu/gather.c        ↔ kernels/cuda/gather.cu         gather_rows, copy_2d
 //   kernels/cpu/attention.c     ↔ kernels/cuda/attention.cu      block_attn_forward/backward
 //   kernels/cpu/causal_attn.c   ↔ kernels/cuda/causal_attn.cu    causal_attn_forward (the target's KV cache)
 //   kernels/cpu/lmhead_ce.c     ↔ kernels/cuda/lmhead_ce.cu      lmhead_ce
 //   kernels/cpu/dspark_loss.c   ↔ kernels/cuda/dspark_loss.cu    softmax_l1_*, bce_logits_*
 //   kernels/cpu/lmhead_dspark.c ↔ kernels/cuda/lmhead_dspark.cu  lmhead_dspark
+//   kernels/cpu/markov.c        ↔ kernels/cuda/markov.cu         markov_gate_*, markov_rnn_* (DSpark's heads)
 //   kernels/cpu/metrics.c       ↔ kernels/cuda/metrics.cu        dpace_weights, block_metrics, dspark_block_metrics
 //   kernels/cpu/optim.c         ↔ kernels/cuda/optim.cu          adamw_step, global_norm, clip_by_norm
 //   kernels/cpu/adamw_fused.c   ↔ kernels/cuda/adamw_fused.cu    grad_norm_clip, adamw_fused
@@ -54,6 +55,7 @@ typedef enum {
   DF_OP_EMBEDDING_FORWARD,
   DF_OP_EMBEDDING_BACKWARD,
   DF_OP_GATHER_ROWS,
+  DF_OP_COPY_2D,
   DF_OP_BLOCK_ATTN_FORWARD,
   DF_OP_BLOCK_ATTN_BACKWARD,
   DF_OP_CAUSAL_ATTN_FORWARD,
@@ -63,6 +65,10 @@ typedef enum {
   DF_OP_BCE_LOGITS_FORWARD,
   DF_OP_BCE_LOGITS_BACKWARD,
   DF_OP_LMHEAD_DSPARK,
+  DF_OP_MARKOV_GATE_FORWARD,
+  DF_OP_MARKOV_GATE_BACKWARD,
+  DF_OP_MARKOV_RNN_FORWARD,
+  DF_OP_MARKOV_RNN_BACKWARD,
   DF_OP_DPACE_WEIGHTS,
   DF_OP_BLOCK_METRICS,
   DF_OP_DSPARK_BLOCK_METRICS,
@@ -109,6 +115,8 @@ typedef df_status df_embedding_backward_fn(df_ctx *ctx, const df_tensor *dout, c
                                            df_error *err);
 typedef df_status df_gather_rows_fn(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out,
                                     df_error *err);
+typedef df_status df_copy_2d_fn(df_ctx *ctx, const df_copy_2d_desc *desc, const df_tensor *src, df_tensor *dst,
+                                df_error *err);
 typedef df_status df_block_attn_forward_fn(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
                                            const df_tensor *k, const df_tensor *v, const df_tensor *anchors,
                                            const df_tensor *keep, df_tensor *out, df_tensor *lse, df_error *err);
@@ -132,6 +140,15 @@ typedef df_status df_bce_logits_backward_fn(df_ctx *ctx, const df_tensor *x, con
                                             df_tensor *dx, df_error *err);
 typedef df_status df_lmhead_dspark_fn(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,
                                       const df_lmhead_dspark_out *out, df_error *err);
+typedef df_status df_markov_gate_forward_fn(df_ctx *ctx, const df_tensor *pre, const df_tensor *e, df_tensor *gate,
+                                            df_tensor *u, df_error *err);
+typedef df_status df_markov_gate_backward_fn(df_ctx *ctx, const df_tensor *gate, const df_tensor *e,
+                                             const df_tensor *du, df_tensor *de, df_tensor *dpre, df_error *err);
+typedef df_status df_markov_rnn_forward_fn(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                           const df_tensor *s_prev, df_tensor *s, df_tensor *u, df_error *err);
+typedef df_status df_markov_rnn_backward_fn(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                            const df_tensor *s_prev, const df_tensor *du, df_tensor *ds, df_tensor *dy,
+                                            df_error *err);
 typedef df_status df_dpace_weights_fn(df_ctx *ctx, df_dpace_mode mode, double alpha, int64_t bs, const df_tensor *ce,
                                       const df_tensor *w, df_tensor *out, df_tensor *row_w, df_error *err);
 typedef df_status df_block_metrics_fn(df_ctx *ctx, int64_t bs, const df_tensor *ce, const df_tensor *correct,
@@ -205,6 +222,7 @@ typedef struct df_backend {
       df_embedding_forward_fn *embedding_forward;
       df_embedding_backward_fn *embedding_backward;
       df_gather_rows_fn *gather_rows;
+      df_copy_2d_fn *copy_2d;
       df_block_attn_forward_fn *block_attn_forward;
       df_block_attn_backward_fn *block_attn_backward;
       df_causal_attn_forward_fn *causal_attn_forward;
@@ -214,6 +232,10 @@ typedef struct df_backend {
       df_bce_logits_forward_fn *bce_logits_forward;
       df_bce_logits_backward_fn *bce_logits_backward;
       df_lmhead_dspark_fn *lmhead_dspark;
+      df_markov_gate_forward_fn *markov_gate_forward;
+      df_markov_gate_backward_fn *markov_gate_backward;
+      df_markov_rnn_forward_fn *markov_rnn_forward;
+      df_markov_rnn_backward_fn *markov_rnn_backward;
       df_dpace_weights_fn *dpace_weights;
       df_block_metrics_fn *block_metrics;
       df_dspark_block_metrics_fn *dspark_block_metrics;

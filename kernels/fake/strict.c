@@ -2,8 +2,8 @@
 // cannot dereference (host address + 2^62: non-canonical on x86-64, so any load or store faults). Only the table
 // turns them back: its copies and its ops (the CPU kernels, called on an inner CPU context) remove the tag. A
 // training step that runs on it touches device memory only through the backend — a host loop over device data
-// crashes instead of passing silently. Code that still loops on the host (the DSpark heads, the MoE routing)
-// cannot run on it until those loops become ops.
+// crashes instead of passing silently. Code that still loops on the host (the MoE routing) cannot run on it
+// until those loops become ops.
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +152,37 @@ static df_status s_embedding_backward(df_ctx *ctx, const df_tensor *dout, const 
 static df_status s_gather_rows(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out, df_error *err) {
   df_tensor S = u(src), I = u(idx), O = u(out);
   return cpu()->gather_rows(in(ctx), &S, &I, &O, err);
+}
+
+static df_status s_copy_2d(df_ctx *ctx, const df_copy_2d_desc *desc, const df_tensor *src, df_tensor *dst,
+                           df_error *err) {
+  df_tensor S = u(src), D = u(dst);
+  return cpu()->copy_2d(in(ctx), desc, &S, &D, err);
+}
+
+static df_status s_markov_gate_forward(df_ctx *ctx, const df_tensor *pre, const df_tensor *e, df_tensor *gate,
+                                       df_tensor *uu, df_error *err) {
+  df_tensor P = u(pre), E = u(e), G = u(gate), U = u(uu);
+  return cpu()->markov_gate_forward(in(ctx), &P, &E, &G, &U, err);
+}
+
+static df_status s_markov_gate_backward(df_ctx *ctx, const df_tensor *gate, const df_tensor *e, const df_tensor *du,
+                                        df_tensor *de, df_tensor *dpre, df_error *err) {
+  df_tensor G = u(gate), E = u(e), DU = u(du), DE = u(de), DP = u(dpre);
+  return cpu()->markov_gate_backward(in(ctx), &G, &E, &DU, &DE, &DP, err);
+}
+
+static df_status s_markov_rnn_forward(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                      const df_tensor *s_prev, df_tensor *s, df_tensor *uu, df_error *err) {
+  df_tensor Y = u(y), SP, S = u(s), U = u(uu);
+  return cpu()->markov_rnn_forward(in(ctx), desc, &Y, opt(s_prev, &SP), &S, &U, err);
+}
+
+static df_status s_markov_rnn_backward(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                       const df_tensor *s_prev, const df_tensor *du, df_tensor *ds, df_tensor *dy,
+                                       df_error *err) {
+  df_tensor Y = u(y), SP, DU, DS = u(ds), DY = u(dy);
+  return cpu()->markov_rnn_backward(in(ctx), desc, &Y, opt(s_prev, &SP), opt(du, &DU), &DS, &DY, err);
 }
 
 static df_status s_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
@@ -330,13 +361,15 @@ static void strict_build(void) {
   t->rope_forward = s_rope_forward, t->rope_backward = s_rope_backward;
   t->swiglu_forward = s_swiglu_forward, t->swiglu_backward = s_swiglu_backward;
   t->embedding_forward = s_embedding_forward, t->embedding_backward = s_embedding_backward;
-  t->gather_rows = s_gather_rows;
+  t->gather_rows = s_gather_rows, t->copy_2d = s_copy_2d;
   t->block_attn_forward = s_block_attn_forward, t->block_attn_backward = s_block_attn_backward;
   t->causal_attn_forward = s_causal_attn_forward;
   t->lmhead_ce = s_lmhead_ce;
   t->softmax_l1_forward = s_softmax_l1_forward, t->softmax_l1_backward = s_softmax_l1_backward;
   t->bce_logits_forward = s_bce_logits_forward, t->bce_logits_backward = s_bce_logits_backward;
   t->lmhead_dspark = s_lmhead_dspark;
+  t->markov_gate_forward = s_markov_gate_forward, t->markov_gate_backward = s_markov_gate_backward;
+  t->markov_rnn_forward = s_markov_rnn_forward, t->markov_rnn_backward = s_markov_rnn_backward;
   t->dpace_weights = s_dpace_weights, t->block_metrics = s_block_metrics;
   t->dspark_block_metrics = s_dspark_block_metrics;
   t->adamw_step = s_adamw_step, t->global_norm = s_global_norm, t->clip_by_norm = s_clip_by_norm;

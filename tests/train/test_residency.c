@@ -3,7 +3,8 @@
 // DSpark and MoE drafts, every optimizer step of a 2-micro-batch window moves exactly one upload per micro-batch
 // (the packed batch, train/stage.c) and one read (the window's sums and {norm, coef, ok}) — nothing else; and the
 // run is bit for bit the CPU run (same kernels, staged instead of read in place): metrics.jsonl and the final
-// weights agree exactly. DFlash and D-PACE run on the strict variant, whose memory faults on any host access.
+// weights agree exactly. DFlash, D-PACE and DSpark (vanilla, gated and rnn heads) run on the strict variant, whose
+// memory faults on any host access.
 #include <criterion/criterion.h>
 #include <omp.h>
 #include <stdio.h>
@@ -162,13 +163,25 @@ Test(residency, dpace_step_moves_only_the_batch_and_one_read) {
   run_case(&c, df_fake_strict_backend());
 }
 
-// DSpark's heads and the MoE routing still loop on the host over host-backed memory (they become ops next): the
-// counting fake device checks their copies, not the absence of host loops.
+// DSpark's heads run as ops (kernels/cpu/markov.c, df_copy_2d), so all three Markov head types run on the strict
+// device too: vanilla with a Markov-fed confidence head, gated likewise, rnn with a hidden-only confidence head.
 Test(residency, dspark_step_moves_only_the_batch_and_one_read) {
   rcase c = {"dspark", SFX "/tiny-dspark.json", SFX "/data", "dspark", NULL, .eval = true};
-  run_case(&c, df_fake_backend());
+  run_case(&c, df_fake_strict_backend());
 }
 
+Test(residency, dspark_gated_step_moves_only_the_batch_and_one_read) {
+  rcase c = {"dspark_gated", SFX "/gated.json", SFX "/data", "dspark", NULL, .eval = true};
+  run_case(&c, df_fake_strict_backend());
+}
+
+Test(residency, dspark_rnn_step_moves_only_the_batch_and_one_read) {
+  rcase c = {"dspark_rnn", SFX "/rnn.json", SFX "/data", "dspark", NULL, .eval = true};
+  run_case(&c, df_fake_strict_backend());
+}
+
+// The MoE routing still loops on the host over host-backed memory (it becomes ops next): the counting fake device
+// checks its copies, not the absence of host loops.
 Test(residency, moe_step_moves_only_the_batch_and_one_read) {
   rcase c = {"moe", DF_SOURCE_DIR "/configs/tiny-dflash-moe.json", DFX "/data", "dflash", NULL, false};
   run_case(&c, df_fake_backend());
