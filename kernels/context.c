@@ -37,6 +37,7 @@ df_status df_ctx_create(const df_ctx_options *opt, df_ctx **out, df_error *err) 
 
 void df_ctx_destroy(df_ctx *ctx) {
   if (!ctx) return;
+  for (int i = 0; i < DF_WS_SLOTS; i++) df_buffer_free(ctx, ctx->ws[i].p);
   if (ctx->cuda) df_cuda_ctx_free(ctx->cuda);
   free(ctx);
 }
@@ -79,3 +80,19 @@ df_status df_copy(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df
 }
 
 df_status df_sync(df_ctx *ctx, df_error *err) { return ctx->cuda ? df_cuda_sync(ctx->cuda, err) : DF_OK; }
+
+df_status df_ctx_workspace(df_ctx *ctx, int slot, size_t bytes, void **out, df_error *err) {
+  *out = NULL;
+  if (slot < 0 || slot >= DF_WS_SLOTS)
+    return DF_FAIL(err, DF_ERR_INVALID, "workspace", NULL, "workspace slot %d outside [0, %d)", slot, DF_WS_SLOTS);
+  if (bytes > ctx->ws[slot].cap || !ctx->ws[slot].p) {
+    if (ctx->ws[slot].p) DF_TRY(df_sync(ctx, err)); // queued work may still read the old region
+    df_buffer_free(ctx, ctx->ws[slot].p);
+    ctx->ws[slot].p = NULL, ctx->ws[slot].cap = 0;
+    size_t want = (bytes + 4095) / 4096 * 4096;
+    DF_TRY(df_buffer_alloc(ctx, want ? want : 4096, &ctx->ws[slot].p, err));
+    ctx->ws[slot].cap = want;
+  }
+  *out = ctx->ws[slot].p;
+  return DF_OK;
+}

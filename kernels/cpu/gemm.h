@@ -1,0 +1,21 @@
+// The CPU kernels' fp32 GEMM: libxsmm's JIT micro-kernels (the widest vector ISA libxsmm finds on this CPU),
+// blocked here; where libxsmm generates no code (LIBXSMM_TARGET=generic, a CPU it does not know) a portable
+// loop with the same blocking and per-element FMA chains, much slower. Every output element is one FMA chain
+// over fixed 512-wide K blocks, so its bits depend on K alone: not on the thread count, nor on how rows or
+// columns are split between calls. alpha ≠ 1, beta ∉ {0, 1} and both operands transposed go to OpenBLAS.
+#ifndef DF_KERNELS_CPU_GEMM_H
+#define DF_KERNELS_CPU_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+// Row-major C[M, N] = alpha · op(A) · op(B) + beta · C with op(A) [M, K], op(B) [K, N] (as cblas_sgemm).
+// threads > 1 lets a large call open its own OpenMP team; inside a parallel region pass 1 (the call then
+// runs on the calling thread).
+void df_cpu_sgemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+// Whether df_cpu_sgemm runs on libxsmm's kernels here (false: the portable loop). For benches and tests.
+bool df_cpu_sgemm_uses_xsmm(void);
+
+#endif
