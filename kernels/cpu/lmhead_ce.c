@@ -110,14 +110,13 @@ static void reduce_block(int64_t n, int64_t v0, int64_t vb, float *z, const ce_s
   }
   for (int64_t i = 0; i < n; i++)
     if (mx[i] != mold[i]) s->sum[i] *= exp((double)mold[i] - (double)mx[i]); // 0 · e^−∞ = 0 on the first block
+  double *sum = s->sum;
   for (int64_t v = 0; v < vb; v++) {
     float *zr = z + v * n;
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-      const float e = df_exp_nonpos(zr[i] - mx[i]);
-      zr[i] = e;
-      s->sum[i] += (double)e;
-    }
+    for (int64_t i = 0; i < n; i++) zr[i] = df_exp_nonpos(zr[i] - mx[i]);
+#pragma omp simd // a separate loop: GCC does not vectorise the exp and the widening add together
+    for (int64_t i = 0; i < n; i++) sum[i] += (double)zr[i];
   }
   memcpy(mhist, mx, sizeof(float) * (size_t)n);
 }
