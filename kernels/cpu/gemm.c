@@ -1,17 +1,23 @@
 // Row-major GEMM on libxsmm micro-kernels. libxsmm is column-major, so C[M, N] row-major is the column-major
 // C'(N × M) = X(N × K) · Y(K × M) with X from B and Y from A:
-//   B plain:      X is B as stored (ld ldb);  B transposed: X is packed per block (ld = block width)
-//   A plain:      Y is A as stored (ld lda);  A transposed: Y is A as stored, read through TRANS_B
-// In these kernel coordinates m = N (the vectorised dimension), n = M, and C' is cut into blocks of MB × NB;
+//   B plain:      X is B as stored (ld ldb), copied into a contiguous block when it is reused across n-blocks;
+//   B transposed: X is packed (transposed) per block;
+//   A plain:      Y is A as stored (ld lda);
+//   A transposed: Y is A as stored, read through TRANS_B; long rows are packed per n-block (TLB).
+// In these kernel coordinates m = N (the vectorised dimension), n = M, and C' is cut into blocks of MB × nb;
 // K runs in KB blocks, the first one with the caller's beta, the later ones with beta 1. A call is split into
 // tasks (rectangles of C') shared by the threads; inside a task the loop is k-block, then m-block, then
-// n-block, so a Y block is reused across the task's m-blocks and an X block across its n-blocks.
+// n-block. Every element is the canonical chain (one multiply-add per k, in order, across the fixed k-blocks),
+// whether a calibrated libxsmm kernel or the portable loop computes it: its bits depend on nothing but its own
+// row, column and K.
 #include "kernels/cpu/gemm.h"
 
 #include <cblas.h>
 #include <libxsmm.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -34,7 +40,7 @@ typedef struct {
                 // a strided X block spans hundreds of 4 KiB pages, a packed one a few dozen)
   bool trans_y; // Y is A transposed (read through TRANS_B)
   bool pack_y;  // ... and packed per (n-block, k-block): a task is then one n-block across all of m
-  bool jit;     // libxsmm kernels; else the portable loop (same blocking, same per-element FMA chains)
+  int min_m;    // m-blocks at least this wide run libxsmm kernels, narrower ones the portable loop
   int64_t m, n, k;
   int64_t nb, nlast; // C' columns per block, and in the last block
   const float *A, *B;
@@ -50,6 +56,78 @@ typedef struct {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// ---- which libxsmm kernels compute the canonical chain ------------------------------------------------------
+// libxsmm's generated code is not always one FMA chain per element: with AVX-512, blocks at most one vector wide
+// (m <= 16) split k over several accumulators for some n, so their bits depend on the block shape. Once per
+// process the kernels are checked against canonical chains over a battery of shapes; blocks narrower than the
+// smallest width that passes (and everything, when none does) run the portable loop instead. That keeps every
+// element the canonical chain, whichever path computes it. The result is a property of this CPU and libxsmm.
+static int g_min_m = MB + 1; // narrowest m that libxsmm may compute; MB + 1: none
+
+// One step of the canonical chain: a fused multiply-add where the CPU has one (as libxsmm's kernels use), else a
+// multiply and an add (as its kernels for such CPUs do).
+static inline float chain_step(float a, float b, float c) {
+#ifdef __FMA__
+  return fmaf(a, b, c);
+#else
+  return c + a * b;
+#endif
+}
+static pthread_once_t g_calibrated = PTHREAD_ONCE_INIT;
+
+enum { CAL_K = 300, CAL_N = 32 }; // the battery's largest k and n
+
+static bool kernel_is_canonical(int64_t m, int64_t n, int64_t k, float beta, int flags, float *A) {
+  float *B = A + MB * CAL_K, *C = B + CAL_K * CAL_N, *R = C + MB * CAL_N, alpha = 1.0f;
+  for (int64_t i = 0; i < m * k; i++) A[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+  for (int64_t i = 0; i < k * n; i++) B[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+  for (int64_t i = 0; i < m * n; i++) C[i] = R[i] = (float)((i * 31) % 100) * 1e-2f;
+  const libxsmm_blasint lda = m, ldb = flags ? n : k, ldc = m;
+  const libxsmm_smmfunction f = libxsmm_smmdispatch(m, n, k, &lda, &ldb, &ldc, &alpha, &beta, &flags, NULL);
+  if (!f) return false;
+  f(A, B, C);
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) {
+      float c = beta == 0.0f ? 0.0f : R[i + j * m];
+      for (int64_t q = 0; q < k; q++) c = chain_step(A[i + q * m], flags ? B[j + q * n] : B[q + j * k], c);
+      if (memcmp(&c, &C[i + j * m], sizeof c)) return false;
+    }
+  return true;
+}
+
+static bool widths_are_canonical(int from, float *buf) {
+  const int ms[] = {from, from + 1, from + 7, 16, 24, 40, MB};
+  const int ns[] = {1, 3, 8, 29}, ks[] = {7, CAL_K};
+  for (size_t a = 0; a < sizeof ms / sizeof *ms; a++) {
+    if (ms[a] < from || ms[a] > MB) continue;
+    for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+      for (size_t c = 0; c < sizeof ks / sizeof *ks; c++)
+        for (int beta = 0; beta < 2; beta++)
+          for (int tb = 0; tb < 2; tb++)
+            if (!kernel_is_canonical(ms[a], ns[b], ks[c], (float)beta, tb ? LIBXSMM_GEMM_FLAG_TRANS_B : 0, buf))
+              return false;
+  }
+  return true;
+}
+
+static void calibrate(void) {
+  float *buf = malloc(sizeof(float) * (MB * CAL_K + CAL_K * CAL_N + 2 * MB * CAL_N));
+  const int candidates[] = {1, 17, 33};
+  for (size_t i = 0; buf && i < sizeof candidates / sizeof *candidates; i++)
+    if (widths_are_canonical(candidates[i], buf)) {
+      g_min_m = candidates[i];
+      break;
+    }
+  free(buf); // without it, nothing runs on libxsmm: slower, never wrong
+}
+
+static int min_jit_m(void) {
+  pthread_once(&g_calibrated, calibrate);
+  return g_min_m;
+}
+
+// ---- one call ------------------------------------------------------------------------------------------------
+
 // The kernel for one block shape; false when libxsmm has none.
 static bool dispatch(xjob *jb, int first, int mr, int nr, int kr, float beta, int flags) {
   const int64_t mm = mr ? jb->m % MB : MB, nn = nr ? jb->nlast : jb->nb, kk = kr ? jb->k % KB : KB;
@@ -59,10 +137,10 @@ static bool dispatch(xjob *jb, int first, int mr, int nr, int kr, float beta, in
   return jb->kern[first][mr][nr][kr] != NULL;
 }
 
-// Every block shape the call meets: full and remainder blocks in m and n; in k the first block (full unless
-// K < KB) with the caller's beta, later full blocks and a last remainder with beta 1.
+// Every block shape the call meets that is wide enough for libxsmm: full and remainder blocks in m and n; in k the
+// first block (full unless K < KB) with the caller's beta, later full blocks and a last remainder with beta 1.
 static bool dispatch_all(xjob *jb, float beta, int flags) {
-  const bool m_shape[2] = {jb->m >= MB, jb->m % MB != 0},
+  const bool m_shape[2] = {jb->m >= MB && MB >= jb->min_m, jb->m % MB >= jb->min_m},
              n_shape[2] = {jb->n > jb->nlast || jb->nlast == jb->nb, jb->nlast != jb->nb};
   const bool k_shape[2][2] = {{jb->k >= 2 * KB, jb->k > KB && jb->k % KB != 0}, {jb->k >= KB, jb->k < KB}};
   bool ok = true;
@@ -96,8 +174,8 @@ static void pack_y(const xjob *jb, int64_t i0, int64_t nn, int64_t k0, int64_t k
   for (int64_t k = 0; k < kk; k++) memcpy(dst + k * nn, jb->A + (k0 + k) * jb->lda + i0, sizeof(float) * (size_t)nn);
 }
 
-// The portable block: C'(mm × nn) = X · Y (+ C' unless first with beta 0), one fmaf chain per element over k in
-// order, like a libxsmm kernel; vectorised across the m (contiguous) dimension.
+// The portable block: C'(mm × nn) = X · Y (+ C' unless first with beta 0), one canonical chain per element over k
+// in order, as a libxsmm kernel that passed calibration computes it; vectorised across the m (contiguous) dimension.
 static void portable_block(const xjob *jb, int64_t mm, int64_t nn, int64_t kk, const float *x, int64_t ldx,
                            const float *y, int64_t ldy, float *c, bool zero) {
   for (int64_t i = 0; i < nn; i++) {
@@ -107,7 +185,7 @@ static void portable_block(const xjob *jb, int64_t mm, int64_t nn, int64_t kk, c
     for (int64_t k = 0; k < kk; k++) {
       const float yk = jb->trans_y ? y[k * ldy + i] : y[i * ldy + k];
       const float *xk = x + k * ldx;
-      for (int64_t j = 0; j < mm; j++) ci[j] = fmaf(xk[j], yk, ci[j]);
+      for (int64_t j = 0; j < mm; j++) ci[j] = chain_step(xk[j], yk, ci[j]);
     }
   }
 }
@@ -129,7 +207,7 @@ static void run_task(const xjob *jb, const xtask *t, float beta, float *pack, fl
         int64_t ldy = jb->lda;
         if (jb->pack_y) y = ypack, ldy = nn;
         float *c = jb->C + i0 * jb->ldc + j0;
-        if (jb->jit)
+        if (mm >= jb->min_m)
           jb->kern[first][mr][nn != jb->nb][kr](x, y, c);
         else
           portable_block(jb, mm, nn, kk, x, ldx, y, ldy, c, first && beta == 0.0f);
@@ -179,7 +257,8 @@ static void run_blocked(xjob *jb, int threads, float beta) {
   jb->pack_y = jb->trans_y && jb->lda >= LD_PACK_Y && jb->k > 1;
   plan_tasks(jb, threads, &tm, &tn);
   jb->pack = jb->trans_x || (tn > jb->nb && jb->ldb != min64(MB, jb->m));
-  jb->jit = dispatch_all(jb, beta, jb->trans_y ? LIBXSMM_GEMM_FLAG_TRANS_B : 0);
+  jb->min_m = min_jit_m();
+  if (!dispatch_all(jb, beta, jb->trans_y ? LIBXSMM_GEMM_FLAG_TRANS_B : 0)) jb->min_m = MB + 1;
   const int64_t per_m = (jb->m + tm - 1) / tm, per_n = (jb->n + tn - 1) / tn, ntasks = per_m * per_n;
   if (ntasks < threads) threads = (int)ntasks;
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -225,7 +304,4 @@ void df_cpu_sgemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N,
   run_blocked(&jb, threads, beta);
 }
 
-bool df_cpu_sgemm_uses_xsmm(void) {
-  float alpha = 1.0f, beta = 0.0f;
-  return libxsmm_smmdispatch(MB, NB, KB, NULL, NULL, NULL, &alpha, &beta, NULL, NULL) != NULL;
-}
+bool df_cpu_sgemm_uses_xsmm(void) { return min_jit_m() <= MB; }

@@ -1,8 +1,9 @@
 // The CPU kernels' fp32 GEMM: libxsmm's JIT micro-kernels (the widest vector ISA libxsmm finds on this CPU),
-// blocked here; where libxsmm generates no code (LIBXSMM_TARGET=generic, a CPU it does not know) a portable
-// loop with the same blocking and per-element FMA chains, much slower. Every output element is one FMA chain
-// over fixed 512-wide K blocks, so its bits depend on K alone: not on the thread count, nor on how rows or
-// columns are split between calls. alpha ≠ 1, beta ∉ {0, 1} and both operands transposed go to OpenBLAS.
+// blocked here, and a portable loop for what libxsmm does not compute as one multiply-add chain per element
+// (checked once per process; with AVX-512, blocks at most 16 wide) or not at all (LIBXSMM_TARGET=generic: then
+// everything, much slower). Every output element is that chain over fixed 512-wide K blocks, so its bits depend
+// on K alone: not on the thread count, nor on how rows or columns are split between calls. alpha ≠ 1,
+// beta ∉ {0, 1} and both operands transposed go to OpenBLAS (no such guarantee).
 #ifndef DF_KERNELS_CPU_GEMM_H
 #define DF_KERNELS_CPU_GEMM_H
 

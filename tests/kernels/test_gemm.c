@@ -87,6 +87,46 @@ Test(gemm, fallback_cases_against_double) {
   check_case(&nn, 1.0f, 1.0f, 2);
 }
 
+// One multiply-add per k, in order (fused where the CPU has FMA): what every element must equal bit for bit.
+static float chain(const float *A, int64_t lda, bool ta, const float *B, int64_t ldb, bool tb, int64_t i, int64_t j,
+                   int64_t K, float c) {
+  for (int64_t k = 0; k < K; k++) {
+    const float a = (float)at(A, lda, ta, i, k), b = (float)at(B, ldb, tb, k, j);
+#ifdef __FMA__
+    c = fmaf(a, b, c);
+#else
+    c = c + a * b;
+#endif
+  }
+  return c;
+}
+
+Test(gemm, every_element_is_the_canonical_chain) {
+  const int64_t shapes[][3] = {{37, 5, 700}, {3, 16, 40}, {70, 17, 1100}, {200, 64, 9}, {9, 130, 513}};
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+    for (int tr = 0; tr < 3; tr++) // A plain, A transposed, B transposed
+      for (int beta = 0; beta < 2; beta++) {
+        const bool ta = tr == 1, tb = tr == 2;
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = ta ? M : K, ldb = tb ? K : N;
+        float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
+        float *C = malloc(sizeof(float) * (size_t)(M * N)), *C0 = malloc(sizeof(float) * (size_t)(M * N));
+        df_test_fill_uniform(A, M * K, 31, -1, 1);
+        df_test_fill_uniform(B, K * N, 32, -1, 1);
+        df_test_fill_uniform(C0, M * N, 33, -1, 1);
+        memcpy(C, C0, sizeof(float) * (size_t)(M * N));
+        df_cpu_sgemm(2, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, (float)beta, C, N);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = 0; j < N; j++) {
+            const float want = chain(A, lda, ta, B, ldb, tb, i, j, K, beta ? C0[i * N + j] : 0.0f);
+            bad += memcmp(&want, &C[i * N + j], sizeof want) != 0;
+          }
+        cr_expect(bad == 0, "M=%lld N=%lld K=%lld ta=%d tb=%d beta=%d: %lld elements are not the canonical chain",
+                  (long long)M, (long long)N, (long long)K, ta, tb, beta, (long long)bad);
+        free(A), free(B), free(C), free(C0);
+      }
+}
+
 // The property the fused LM-head ops rely on: an element's bits depend on nothing but its own row and column and
 // K: not on the thread count, its position, or the other rows and columns of the call.
 Test(gemm, rows_are_bitwise_independent_of_threads_and_splits) {
