@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -140,6 +141,7 @@ static bool child_start(const bench_args *a, const step_shape *sh, torch_child *
   c->pid = fork();
   if (c->pid < 0) return snprintf(why, n, "fork failed"), false;
   if (c->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM); // never outlive the bench
     dup2(in[0], 0), dup2(out[1], 1);
     close(in[0]), close(in[1]), close(out[0]), close(out[1]);
     execl(a->python, a->python, script, "--shape", sh->name, "--threads", threads, "--attn", a->attn, "--serve",
