@@ -22,6 +22,12 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
+#if __has_include("kernels/cpu/gemm.h") // absent before the CPU GEMM (a "before" build of this file)
+#include "kernels/cpu/gemm.h"
+#define DF_BENCH_GEMM df_cpu_sgemm_describe()
+#else
+#define DF_BENCH_GEMM "OpenBLAS sgemm"
+#endif
 
 enum { BS = 16, B = 1, MAX_SAMPLES = 256 };
 
@@ -296,6 +302,7 @@ static void print_header(const bench_args *a) {
          B, BS);
   printf("threads=%d; OpenBLAS %s, kernel %s (OPENBLAS_CORETYPE=%s); %d rounds x %d reps, medians\n", a->threads,
          openblas_get_config(), openblas_get_corename(), core ? core : "unset", a->rounds, a->reps);
+  printf("GEMM: %s\n", DF_BENCH_GEMM);
   printf("PyTorch: %s bench/torch_step.py --attn %s\n\n", a->python, a->attn);
   printf("| shape | H / I / heads x hd / V / S / anchors | draftforge ms | PyTorch ms | speed-up | draftforge cpu-ms "
          "| PyTorch cpu-ms | activations MiB |\n");

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -305,3 +306,17 @@ void df_cpu_sgemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N,
 }
 
 bool df_cpu_sgemm_uses_xsmm(void) { return min_jit_m() <= MB; }
+
+const char *df_cpu_sgemm_describe(void) {
+  static char line[160];
+  const int m = min_jit_m();
+  const char *arch = libxsmm_get_target_arch();
+  if (m > MB)
+    snprintf(line, sizeof line, "portable loop (libxsmm target %s: no canonical kernels)", arch ? arch : "?");
+  else if (m > 1)
+    snprintf(line, sizeof line, "libxsmm %s JIT kernels, blocks narrower than %d on the portable loop",
+             arch ? arch : "?", m);
+  else
+    snprintf(line, sizeof line, "libxsmm %s JIT kernels", arch ? arch : "?");
+  return line;
+}

@@ -19,4 +19,8 @@ void df_cpu_sgemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N,
 // Whether df_cpu_sgemm runs on libxsmm's kernels here (false: the portable loop). For benches and tests.
 bool df_cpu_sgemm_uses_xsmm(void);
 
+// One line naming what computes the GEMM here: libxsmm's target (LIBXSMM_TARGET or the CPU's widest ISA) and the
+// narrowest block width it takes, or the portable loop. For benches.
+const char *df_cpu_sgemm_describe(void);
+
 #endif
