@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "train/dist/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +40,7 @@ typedef struct {
   bool handle_signals; // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
   bool no_prefetch;    // read batches on the training thread (the batches are the same)
   const df_train_hooks *hooks;
+  df_comm *comm; // the job's communicator (train/dist); NULL: one process
 } df_train_options;
 
 typedef struct {
