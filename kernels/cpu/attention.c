@@ -486,3 +486,9 @@ df_status df_cpu_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc
   }
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_attention(df_backend *be) {
+  be->block_attn_forward = df_cpu_block_attn_forward;
+  be->block_attn_backward = df_cpu_block_attn_backward;
+}

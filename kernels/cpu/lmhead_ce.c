@@ -254,3 +254,6 @@ df_status df_cpu_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_
   clear_ignored(&jb, nthreads);
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_lmhead_ce(df_backend *be) { be->lmhead_ce = df_cpu_lmhead_ce; }
