@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config git
   libopenblas-openmp-dev   # GEMM (the OpenMP build: nested calls stay on the calling thread)
+  libxsmm-dev              # JIT GEMM micro-kernels (kernels/cpu/gemm.c)
   libhdf5-dev              # captured hidden-state shards
   libyaml-dev              # recipes
   libjansson-dev           # JSON: configs, safetensors headers
