@@ -42,6 +42,7 @@ typedef struct {
   const char *const *supported; // DF_RT_ENUM: the subset draftforge implements; NULL = all of them
   df_recipe_support support;
   const char *note; // why it is inert or not implemented; shown in errors and the schema print
+  const char *hint; // what to do instead when a value is refused (NULL: "remove it or set its default")
 } df_recipe_key;
 
 // The table, in SpecForge's order; df_recipe_schema_count() rows.

@@ -53,6 +53,10 @@ typedef struct {
   char output_dir[4096];
   char last_checkpoint[4200]; // "" when none was written
   double last_loss;           // of the last step that updated (NaN if none)
+  // Online data (train/online_source.h): what the target computed in this invocation (0 offline): samples and
+  // tokens prefilled, seconds in its forward (training batches, prefetched ones and eval together).
+  int64_t online_samples, online_tokens;
+  double online_target_s;
 } df_train_summary;
 
 // Runs (or resumes) the recipe's training to its stop step. A stop by signal returns DF_OK with

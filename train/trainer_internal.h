@@ -9,6 +9,7 @@
 #include "train/data_feed.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
+#include "train/online_data.h"
 #include "train/recipe.h"
 #include "train/step.h"
 #include "train/trainer.h"
@@ -26,6 +27,8 @@ typedef struct {
   df_ctx *ctx;
   df_dflash_model *model;
   df_feed *feed;
+  df_online_target *online;  // the target of online data (NULL: offline), shared by the feed's and eval's sources
+  df_batch_source *eval_src; // the eval set (captured or online), open when training.eval_interval > 0
   df_step_options step_opt;
 
   // optimizer state: the model's weights are the fp32 masters; m and v share the parameter table's layout
