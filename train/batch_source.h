@@ -33,7 +33,9 @@ struct df_batch_source {
   const char *label;    // the data path, for messages
   int64_t num_samples;  // indices are 0 .. num_samples − 1
   bool has_last_hidden; // can deliver target_last_hidden_states
-  bool concurrent;      // may be read on another thread while the caller runs other work (the feed's prefetch)
+  // The feed reads it on its reader thread while the caller trains (prefetch): safe, and worth it. The HDF5 source
+  // when libhdf5 is thread-safe; the online source when asked (a CPU target shares the step's cores).
+  bool concurrent;
 };
 
 static inline df_status df_batch_source_read(df_batch_source *s, const int64_t *index, int64_t B, int64_t max_length,

@@ -151,7 +151,8 @@ static df_status open_online(const df_data_source_options *o, const char *tokens
     df_online_target_options to = {.target_dir = rc->model.target_model_path,
                                    .cfg = o->cfg,
                                    .feature_dtype = rc->data.online_feature_dtype,
-                                   .threads = o->threads};
+                                   .threads = o->threads,
+                                   .overlap = o->overlap};
     DF_TRY(df_online_target_open(&to, o->target, err));
   }
   int64_t dropped = 0;

@@ -42,6 +42,7 @@ typedef struct {
   const df_draft_config *cfg; // the draft the data is for
   bool need_last_hidden;      // DSpark's teacher
   int threads;                // the online target's CPU threads (0: OpenMP's)
+  bool overlap;               // online batches may be prefilled on the feed's reader thread
   FILE *log;                  // what preparation and the scan report (may be NULL)
   // The run's online target, shared by its sources: opened here on first online use (the caller frees it with
   // df_online_target_free after closing the sources); NULL pointer: online data is refused.

@@ -24,6 +24,7 @@ struct df_online_target {
   int64_t hidden, vocab;
   df_dtype dtype;
   int threads;        // the context's thread count, also OpenBLAS's for every forward (on whichever thread)
+  bool overlap;       // its sources are concurrent
   pthread_mutex_t mu; // one forward at a time (the target's scratch is shared); guards stats too
   df_online_stats stats;
 };
@@ -62,7 +63,7 @@ df_status df_online_target_open(const df_online_target_options *o, df_online_tar
   pthread_mutex_init(&t->mu, NULL);
   t->k = o->cfg->dflash.num_target_layer_ids;
   memcpy(t->layer_ids, o->cfg->dflash.target_layer_ids, sizeof(int) * (size_t)t->k);
-  t->dtype = o->feature_dtype;
+  t->dtype = o->feature_dtype, t->overlap = o->overlap;
   // CPU for now, as capture: the forward writes its outputs on the context's device, and the batch is host
   // memory until the device-resident data path takes the features where they are.
   df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = o->threads};
@@ -266,7 +267,7 @@ df_status df_online_source_open(df_online_target *t, const char *tokens_path, in
     return st;
   }
   s->base = (df_batch_source){
-      .vt = &ONLINE_VT, .label = s->path, .num_samples = s->n, .has_last_hidden = true, .concurrent = true};
+      .vt = &ONLINE_VT, .label = s->path, .num_samples = s->n, .has_last_hidden = true, .concurrent = t->overlap};
   *out = &s->base;
   return DF_OK;
 }

@@ -26,6 +26,7 @@ typedef struct {
   const df_draft_config *cfg; // K, target_layer_ids (0 <= L <= layers − 2), H and the vocabulary must fit the target
   df_dtype feature_dtype; // DF_BF16: every feature rounded to bf16 (what a bf16 capture stores); DF_F32: as computed
   int threads;            // the target context's CPU threads (0: OpenMP's default)
+  bool overlap;           // its sources may be read on the feed's reader thread (df_batch_source.concurrent)
 } df_online_target_options;
 
 df_status df_online_target_open(const df_online_target_options *o, df_online_target **out, df_error *err);

@@ -39,6 +39,10 @@ typedef struct {
   struct df_progress_term *progress;
   bool handle_signals; // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
   bool no_prefetch;    // read batches on the training thread (the batches are the same)
+  // Online data: prefill the next batch on the feed's reader thread while the step runs. Off by default: the CPU
+  // target and the step then compete for the same cores, which measured slower than taking turns (docs/target.md
+  // "Online training"); the batches are the same either way.
+  bool online_overlap;
   const df_train_hooks *hooks;
   df_comm *comm; // the job's communicator (train/dist); NULL: one process
 } df_train_options;

@@ -34,6 +34,7 @@ static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **t
                                .cfg = t->draft,
                                .need_last_hidden = need_last,
                                .threads = t->opt->threads,
+                               .overlap = t->opt->online_overlap,
                                .log = t->log,
                                .target = &t->online};
   DF_TRY(df_data_source_open(&so, train_src, err));

@@ -3,7 +3,8 @@
 // JSONL gives the same weights and metrics, bit for bit, as capture-then-train on the same data and seed (with
 // online eval against offline eval), and an fp32 online run differs from a bf16 capture (the rounding is what
 // makes them equal); resume and prefetch keep the bits; conversations are prepared once through
-// tools/prepare_data.py (when the tools venv exists); bad data and refused deployments are named.
+// tools/prepare_data.py (when the tools venv exists); bad data and refused deployments are named; the bundled
+// online demo recipe loads.
 #include <criterion/criterion.h>
 #include <glob.h>
 #include <omp.h>
@@ -188,6 +189,7 @@ static df_status train(const odir *d, const char *run, const char *const *sets, 
                         .resume = resume ? res : NULL,
                         .threads = 1,
                         .no_prefetch = !prefetch,
+                        .online_overlap = prefetch, // the target on the reader thread: the thread pinning is tested
                         .handle_signals = true,
                         .hooks = hooks};
   omp_set_num_threads(1);
@@ -602,4 +604,20 @@ Test(online, bad_data_and_refused_deployments_are_named) {
   struct stat sb;
   cr_expect_neq(stat(ck, &sb), 0);
   odir_close(&d);
+}
+
+// ---- the bundled recipe ----------------------------------------------------------------------------------------
+
+Test(online, bundled_online_demo_recipe_loads) {
+  const df_recipe *r = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_recipe_load(DF_SOURCE_DIR "/recipes/demo-dflash-online.yaml", NULL, &r, &err), &err);
+  cr_expect_null(r->data.hidden_states_path);
+  cr_assert_not_null(r->data.train_data_path);
+  cr_expect_str_eq(r->data.train_data_path, DF_SOURCE_DIR "/recipes/tiny-target/conversations/train.jsonl");
+  cr_assert_not_null(r->data.eval_data_path);
+  cr_expect_str_eq(r->data.eval_data_path, DF_SOURCE_DIR "/recipes/tiny-target/conversations/eval.jsonl");
+  cr_expect_str_eq(r->data.chat_template, "chatml");
+  cr_expect_eq(r->data.online_feature_dtype, DF_BF16);
+  df_recipe_free(r);
 }
