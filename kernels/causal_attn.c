@@ -12,10 +12,12 @@ df_status df_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, c
     return DF_FAIL(err, DF_ERR_INVALID, "desc", "past >= 0, window >= 0 (0 = full), a finite scale > 0",
                    "bad desc: past %lld, window %lld, scale %g", (long long)desc->past, (long long)desc->window,
                    (double)desc->scale);
-  DF_TRY(df_check_tensor(ctx, q, "q", DF_F32, 4, err));
-  DF_TRY(df_check_tensor(ctx, k, "k", DF_F32, 4, err));
-  DF_TRY(df_check_tensor(ctx, v, "v", DF_F32, 4, err));
-  DF_TRY(df_check_tensor(ctx, out, "out", DF_F32, 4, err));
+  df_dtype st;
+  DF_TRY(df_check_storage(q, "q", &st, err));
+  DF_TRY(df_check_tensor(ctx, q, "q", st, 4, err));
+  DF_TRY(df_check_tensor(ctx, k, "k", st, 4, err));
+  DF_TRY(df_check_tensor(ctx, v, "v", st, 4, err));
+  DF_TRY(df_check_tensor(ctx, out, "out", st, 4, err));
   const int64_t B = q->shape[0], T = q->shape[1], nH = q->shape[2], hd = q->shape[3];
   const int64_t C = k->shape[1], nKV = k->shape[2];
   if (nH < 1 || hd < 1) return DF_FAIL(err, DF_ERR_INVALID, "q", NULL, "q needs at least one head of one element");
@@ -31,6 +33,7 @@ df_status df_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, c
     DF_TRY(df_check_dim(v, "v", d, kv_shape[d], err));
     DF_TRY(df_check_dim(out, "out", d, q->shape[d], err));
   }
+  DF_TRY(df_backend_require(ctx, DF_OP_CAUSAL_ATTN_FORWARD, st, err));
   if (T == 0 || B == 0) return DF_OK;
-  return DF_DISPATCH(ctx, causal_attn_forward, desc, q, k, v, out, err);
+  return ctx->backend->causal_attn_forward(ctx, desc, q, k, v, out, err);
 }

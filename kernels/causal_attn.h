@@ -1,6 +1,6 @@
 // Causal self-attention over a KV cache (the target model's attention): T new queries attend to every cached
-// key up to their own position. Kept in its own header and files (kernels/causal_attn.c, cpu/causal_attn.c,
-// cuda/causal_attn.cu) so it moves into the backend table as one entry.
+// key up to their own position. One entry of the backend table (kernels/backend.h: causal_attn_forward), with its
+// dispatcher in kernels/causal_attn.c and its twins in cpu/causal_attn.c and cuda/causal_attn.cu.
 #ifndef DF_KERNELS_CAUSAL_ATTN_H
 #define DF_KERNELS_CAUSAL_ATTN_H
 
@@ -21,12 +21,6 @@ typedef struct {
 // j <= past + t. GQA: query head h reads kv head h / (nH / nKV). Forward only (the target is frozen).
 df_status df_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q, const df_tensor *k,
                                  const df_tensor *v, df_tensor *out, df_error *err);
-
-// Backend twins, called by the dispatcher after validation.
-df_status df_cpu_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q,
-                                     const df_tensor *k, const df_tensor *v, df_tensor *out, df_error *err);
-df_status df_cuda_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q,
-                                      const df_tensor *k, const df_tensor *v, df_tensor *out, df_error *err);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "train/commands.h"
+#include "train/device.h"
 #include "train/dist/dist.h"
 #include "train/progress.h"
 #include "train/recipe.h"
@@ -15,7 +16,7 @@
 
 static const char *train_usage =
     "usage: draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N]\n"
-    "                        [--no-prefetch]\n"
+    "                        [--no-prefetch] [--device auto|cpu|cuda]\n"
     "\n"
     "Trains the draft the recipe describes (docs/training.md). Checkpoints go to\n"
     "<output_dir>/checkpoints/step-<N>/, metrics to <output_dir>/metrics.jsonl, and the resolved\n"
@@ -25,6 +26,7 @@ static const char *train_usage =
     "                 directory (same as training.resume_from)\n"
     "  --threads N    CPU threads (default: OpenMP's)\n"
     "  --no-prefetch  read batches on the training thread\n"
+    "  --device D     auto, cpu or cuda (default: training.device, itself auto)\n"
     "SIGINT/SIGTERM finish the current optimizer step, write a checkpoint and exit 0; a second one\n"
     "stops at once.\n";
 
@@ -32,7 +34,8 @@ typedef struct {
   const char *recipe, *resume;
   const char **sets;
   int n_sets, threads;
-  bool no_prefetch;
+  bool no_prefetch, has_device;
+  df_device_choice device;
 } train_args;
 
 // argv holds the arguments after "train". Returns 0 on success, 1 for --help (printed), 2 on a usage error.
@@ -51,7 +54,12 @@ static int parse_train_args(int argc, char **argv, train_args *a) {
       a->resume = argv[++i];
     else if (!strcmp(s, "--no-prefetch"))
       a->no_prefetch = true;
-    else if (!strcmp(s, "--threads") && i + 1 < argc) {
+    else if (!strcmp(s, "--device") && i + 1 < argc) {
+      df_error e = {0};
+      if (df_device_choice_parse(argv[++i], &a->device, &e) != DF_OK)
+        return fprintf(stderr, "draftforge train: %s\n  HINT: %s\n", e.msg, e.hint), 2;
+      a->has_device = true;
+    } else if (!strcmp(s, "--threads") && i + 1 < argc) {
       char *end;
       long v = strtol(argv[++i], &end, 10);
       if (!*argv[i] || *end || v < 0 || v > 4096)
@@ -99,7 +107,7 @@ static df_status start_dist(const train_args *a, df_dist *d, df_error *err) {
   if (mem) fclose(mem);
   uint64_t hash = text ? fnv1a(text, len) : 0;
   free(text);
-  df_dist_options o = {.gpu = false, // the trainer runs on the CPU context (issue 11 brings the CUDA one)
+  df_dist_options o = {.gpu = false, // host buffers: the trainer refuses world > 1 (either device) for now
                        .cuda_device = -1,
                        .timeout_s = rc->training.dist_timeout * 60.0,
                        .deploy = deploy_of(rc),
@@ -145,6 +153,8 @@ int df_cmd_train(int argc, char **argv) {
                         .progress = term,
                         .handle_signals = true,
                         .no_prefetch = a.no_prefetch,
+                        .has_device = a.has_device,
+                        .device = a.device,
                         .comm = d.comm};
   df_train_summary s;
   df_status st = df_train(&o, &s, &err);

@@ -9,7 +9,9 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "kernels/ops.h"
 #include "train/dist/comm.h"
+#include "train/recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +27,9 @@ typedef struct {
   void (*before_update)(void *ctx, int64_t step, const float *grads, int64_t n, double grad_norm, double clip_coef);
   // After AdamW updated the fp32 master weights (n elements) of step `step` (tests simulate an overflow here).
   void (*after_update)(void *ctx, int64_t step, float *params, int64_t n);
+  // After optimizer step `step` (its window and update, before eval and checkpoints): the host↔device traffic of
+  // that step alone (kernels/ops.h df_transfer_stats; the trainer resets the counters as each step begins).
+  void (*after_step)(void *ctx, int64_t step, df_transfer_stats transfers);
 } df_train_hooks;
 
 typedef struct {
@@ -44,7 +49,10 @@ typedef struct {
   // "Online training"); the batches are the same either way.
   bool online_overlap;
   const df_train_hooks *hooks;
-  df_comm *comm; // the job's communicator (train/dist); NULL: one process
+  bool has_device;                   // --device given: it wins over training.device
+  df_device_choice device;           // auto | cpu | cuda (train/device.h)
+  const df_ctx_options *ctx_options; // when not NULL, the exact context to run on (tests: the fake device)
+  df_comm *comm;                     // the job's communicator (train/dist); NULL: one process
 } df_train_options;
 
 typedef struct {

@@ -5,9 +5,9 @@
 
 #include <cblas.h>
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 
-#include "kernels/context.h"
+#include "kernels/check.h"
 
 enum { QTILE = 32 }; // queries per task
 
@@ -27,26 +27,24 @@ static void softmax_row(float *s, int64_t lo, int64_t hi, int64_t n, float scale
   for (int64_t j = hi; j < n; j++) s[j] = 0.0f;
 }
 
-df_status df_cpu_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q,
-                                     const df_tensor *k, const df_tensor *v, df_tensor *out, df_error *err) {
+static df_status cpu_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q,
+                                         const df_tensor *k, const df_tensor *v, df_tensor *out, df_error *err) {
   const int64_t B = q->shape[0], T = q->shape[1], nH = q->shape[2], hd = q->shape[3];
   const int64_t C = k->shape[1], nKV = k->shape[2], group = nH / nKV, past = desc->past, W = desc->window;
   const int64_t ntiles = (T + QTILE - 1) / QTILE, ntasks = B * nH * ntiles;
   const float *qd = q->data, *kd = k->data, *vd = v->data;
   float *od = out->data;
-  int failed = 0;
   // Below ~64k multiply-adds (decode steps of small models) a parallel region costs more than it saves.
   const bool par = ntasks > 1 && (double)ntasks * QTILE * (double)(past + T) * (double)hd > 65536.0;
-#pragma omp parallel num_threads(ctx->num_threads) if (par)
+  const int nt = par ? ctx->num_threads : 1;
+  const size_t per = (size_t)QTILE * (size_t)(past + T); // one thread's score tile
+  float *scratch;
+  DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * per * (size_t)nt, (void **)&scratch, err));
+#pragma omp parallel num_threads(nt) if (par)
   {
-    float *s = malloc(sizeof(float) * (size_t)QTILE * (size_t)(past + T));
-    if (!s) {
-#pragma omp atomic write
-      failed = 1;
-    }
+    float *s = scratch + per * (size_t)omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < ntasks; task++) {
-      if (!s) continue;
       const int64_t b = task / (nH * ntiles), h = task / ntiles % nH, tile = task % ntiles, g = h / group;
       const int64_t t0 = tile * QTILE, rows = T - t0 < QTILE ? T - t0 : QTILE;
       const int64_t kend = past + t0 + rows; // keys the last query of the tile may see
@@ -68,8 +66,9 @@ df_status df_cpu_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *des
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)n, 1.0f, s, (int)n, vp,
                   (int)(nKV * hd), 0.0f, od + ((b * T + t0) * nH + h) * hd, (int)(nH * hd));
     }
-    free(s);
   }
-  if (failed) return DF_FAIL(err, DF_ERR_NOMEM, "causal attention", NULL, "cannot allocate the score tiles");
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_causal_attn(df_backend *be) { be->causal_attn_forward = cpu_causal_attn_forward; }

@@ -1,11 +1,9 @@
 // CUDA causal attention over a KV cache: one warp per (sample, query, head); the lanes split the head dim and
 // walk the visible keys once with an online softmax. Plain and correct first; tiling comes with the CUDA work.
-// Launched on the legacy default stream, which orders it with the context's (blocking) stream both ways.
-#include <cuda_runtime.h>
+// Launched on the context's stream (kernels/cuda/backend.h), in order with every other op and copy.
 #include <math.h>
 
-#include "kernels/causal_attn.h"
-#include "kernels/check.h"
+#include "kernels/cuda/backend.h"
 
 enum { MAX_PER_LANE = 8 }; // head_dim <= 256
 
@@ -50,22 +48,19 @@ __global__ void causal_attn_kernel(const float *q, const float *k, const float *
   }
 }
 
-extern "C" df_status df_cuda_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q,
-                                                 const df_tensor *k, const df_tensor *v, df_tensor *out,
-                                                 df_error *err) {
-  (void)ctx;
+static df_status cuda_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q,
+                                          const df_tensor *k, const df_tensor *v, df_tensor *out, df_error *err) {
   const int64_t B = q->shape[0], T = q->shape[1], nH = q->shape[2], hd = q->shape[3];
   if (hd > 32 * MAX_PER_LANE)
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, "q", "head_dim up to 256 is supported on CUDA",
                    "head_dim %lld is too large for the CUDA causal attention", (long long)hd);
   const int64_t warps = B * T * nH, threads = 128;
   const unsigned blocks = (unsigned)((warps * 32 + threads - 1) / threads);
-  causal_attn_kernel<<<blocks, threads, 0, 0>>>((const float *)q->data, (const float *)k->data, (const float *)v->data,
-                                                (float *)out->data, B, T, nH, hd, k->shape[1], k->shape[2], desc->past,
-                                                desc->window, desc->scale);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "causal_attn_kernel", "check the driver", "launch failed: %s",
-                   cudaGetErrorString(e));
+  causal_attn_kernel<<<blocks, threads, 0, df_cuda_stream(ctx)>>>(
+      (const float *)q->data, (const float *)k->data, (const float *)v->data, (float *)out->data, B, T, nH, hd,
+      k->shape[1], k->shape[2], desc->past, desc->window, desc->scale);
+  DF_CUDA_CHECK_LAUNCH(err, "causal_attn_kernel");
   return DF_OK;
 }
+
+extern "C" void df_cuda_register_causal_attn(df_backend *be) { be->causal_attn_forward = cuda_causal_attn_forward; }

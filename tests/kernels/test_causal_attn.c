@@ -1,11 +1,13 @@
 // KV-cache causal attention (kernels/causal_attn.h) against a direct double-precision evaluation of its
 // definition: full and sliding window, a non-zero past, GQA; bitwise the same for 1 and 2 threads; argument
-// errors; and the CUDA twin against the CPU (skipped without a device).
+// errors; the backend table (the strict fake device, a missing slot); and the CUDA twin against the CPU
+// (skipped without a device).
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
 #include "kernels/causal_attn.h"
 #include "tests/common/fixture.h"
 
@@ -97,6 +99,27 @@ Test(causal_attn, rejects_a_short_cache_and_bad_heads) {
   drop(x);
 }
 
+// x.q, x.k, x.v copied to the device of ctx, attention there (past PAST, window 5), the output copied into x.want.
+static void run_on_device(df_ctx *ctx, df_device dev, bufs x) {
+  df_error err = {0};
+  const size_t nq = sizeof(float) * B * T * NH * HD, nk = sizeof(float) * B * C * NKV * HD;
+  void *dq, *dk, *dv, *dout;
+  DF_ASSERT_OK(df_buffer_alloc(ctx, nq, &dq, &err), &err);
+  DF_ASSERT_OK(df_buffer_alloc(ctx, nk, &dk, &err), &err);
+  DF_ASSERT_OK(df_buffer_alloc(ctx, nk, &dv, &err), &err);
+  DF_ASSERT_OK(df_buffer_alloc(ctx, nq, &dout, &err), &err);
+  DF_ASSERT_OK(df_copy(ctx, dq, dev, x.q, DF_DEV_CPU, nq, &err), &err);
+  DF_ASSERT_OK(df_copy(ctx, dk, dev, x.k, DF_DEV_CPU, nk, &err), &err);
+  DF_ASSERT_OK(df_copy(ctx, dv, dev, x.v, DF_DEV_CPU, nk, &err), &err);
+  const int64_t qs[4] = {B, T, NH, HD}, ks[4] = {B, C, NKV, HD};
+  df_tensor q = df_view(dq, DF_F32, dev, 4, qs), k = df_view(dk, DF_F32, dev, 4, ks);
+  df_tensor v = df_view(dv, DF_F32, dev, 4, ks), o = df_view(dout, DF_F32, dev, 4, qs);
+  df_causal_attn_desc d = {.past = PAST, .window = 5, .scale = 1.0f / sqrtf((float)HD)};
+  DF_ASSERT_OK(df_causal_attn_forward(ctx, &d, &q, &k, &v, &o, &err), &err);
+  DF_ASSERT_OK(df_copy(ctx, x.want, DF_DEV_CPU, dout, dev, nq, &err), &err);
+  df_buffer_free(ctx, dq), df_buffer_free(ctx, dk), df_buffer_free(ctx, dv), df_buffer_free(ctx, dout);
+}
+
 Test(causal_attn, cuda_matches_cpu) {
   if (!df_cuda_available()) cr_skip_test("no CUDA device visible (or CUDA backend not built): GPU test skipped");
   bufs x = make();
@@ -105,23 +128,29 @@ Test(causal_attn, cuda_matches_cpu) {
   df_ctx_options go = {.device = DF_DEV_CUDA};
   DF_ASSERT_OK(df_ctx_create(&go, &gpu, &err), &err);
   DF_ASSERT_OK(run(cpu, x, PAST, 5, &err), &err);
-  const size_t nq = sizeof(float) * B * T * NH * HD, nk = sizeof(float) * B * C * NKV * HD;
-  void *dq, *dk, *dv, *dout;
-  DF_ASSERT_OK(df_buffer_alloc(gpu, nq, &dq, &err), &err);
-  DF_ASSERT_OK(df_buffer_alloc(gpu, nk, &dk, &err), &err);
-  DF_ASSERT_OK(df_buffer_alloc(gpu, nk, &dv, &err), &err);
-  DF_ASSERT_OK(df_buffer_alloc(gpu, nq, &dout, &err), &err);
-  DF_ASSERT_OK(df_copy(gpu, dq, DF_DEV_CUDA, x.q, DF_DEV_CPU, nq, &err), &err);
-  DF_ASSERT_OK(df_copy(gpu, dk, DF_DEV_CUDA, x.k, DF_DEV_CPU, nk, &err), &err);
-  DF_ASSERT_OK(df_copy(gpu, dv, DF_DEV_CUDA, x.v, DF_DEV_CPU, nk, &err), &err);
-  const int64_t qs[4] = {B, T, NH, HD}, ks[4] = {B, C, NKV, HD};
-  df_tensor q = df_view(dq, DF_F32, DF_DEV_CUDA, 4, qs), k = df_view(dk, DF_F32, DF_DEV_CUDA, 4, ks);
-  df_tensor v = df_view(dv, DF_F32, DF_DEV_CUDA, 4, ks), o = df_view(dout, DF_F32, DF_DEV_CUDA, 4, qs);
-  df_causal_attn_desc d = {.past = PAST, .window = 5, .scale = 1.0f / sqrtf((float)HD)};
-  DF_ASSERT_OK(df_causal_attn_forward(gpu, &d, &q, &k, &v, &o, &err), &err);
-  DF_ASSERT_OK(df_copy(gpu, x.want, DF_DEV_CPU, dout, DF_DEV_CUDA, nq, &err), &err);
+  run_on_device(gpu, DF_DEV_CUDA, x);
   df_expect_close_elementwise("cuda vs cpu", x.want, x.out, B * T * NH * HD, 1e-5, 1e-6);
-  df_buffer_free(gpu, dq), df_buffer_free(gpu, dk), df_buffer_free(gpu, dv), df_buffer_free(gpu, dout);
   df_ctx_destroy(gpu), df_ctx_destroy(cpu);
+  drop(x);
+}
+
+// Through the backend table: the strict fake device (memory the host cannot touch) gives the CPU's bits, and a
+// table without the slot answers with an error naming op and backend.
+Test(causal_attn, on_the_backend_table) {
+  bufs x = make();
+  df_error err = {0};
+  df_ctx *cpu = df_test_cpu_ctx(1), *strict = NULL, *lacking_ctx = NULL;
+  df_ctx_options so = {.device = DF_DEV_FAKE, .num_threads = 1, .backend = df_fake_strict_backend()};
+  DF_ASSERT_OK(df_ctx_create(&so, &strict, &err), &err);
+  DF_ASSERT_OK(run(cpu, x, PAST, 5, &err), &err);
+  run_on_device(strict, DF_DEV_FAKE, x);
+  cr_expect_eq(memcmp(x.want, x.out, sizeof(float) * B * T * NH * HD), 0, "strict fake device differs from the CPU");
+  df_backend lacking = *df_cpu_backend();
+  lacking.name = "lacking";
+  lacking.causal_attn_forward = NULL;
+  DF_ASSERT_OK(df_ctx_create_with(&lacking, NULL, &lacking_ctx, &err), &err);
+  cr_expect_eq(run(lacking_ctx, x, PAST, 0, &err), DF_ERR_NOT_IMPLEMENTED);
+  cr_expect(strstr(err.msg, "causal_attn_forward") && strstr(err.msg, "lacking"), "%s", err.msg);
+  df_ctx_destroy(lacking_ctx), df_ctx_destroy(strict), df_ctx_destroy(cpu);
   drop(x);
 }
