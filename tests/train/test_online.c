@@ -4,7 +4,8 @@
 // online eval against offline eval), and an fp32 online run differs from a bf16 capture (the rounding is what
 // makes them equal); resume and prefetch keep the bits; conversations are prepared once through
 // tools/prepare_data.py (when the tools venv exists); bad data and refused deployments are named; the bundled
-// online demo recipe loads.
+// online demo recipe loads; on the strict fake device an online run uploads one batch per micro-batch and equals
+// the CPU run.
 #include <criterion/criterion.h>
 #include <glob.h>
 #include <omp.h>
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kernels/backend.h"
 #include "modeling/target/byte_tokenizer.h"
 #include "tests/common/fixture.h"
 #include "tests/common/json_edit.h"
@@ -414,6 +416,57 @@ Test(online, resume_and_prefetch_keep_the_bits) {
   // the batches are the same without the reader thread
   DF_ASSERT_OK(train(&d, "sync", all, false, false, NULL, &s, &err), &err);
   expect_same_run(&d, "straight", "sync", 6, 6);
+  odir_close(&d);
+}
+
+// ---- the device-resident trainer ---------------------------------------------------------------------------------
+
+typedef struct {
+  df_transfer_stats per_step[7];
+  int seen;
+} transfers;
+
+static void on_step(void *ctx, int64_t step, df_transfer_stats x) {
+  transfers *t = ctx;
+  if (step >= 1 && step <= 6) t->per_step[step] = x, t->seen++;
+}
+
+// The online source fills the same host batch the trainer's stage (train/stage.h) uploads for shards: on the
+// strict fake device (its memory faults on any host access) an online run with online eval moves one upload per
+// micro-batch and one read per step, and equals the CPU run bit for bit.
+Test(online, online_run_on_the_strict_fake_device_equals_the_cpu_run) {
+  odir d;
+  odir_open(&d, "fake", false);
+  char td[400], ed[400], out[400], cfg[400];
+  snprintf(td, sizeof td, "data.train_data_path=%s", d.tokens);
+  snprintf(ed, sizeof ed, "data.eval_data_path=%s", d.eval_tokens);
+  snprintf(cfg, sizeof cfg, "model.draft_model_config=%s", d.cfg);
+  df_train_summary s;
+  const char *sets[] = {td, ed, "training.eval_interval=3", NULL};
+  train_ok(&d, "cpu", sets, false, &s);
+  snprintf(out, sizeof out, "output_dir=%s/fake", d.root);
+  const char *all[] = {out, cfg, td, ed, "training.eval_interval=3"};
+  df_ctx_options co = {.device = DF_DEV_FAKE, .num_threads = 1, .backend = df_fake_strict_backend()};
+  transfers tr = {0};
+  df_train_hooks h = {.ctx = &tr, .after_step = on_step};
+  df_train_options o = {.recipe_path = d.recipe,
+                        .overrides = all,
+                        .n_overrides = 5,
+                        .threads = 1,
+                        .online_overlap = true,
+                        .hooks = &h,
+                        .ctx_options = &co};
+  omp_set_num_threads(1);
+  df_error err = {0};
+  DF_ASSERT_OK(df_train(&o, &s, &err), &err);
+  cr_expect_eq(s.last_step, 6);
+  cr_expect_eq(tr.seen, 6);
+  for (int k = 1; k <= 6; k++) {
+    cr_expect_eq(tr.per_step[k].h2d, 2, "step %d: %lld uploads, want one per micro-batch", k,
+                 (long long)tr.per_step[k].h2d);
+    cr_expect_eq(tr.per_step[k].d2h, 1, "step %d: %lld reads, want one", k, (long long)tr.per_step[k].d2h);
+  }
+  expect_same_run(&d, "cpu", "fake", 6, 6 + 2);
   odir_close(&d);
 }
 
