@@ -13,6 +13,7 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/export.h"
+#include "train/online_data.h"
 #include "train/recipe.h"
 #include "train/run_dir.h"
 #include "train/trainer_resources.h"
@@ -36,11 +37,16 @@ static const df_cli_spec EVAL_CLI = {
     1,
     1,
     "Evaluates a DFlash or DSpark draft (a checkpoint or export directory, or a run directory: its latest\n"
-    "checkpoint, or its best with --best) on held-out hidden states: forward only, every sample in file order,\n"
-    "anchors from training.seed. Prints and writes loss, acc, per-position accuracy and the simulated acceptance\n"
-    "length τ; for a DSpark draft the loss is the α-weighted DSpark objective and the report adds ce_loss, l1_loss,\n"
-    "confidence_loss and tau_probabilistic. A non-finite result fails (exit 1), naming the samples that hold\n"
-    "NaN/Inf hidden states.\n"
+    "checkpoint, or its best with --best) on held-out data: forward only, every sample in file order, anchors from\n"
+    "training.seed. Prints and writes (default CHECKPOINT/eval.json) loss, acc, per-position accuracy and the\n"
+    "simulated acceptance length τ; for a DSpark draft the loss is the α-weighted DSpark objective and the\n"
+    "report adds ce_loss, l1_loss, confidence_loss and tau_probabilistic. The recipe (its training.strategy\n"
+    "must match the draft) gives the target, batch size, max_length, num_anchors, loss_decay_gamma, the DSpark\n"
+    "alphas and the data: --data, else data.eval_hidden_states_path or data.eval_data_path, else the\n"
+    "training data (not held out). Captured shards are read as they are; a token or conversations JSONL runs\n"
+    "the recipe's target to compute the features (online, as draftforge train does). --device: where the draft\n"
+    "runs (default: the recipe's training.device; an online target runs on the CPU). A non-finite result fails\n"
+    "(exit 1), naming the samples that hold NaN/Inf hidden states.\n"
     "\n"
     "draftforge eval --spec-decode --target DIR --draft CKPT --data FILE.jsonl: real speculative decoding\n"
     "(see draftforge eval --spec-decode --help).",
@@ -81,11 +87,15 @@ typedef struct {
   df_run_resources res; // target and draft configs (the draft's from the checkpoint), frozen pieces, mask token
   df_ctx *ctx;
   df_dflash_model *model;
+  df_online_target *online; // online eval data
+  df_batch_source *src;
   char dir[PATH_MAX];
   char note[1024]; // which checkpoint was taken
 } eval_run;
 
 static void eval_free(eval_run *r) {
+  df_batch_source_close(r->src);
+  df_online_target_free(r->online);
   df_dflash_model_free(r->model);
   df_run_resources_free(&r->res); // before the context: the frozen pieces may live on its device
   df_ctx_destroy(r->ctx);
@@ -104,14 +114,20 @@ static df_status load_draft(eval_run *r, const eval_args *a, df_error *err) {
   return df_dflash_model_load(r->model, r->dir, err);
 }
 
-static const char *eval_data_path(const df_recipe *rc, const char *override) {
+// The data and the key that named it: --data, the eval set, else the training data with a warning.
+static const char *eval_data_path(const df_recipe *rc, const char *override, const char **key) {
+  *key = "--data";
   if (override) return override;
+  *key = rc->data.eval_hidden_states_path ? "data.eval_hidden_states_path" : "data.eval_data_path";
   if (rc->data.eval_hidden_states_path) return rc->data.eval_hidden_states_path;
+  if (rc->data.eval_data_path) return rc->data.eval_data_path;
+  const char *train = rc->data.hidden_states_path ? rc->data.hidden_states_path : rc->data.train_data_path;
+  *key = rc->data.hidden_states_path ? "data.hidden_states_path" : "data.train_data_path";
   fprintf(stderr,
-          "draftforge eval: warning: the recipe sets no data.eval_hidden_states_path; evaluating on the "
-          "training data (%s), which is not held out\n",
-          rc->data.hidden_states_path);
-  return rc->data.hidden_states_path;
+          "draftforge eval: warning: the recipe sets no eval data (data.eval_hidden_states_path or "
+          "data.eval_data_path); evaluating on the training data (%s), which is not held out\n",
+          train);
+  return train;
 }
 
 static df_status run_eval(const eval_args *a, eval_run *r, df_eval_report *rep, const char **data, df_error *err) {
@@ -124,8 +140,19 @@ static df_status run_eval(const eval_args *a, eval_run *r, df_eval_report *rep, 
   DF_TRY(load_draft(r, a, err));
   df_eval_options o = df_eval_options_from_recipe(r->recipe, r->res.mask_token_id);
   o.max_samples = a->max_samples;
-  *data = eval_data_path(r->recipe, a->data);
-  return df_evaluate(r->ctx, r->model, r->res.draft, &r->res.frozen, *data, &o, rep, err);
+  const char *key;
+  *data = eval_data_path(r->recipe, a->data, &key);
+  df_data_source_options so = {.rc = r->recipe,
+                               .path = *data,
+                               .key = key,
+                               .allow_hidden_states = true,
+                               .allow_online = true,
+                               .cfg = r->res.draft,
+                               .threads = a->threads,
+                               .log = stderr,
+                               .target = &r->online};
+  DF_TRY(df_data_source_open(&so, &r->src, err));
+  return df_evaluate_source(r->ctx, r->model, r->res.draft, &r->res.frozen, r->src, &o, rep, err);
 }
 
 // A result that is not finite is a failure naming the samples that hold NaN/Inf hidden states.

@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "modeling/dflash_model.h"
 #include "train/hs_scan.h"
+#include "train/batch_source.h"
 #include "train/recipe.h"
 #include "train/step.h"
 
@@ -70,6 +71,9 @@ typedef struct {
 // is written. out is owned by the caller (df_eval_report_free).
 df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                       const char *data_path, const df_eval_options *opt, df_eval_report *out, df_error *err);
+// The same over any batch source (train/batch_source.h: captured shards or online data), which stays open.
+df_status df_evaluate_source(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+                             df_batch_source *src, const df_eval_options *opt, df_eval_report *out, df_error *err);
 void df_eval_report_free(df_eval_report *r);
 
 // Human-readable summary, a few lines.

@@ -22,6 +22,12 @@ bool df_hs_find_nonfinite(const float *hidden, int64_t L, int64_t W, const float
 }
 
 void df_hs_bad_value_locate(const df_hs_dataset *ds, int64_t i, df_hs_bad_value *bad) {
+  bad->sample = i;
+  if (!ds) { // not HDF5 data (online features): the sample index is the location
+    bad->local = i;
+    snprintf(bad->shard, sizeof bad->shard, "%s", "(online)");
+    return;
+  }
   const char *path;
   int k = df_hs_shard_of(ds, i, &bad->local);
   df_hs_shard(ds, k, &path, NULL, NULL);

@@ -101,7 +101,10 @@ static df_status fail_unsupported(walker *w, const df_recipe_key *k, const df_rv
   df_recipe_key_path(k, kp, sizeof kp);
   df_rvalue_text(k, v, val, sizeof val);
   char hint[256];
-  snprintf(hint, sizeof hint, "remove %s or set it to its default (%s)", k->key, df_recipe_key_default_text(k));
+  if (k->hint)
+    snprintf(hint, sizeof hint, "%s", k->hint);
+  else
+    snprintf(hint, sizeof hint, "remove %s or set it to its default (%s)", k->key, df_recipe_key_default_text(k));
   return DF_FAIL(w->err, DF_ERR_UNSUPPORTED, kp, hint, "%s:%d:%d: %s = %s is not supported by draftforge yet: %s",
                  w->file, v->line, v->col, kp, val, k->note ? k->note : "not implemented");
 }
@@ -339,9 +342,18 @@ static void build_public(recipe_impl *r, const char *name) {
   p->model.lm_head_key = val(r, "model", "lm_head_key")->s;
   const df_rvalue *mask = val(r, "model", "mask_token_id");
   p->model.has_mask_token_id = !mask->is_null, p->model.mask_token_id = mask->is_null ? -1 : mask->i;
-  p->data.hidden_states_path = val(r, "data", "hidden_states_path")->s;
+  p->data.hidden_states_path = str_or_null(val(r, "data", "hidden_states_path"));
+  p->data.train_data_path = str_or_null(val(r, "data", "train_data_path"));
+  if (!p->data.train_data_path) p->data.train_data_path = str_or_null(val(r, "data", "prompts_path"));
   p->data.eval_hidden_states_path = str_or_null(val(r, "data", "eval_hidden_states_path"));
+  p->data.eval_data_path = str_or_null(val(r, "data", "eval_data_path"));
   p->data.max_length = val(r, "data", "max_length")->i;
+  p->data.chat_template = val(r, "data", "chat_template")->s;
+  p->data.cache_dir = val(r, "data", "cache_dir")->s;
+  p->data.train_only_last_turn = val(r, "data", "train_only_last_turn")->b;
+  p->data.is_preformatted = val(r, "data", "is_preformatted")->b;
+  p->data.max_prompts = int_or_zero(val(r, "data", "max_prompts"));
+  p->data.online_feature_dtype = val(r, "data", "online_feature_dtype")->choice == 1 ? DF_F32 : DF_BF16;
   p->training.strategy =
       strcmp(val(r, "training", "strategy")->s, "dspark") == 0 ? DF_STRATEGY_DSPARK : DF_STRATEGY_DFLASH;
   p->training.batch_size = val(r, "training", "batch_size")->i;
@@ -367,24 +379,40 @@ static df_status trainer_checks(const recipe_impl *r, const char *file, df_error
                    "raise training.total_steps (it fixes the LR schedule) or lower training.max_steps",
                    "%s: training.max_steps = %lld is past training.total_steps = %lld, where the schedule ends", file,
                    (long long)max->i, (long long)total->i);
-  if (val(r, "training", "eval_interval")->i > 0 && !val(r, "data", "eval_hidden_states_path")->s[0])
+  const bool eval_set = val(r, "data", "eval_hidden_states_path")->s[0] || val(r, "data", "eval_data_path")->s[0];
+  if (val(r, "training", "eval_interval")->i > 0 && !eval_set)
     return DF_FAIL(err, DF_ERR_INVALID, "training.eval_interval",
-                   "set data.eval_hidden_states_path, or training.eval_interval: 0",
-                   "%s: training.eval_interval = %lld needs data.eval_hidden_states_path", file,
+                   "set data.eval_hidden_states_path (captured) or data.eval_data_path (online), or "
+                   "training.eval_interval: 0",
+                   "%s: training.eval_interval = %lld needs eval data", file,
                    (long long)val(r, "training", "eval_interval")->i);
+  return DF_OK;
+}
+
+// The data sources: exactly one for training (SpecForge's rule), at most one for eval, online-only keys.
+static df_status data_checks(const recipe_impl *r, const char *file, df_error *err) {
+  const bool hs = val(r, "data", "hidden_states_path")->s[0], td = val(r, "data", "train_data_path")->s[0];
+  const bool pp = val(r, "data", "prompts_path")->s[0];
+  if (hs + td + pp != 1)
+    return DF_FAIL(
+        err, DF_ERR_INVALID, hs + td + pp ? "data.train_data_path" : "data.hidden_states_path",
+        "offline: data.hidden_states_path (captured shards); online: data.train_data_path (conversations "
+        "or a token JSONL)",
+        "%s: set exactly one of data.train_data_path, data.prompts_path and data.hidden_states_path (%d set)", file,
+        hs + td + pp);
+  if (val(r, "data", "eval_hidden_states_path")->s[0] && val(r, "data", "eval_data_path")->s[0])
+    return DF_FAIL(err, DF_ERR_INVALID, "data.eval_data_path", "keep one eval source",
+                   "%s: data.eval_hidden_states_path and data.eval_data_path are both set", file);
+  const df_rvalue *mp = val(r, "data", "max_prompts");
+  if (hs && !mp->is_null && mp->i > 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "data.max_prompts", "remove it, or train online (data.train_data_path)",
+                   "%s: data.max_prompts limits online data; this run reads data.hidden_states_path", file);
   return DF_OK;
 }
 
 // Rules between keys that SpecForge's validators enforce and that touch keys draftforge accepts.
 static df_status cross_checks(const recipe_impl *r, const char *file, df_error *err) {
-  int sources = 0;
-  static const char *const data_keys[] = {"train_data_path", "prompts_path", "hidden_states_path"};
-  for (int i = 0; i < 3; i++) sources += val(r, "data", data_keys[i])->s[0] != 0;
-  if (sources != 1)
-    return DF_FAIL(err, DF_ERR_INVALID, "data.hidden_states_path",
-                   "point data.hidden_states_path at the captured .h5 data",
-                   "%s: set exactly one of data.train_data_path, data.prompts_path or data.hidden_states_path (%d set)",
-                   file, sources);
+  DF_TRY(data_checks(r, file, err));
   if (!val(r, "model", "target_model_path")->s[0])
     return DF_FAIL(err, DF_ERR_INVALID, "model.target_model_path", "point it at the target model directory",
                    "%s: model.target_model_path is empty", file);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "kernels/tensor.h"
 #include "strategies/dflash.h"
 
 #ifdef __cplusplus
@@ -48,9 +49,18 @@ typedef struct df_recipe {
     int64_t mask_token_id;
   } model;
   struct {
+    // Exactly one training source: captured shards (offline), or online data the target turns into features
+    // during the run (train/online_data.h). NULL: not given.
     const char *hidden_states_path;
-    const char *eval_hidden_states_path; // NULL: no eval set
+    const char *train_data_path;         // data.train_data_path, else data.prompts_path (read the same way)
+    const char *eval_hidden_states_path; // at most one eval source; NULL: none
+    const char *eval_data_path;
     int64_t max_length;
+    // online data: conversations are prepared by tools/prepare_data.py with these; max_prompts 0 = all
+    const char *chat_template, *cache_dir;
+    bool train_only_last_turn, is_preformatted;
+    int64_t max_prompts;
+    df_dtype online_feature_dtype; // DF_BF16 or DF_F32
   } data;
   struct {
     df_strategy strategy;

@@ -8,9 +8,10 @@
 
 #include "train/recipe_internal.h"
 
-// Online training computes the target's hidden states during the run (issue 15). Until it lands, SpecForge's
-// online recipes (data.train_data_path / data.prompts_path) are refused by the one row below.
-#define DF_ONLINE_TRAINING_SUPPORTED false
+// Online training computes the target's hidden states during the run, in-process (train/online_source.c), so
+// SpecForge's online data keys (data.train_data_path / data.prompts_path) are accepted; its online recipes are
+// still refused when they ask for a disaggregated deployment (the row after).
+#define DF_ONLINE_TRAINING_SUPPORTED true
 
 typedef struct {
   const char *keys[3]; // "section.key" paths that ask for the feature, any one of them
@@ -25,8 +26,9 @@ static const char EAGLE_INSTEAD[] = "train it with SpecForge (specforge train), 
 static const char OFFLINE_INSTEAD[] = "capture the target's hidden states first (draftforge capture, or SpecForge's "
                                       "offline capture converted with tools/import_specforge.py) and set "
                                       "data.hidden_states_path";
-static const char COLOCATED_INSTEAD[] = "train on one node from captured data: deployment.mode: local_colocated "
-                                        "with data.hidden_states_path";
+static const char COLOCATED_INSTEAD[] = "train in one process group: deployment.mode: local_colocated, with the "
+                                        "target running in-process (data.train_data_path) or captured data "
+                                        "(data.hidden_states_path)";
 
 static const feature_row FEATURES[] = {
     {{"training.strategy"}, "eagle3", false, "EAGLE-3 drafts", EAGLE_INSTEAD},

@@ -38,20 +38,26 @@ static const char *const DEPLOY_MODES[] = {"local_colocated", "disaggregated", N
 static const char *const DEPLOY_MODES_OK[] = {"local_colocated", NULL};
 static const char *const STORE_BACKENDS[] = {"shared_dir", "mooncake", NULL};
 static const char *const MOONCAKE_PROTOCOLS[] = {"tcp", "rdma", NULL};
+static const char *const FEATURE_DTYPES[] = {"bfloat16", "float32", NULL};
 static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
 
-#define OFFLINE    "offline runs never start the target or its SGLang engine"
-#define PREP       "applies when the data is prepared; offline runs read captured hidden states"
-#define EXT        "draftforge extension"
-#define ONLINE     "online capture is not supported yet"
-#define TRACK      "used only with tracking.report_to"
-#define DISAGG     "disaggregated deployment is not supported yet"
+#define OFFLINE                                                                                                        \
+  "no SGLang engine ever starts: offline runs read captured hidden states, online runs use draftforge's own target "   \
+  "forward (modeling/target/)"
+#define PREP   "applies when the data is prepared; offline runs read captured hidden states"
+#define EXT    "draftforge extension"
+#define ONLINE "online data (data.train_data_path / prompts_path / eval_data_path)"
+#define CONV   "used when " ONLINE " holds conversations: tools/prepare_data.py applies it once, into data.cache_dir"
+#define TRACK  "used only with tracking.report_to"
+#define DISAGG "a disaggregated deployment (SGLang capture servers + Mooncake) is not supported"
+#define ONLINE_INSTEAD                                                                                                 \
+  "train online instead: deployment.mode: local_colocated (no deployment.disaggregated) with data.train_data_path; "   \
+  "draftforge train runs the target in-process on every batch (docs/target.md)"
 #define OTHER_ALGO "another algorithm's knob; DFlash does not read it"
 #define ONE_PROC                                                                                                       \
   "data parallel is plain replication with one gradient reduction per step; sharding follows (docs/distributed.md)"
 #define LAUNCH "checked against the launcher's environment at start-up (docs/distributed.md)"
 #define ENGINE "a setting of the SGLang capture engine, which offline runs never start"
-#define GATED  "online data: refused by the online-capture row of train/recipe_features.c until that lands"
 
 static const df_recipe_key SCHEMA[] = {
     // ---- top level
@@ -73,7 +79,8 @@ static const df_recipe_key SCHEMA[] = {
     K("model", "draft_block_size", DF_RT_INT, .nullable = true, GT(0),
       TODO("set block_size in the draft config instead")),
     K("model", "target_backend", DF_RT_ENUM, .def = "sglang", .choices = BACKENDS, INERT(OFFLINE)),
-    K("model", "shard_target_output", DF_RT_BOOL, .def = "false", TODO(ONLINE)),
+    K("model", "shard_target_output", DF_RT_BOOL, .def = "false",
+      TODO("the online target runs whole in the trainer's process (no tensor parallelism)")),
     K("model", "input_modality", DF_RT_STRING, .def = "text", TODO("only text drafts are supported")),
     K("model", "trust_remote_code", DF_RT_BOOL, .def = "false", INERT("draftforge runs no model code")),
     K("model", "use_liger_kernel", DF_RT_BOOL, .def = "false", INERT("draftforge always runs its fused chunked CE")),
@@ -114,22 +121,33 @@ static const df_recipe_key SCHEMA[] = {
     K("model", "sglang_swa_full_tokens_ratio", DF_RT_FLOAT, .nullable = true, GT(0), LE(1), INERT(ENGINE)),
     K("model", "sglang_mamba_full_memory_ratio", DF_RT_FLOAT, .nullable = true, GT(0), LE(1), INERT(ENGINE)),
     // ---- data
-    K("data", "train_data_path", DF_RT_STRING, .def = "", USED, .note = GATED),
-    K("data", "prompts_path", DF_RT_STRING, .def = "", USED, .note = GATED),
-    K("data", "hidden_states_path", DF_RT_PATH, .def = "", USED, INPUT,
-      .note = "exactly one of train_data_path, prompts_path, hidden_states_path is set (SpecForge's rule)"),
-    K("data", "eval_data_path", DF_RT_STRING, .def = "", TODO("online evaluation is unsupported (as in SpecForge)")),
-    K("data", "eval_hidden_states_path", DF_RT_PATH, .def = "", USED, INPUT),
+    K("data", "train_data_path", DF_RT_PATH, .def = "", USED, INPUT,
+      .note = "online training: conversations (ShareGPT / OpenAI JSONL, prepared once by tools/prepare_data.py) or "
+              "a token JSONL; the target runs in-process on every batch. Exactly one of train_data_path, "
+              "prompts_path, hidden_states_path is set"),
+    K("data", "prompts_path", DF_RT_PATH, .def = "", USED, INPUT,
+      .note = "read like data.train_data_path (as SpecForge does)"),
+    K("data", "hidden_states_path", DF_RT_PATH, .def = "", USED, INPUT, .note = "offline training: captured HDF5 shards"),
+    K("data", "eval_data_path", DF_RT_PATH, .def = "", USED, INPUT,
+      .note = "online eval data, read like data.train_data_path (SpecForge refuses it)"),
+    K("data", "eval_hidden_states_path", DF_RT_PATH, .def = "", USED, INPUT,
+      .note = "offline eval data; at most one of it and eval_data_path"),
     K("data", "max_length", DF_RT_INT, .def = "2048", GT(0), USED),
-    K("data", "chat_template", DF_RT_STRING, .def = "llama3", INERT(PREP)),
-    K("data", "is_preformatted", DF_RT_BOOL, .def = "false", INERT(PREP)),
-    K("data", "train_only_last_turn", DF_RT_BOOL, .def = "false", INERT(PREP)),
+    K("data", "chat_template", DF_RT_STRING, .def = "llama3", USED, .note = CONV),
+    K("data", "is_preformatted", DF_RT_BOOL, .def = "false", USED,
+      .note = "true is refused for online conversations: tools/prepare_data.py applies the chat template itself"),
+    K("data", "train_only_last_turn", DF_RT_BOOL, .def = "false", USED, .note = CONV),
     K("data", "build_dataset_num_proc", DF_RT_INT, .def = "8", GT(0), INERT(PREP)),
     K("data", "dataloader_num_workers", DF_RT_INT, .nullable = true, GE(0),
       INERT("a loader thread count; the batches are the same")),
-    K("data", "cache_dir", DF_RT_STRING, .def = "./cache", INERT(PREP)),
-    K("data", "cache_key", DF_RT_STRING, .nullable = true, INERT(PREP)),
-    K("data", "max_prompts", DF_RT_INT, .nullable = true, GE(0), TODO(ONLINE)),
+    K("data", "cache_dir", DF_RT_PATH, .def = "./cache", USED,
+      .note = "where conversations are prepared: <cache_dir>/prepared/<key>.jsonl, reused while the key matches"),
+    K("data", "cache_key", DF_RT_STRING, .nullable = true, INERT("the prepared file's key hashes its inputs")),
+    K("data", "max_prompts", DF_RT_INT, .nullable = true, GE(0), USED,
+      .note = "online data only: the first N kept samples (0 or null: all)"),
+    K("data", "online_feature_dtype", DF_RT_ENUM, .def = "bfloat16", .choices = FEATURE_DTYPES, USED,
+      .note = EXT ": online features are rounded to this dtype as a capture of that dtype stores them, so online "
+                  "and capture-then-train runs train on the same bits"),
     // ---- training
     K("training", "strategy", DF_RT_ENUM, .def = "eagle3", .choices = STRATEGIES, .supported = STRATEGIES_OK, USED),
     K("training", "num_epochs", DF_RT_INT, .def = "1", GT(0), USED),
@@ -194,7 +212,8 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "resume_from", DF_RT_PATH, .nullable = true, USED),
     K("training", "role", DF_RT_ENUM, .def = "all", .choices = ROLES, .supported = ROLES_OK, USED),
     K("training", "seed", DF_RT_INT, .def = "42", GE(0), USED),
-    K("training", "prompt_seed", DF_RT_INT, .nullable = true, GE(0), INERT("online prompt sampling only")),
+    K("training", "prompt_seed", DF_RT_INT, .nullable = true, GE(0),
+      INERT("disaggregated prompt sampling only; online batches follow training.seed")),
     // Legacy spellings SpecForge's loader still migrates into deployment.* (migrate_legacy_config).
     K("training", "deployment_mode", DF_RT_ENUM, .nullable = true, .choices = DEPLOY_MODES,
       .supported = DEPLOY_MODES_OK, USED, .note = "legacy spelling of deployment.mode"),
@@ -229,9 +248,10 @@ static const df_recipe_key SCHEMA[] = {
     K("runtime", "resident_low_watermark_bytes", DF_RT_INT, .nullable = true, GE(0), INERT(DISAGG)),
     K("runtime", "feature_store_max_resident_bytes", DF_RT_INT, .nullable = true, GT(0), INERT(DISAGG)),
     // ---- deployment
-    K("deployment", "mode", DF_RT_ENUM, .def = "local_colocated", .choices = DEPLOY_MODES, TODO(DISAGG)),
+    K("deployment", "mode", DF_RT_ENUM, .def = "local_colocated", .choices = DEPLOY_MODES, TODO(DISAGG),
+      .hint = ONLINE_INSTEAD),
     K("deployment", "trainer", DF_RT_SECTION, USED),
-    K("deployment", "disaggregated", DF_RT_SECTION, .nullable = true, TODO(DISAGG)),
+    K("deployment", "disaggregated", DF_RT_SECTION, .nullable = true, TODO(DISAGG), .hint = ONLINE_INSTEAD),
     K("deployment.trainer", "nnodes", DF_RT_INT, .def = "1", GT(0), USED, .note = LAUNCH),
     K("deployment.trainer", "nproc_per_node", DF_RT_INT, .def = "1", GT(0), USED, .note = LAUNCH),
     K("deployment.trainer", "node_rank", DF_RT_INT, .nullable = true, GE(0), USED, .note = LAUNCH),

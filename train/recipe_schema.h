@@ -47,6 +47,7 @@ typedef struct {
   bool input;       // DF_RT_PATH read by the run: a relative value must exist (named with the directory it was
                     // resolved against)
   bool hub;         // ... or, like transformers' from_pretrained, may be a Hugging Face hub id found in the cache
+  const char *hint; // what to do instead when a value is refused (NULL: "remove it or set its default")
 } df_recipe_key;
 
 // The table, in SpecForge's order; df_recipe_schema_count() rows.

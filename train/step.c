@@ -207,6 +207,10 @@ static df_status load_all(step_run *r, const char *recipe, int threads, const df
   df_recipe_options ro = {.log = stderr};
   DF_TRY(df_recipe_load(recipe, &ro, &r->recipe, err));
   const df_recipe *rc = r->recipe;
+  if (!rc->data.hidden_states_path)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "data.train_data_path",
+                   "capture the data (draftforge capture) and set data.hidden_states_path for the step dump",
+                   "draftforge step reads one batch of captured hidden states; this recipe trains online");
   DF_TRY(df_run_resources_load(rc, &r->res, err));
   DF_TRY(load_model(r, threads, device, err));
   return df_batch_first(rc->data.hidden_states_path, rc->training.seed, rc->training.batch_size, rc->data.max_length,

@@ -424,7 +424,7 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   df_eval_options eo = df_eval_options_from_recipe(rc, t->step_opt.mask_token_id); // DSpark alphas included
   df_eval_report rep;
   double t0 = now_s();
-  DF_TRY(df_evaluate(t->ctx, t->model, t->draft, &t->frozen, rc->data.eval_hidden_states_path, &eo, &rep, err));
+  DF_TRY(df_evaluate_source(t->ctx, t->model, t->draft, &t->frozen, t->eval_src, &eo, &rep, err));
   json_t *o = json_object();
   json_object_set_new(o, "step", json_integer(step));
   json_object_set_new(o, "epoch", json_integer(epoch));
@@ -629,6 +629,13 @@ df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error 
   sum->bad_arguments = t.plan.bad_arguments;
   sum->last_step = t.prog.step;
   sum->skipped_steps = t.prog.skipped_steps;
+  if (t.online) {
+    df_online_stats os = df_online_target_stats(t.online);
+    sum->online_samples = os.samples, sum->online_tokens = os.tokens, sum->online_target_s = os.forward_s;
+    if (t.log)
+      fprintf(t.log, "online: the target prefilled %lld samples (%lld tokens) in %.1f s\n", (long long)os.samples,
+              (long long)os.tokens, os.forward_s);
+  }
   snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.last_ckpt);
   df_trainer_teardown(&t);
   return st;

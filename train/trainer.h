@@ -52,6 +52,10 @@ typedef struct {
   struct df_progress_term *progress;
   bool handle_signals; // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
   bool no_prefetch;    // read batches on the training thread (the batches are the same)
+  // Online data: prefill the next batch on the feed's reader thread while the step runs. Off by default: the CPU
+  // target and the step then compete for the same cores, which measured slower than taking turns (docs/target.md
+  // "Online training"); the batches are the same either way.
+  bool online_overlap;
   const df_train_hooks *hooks;
   bool has_device;                   // --device given: it wins over training.device
   df_device_choice device;           // auto | cpu | cuda (train/device.h)
@@ -71,6 +75,10 @@ typedef struct {
   bool saved_after_error;     // the run failed after training started and a checkpoint of its state was written
   bool bad_arguments;         // it failed because RECIPE.yaml or a --set disagrees with the run it resumes
   double last_loss;           // of the last step that updated (NaN if none)
+  // Online data (train/online_source.h): what the target computed in this invocation (0 offline): samples and
+  // tokens prefilled, seconds in its forward (training batches, prefetched ones and eval together).
+  int64_t online_samples, online_tokens;
+  double online_target_s;
 } df_train_summary;
 
 // Runs (or resumes) the recipe's training to its stop step. A stop by signal returns DF_OK with

@@ -9,6 +9,7 @@
 #include "train/data_feed.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
+#include "train/online_data.h"
 #include "train/recipe.h"
 #include "train/run_plan.h"
 #include "train/step.h"
@@ -27,6 +28,8 @@ typedef struct {
   df_ctx *ctx;
   df_dflash_model *model;
   df_feed *feed;
+  df_online_target *online;  // the target of online data (NULL: offline), shared by the feed's and eval's sources
+  df_batch_source *eval_src; // the eval set (captured or online), open when training.eval_interval > 0
   df_step_options step_opt;
 
   // optimizer state, all on the context's device: the model's fp32 weights are the masters; the AdamW moments and

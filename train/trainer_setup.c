@@ -21,6 +21,35 @@ static df_status check_world(const df_train_options *opt, df_error *err) {
                  world);
 }
 
+// The training source (train/online_data.h): captured shards of data.hidden_states_path, or online data of
+// data.train_data_path; and, when the run evaluates, the eval source (data.eval_hidden_states_path or
+// data.eval_data_path), opened here so a bad eval set fails before the first step. Online sources share one target.
+static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **train_src, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  const bool online = rc->data.train_data_path != NULL;
+  df_data_source_options so = {.rc = rc,
+                               .path = online ? rc->data.train_data_path : rc->data.hidden_states_path,
+                               .key = online ? "data.train_data_path" : "data.hidden_states_path",
+                               .allow_hidden_states = !online,
+                               .allow_online = online,
+                               .cfg = t->draft,
+                               .need_last_hidden = need_last,
+                               .threads = t->opt->threads,
+                               .overlap = t->opt->online_overlap,
+                               .log = t->log,
+                               .target = &t->online};
+  DF_TRY(df_data_source_open(&so, train_src, err));
+  if (rc->training.eval_interval <= 0) return DF_OK;
+  const bool online_eval = rc->data.eval_data_path != NULL;
+  so.path = online_eval ? rc->data.eval_data_path : rc->data.eval_hidden_states_path;
+  so.key = online_eval ? "data.eval_data_path" : "data.eval_hidden_states_path";
+  so.allow_hidden_states = !online_eval, so.allow_online = online_eval;
+  so.need_last_hidden = false; // eval checks what its objective reads (train/evaluate.c)
+  df_status st = df_data_source_open(&so, &t->eval_src, err);
+  if (st != DF_OK) df_batch_source_close(*train_src), *train_src = NULL;
+  return st;
+}
+
 static df_status load_resources(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   DF_TRY(df_run_resources_load(rc, &t->res, err));
@@ -47,7 +76,13 @@ static df_status load_resources(df_trainer *t, df_error *err) {
   t->frozen = t->res.frozen;
   DF_TRY(df_dflash_model_create(t->draft, t->ctx, &t->model, err));
   t->table = df_dflash_model_params(t->model);
-  df_feed_options fo = {.path = rc->data.hidden_states_path,
+  // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
+  const bool need_last =
+      dspark && (rc->training.dspark_l1_loss_alpha > 0 || rc->training.dspark_confidence_head_alpha > 0);
+  df_batch_source *train_src = NULL;
+  DF_TRY(open_sources(t, need_last, &train_src, err));
+  df_feed_options fo = {.path = train_src->label,
+                        .source = train_src,
                         .batch_size = rc->training.batch_size,
                         .max_length = rc->data.max_length,
                         .seed = rc->training.seed,
@@ -55,9 +90,7 @@ static df_status load_resources(df_trainer *t, df_error *err) {
                         .world_size = t->opt->comm ? df_comm_size(t->opt->comm) : 1,
                         .prefetch = !t->opt->no_prefetch,
                         .cfg = t->draft,
-                        // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
-                        .need_last_hidden = dspark && (rc->training.dspark_l1_loss_alpha > 0 ||
-                                                       rc->training.dspark_confidence_head_alpha > 0)};
+                        .need_last_hidden = need_last};
   return df_feed_open(&fo, &t->feed, err);
 }
 
@@ -258,6 +291,8 @@ void df_trainer_teardown(df_trainer *t) {
   df_metrics_close(&t->metrics);
   df_trainer_observe_close(t); // after the close: the tracker forwards metrics.jsonl to its end
   df_feed_close(t->feed);
+  df_batch_source_close(t->eval_src);
+  df_online_target_free(t->online); // after every source on it
   df_stage_free(t->stage);
   if (t->ctx) {
     df_buffer_free(t->ctx, t->exp_avg), df_buffer_free(t->ctx, t->exp_avg_sq), df_buffer_free(t->ctx, t->mask);
