@@ -25,7 +25,8 @@ typedef struct {
   int world_size; // the mean of a reduced sum divides by this (1 when sum is NULL)
 } df_moe_collective;
 
-// Reduces buf (n) over ranks (SUM), then divides by the world size when `mean`.
+// Reduces buf (n) over ranks (SUM), then divides by the world size when `mean` (a host loop: `mean` only for host
+// buffers; the MoE layer reduces its device stashes with mean false and scales them with df_scale).
 df_status df_moe_allreduce(const df_moe_collective *c, float *buf, int64_t n, bool mean, df_error *err);
 
 // Device memory: the bias is a parameter-table buffer, the stash the layer's device state (moe/layer.h); the

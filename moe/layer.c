@@ -192,9 +192,10 @@ static df_status apply_center_update(df_moe_layer *L, df_error *err) {
     return DF_FAIL(err, DF_ERR_INVALID, "gate.input_mean", "bind the layer before its first forward",
                    "the centering buffers are not bound");
   L->center_pending = false;
-  DF_TRY(df_moe_allreduce(&L->coll, L->center_stash, L->H, true, err));
   const df_device d = df_ctx_device(L->ctx);
   df_tensor stash = df_f32_on(d, L->center_stash, L->H), mu = df_f32_on(d, L->input_mean, L->H);
+  DF_TRY(df_moe_allreduce(&L->coll, L->center_stash, L->H, false, err)); // the sum, then the mean on the device
+  if (L->coll.sum && L->coll.world_size > 1) DF_TRY(df_scale(L->ctx, &stash, 1.0f / (float)L->coll.world_size, err));
   df_tensor steps = df_f32_on(d, L->input_mean_steps, 1);
   return df_moe_center_ema(L->ctx, L->cfg.router_center_momentum, &stash, &mu, &steps, err);
 }
