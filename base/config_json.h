@@ -1,5 +1,6 @@
 // Typed reads of HF-style config JSON (jansson) whose errors name the file, the key path and a hint.
-// Shared by the config parsers: modeling/draft_config*.c, modeling/target_config.c and moe/config.c.
+// Shared by the config parsers: modeling/draft_config*.c, modeling/target_config.c, modeling/target/target_spec.c
+// and moe/config.c.
 #ifndef DF_BASE_CONFIG_JSON_H
 #define DF_BASE_CONFIG_JSON_H
 

@@ -10,6 +10,7 @@ packages=(
   libyaml-dev              # recipes
   libjansson-dev           # JSON: configs, safetensors headers
   libcriterion-dev         # the C test suite
+  openmpi-bin libopenmpi-dev  # the MPI communicator (CPU data parallel) and mpirun for its tests
   libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event records (train/proto/tb_event.proto)
   clang libomp-dev libclang-rt-14-dev  # libFuzzer targets (clang + its sanitizer runtimes)
   python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and their tests
@@ -32,9 +33,11 @@ fi
 echo "setup: all packages present"
 
 # The tools venv (.venv-tools/, ignored by git): PyPI packages the tests read run outputs with —
-# tensorboard's event reader, wandb's offline mode, pytest to run tests/observe. Pinned; rebuilt when a pin
-# changes.
-tools_pins=("tensorboard==2.21.0" "wandb==0.31.0" "pytest==9.2.0")
+# tensorboard's event reader, wandb's offline mode, pytest to run tests/observe — and transformers (no torch)
+# for tools/prepare_data.py, which tokenizes with the target's own tokenizer and chat template. Pinned; rebuilt
+# when a pin changes.
+tools_pins=("tensorboard==2.21.0" "wandb==0.31.0" "pytest==9.2.0" "transformers==5.24.0" "tokenizers==0.23.3"
+  "jinja2==3.1.6" "pyyaml==6.0.4")
 venv=.venv-tools
 cd "$(dirname "$0")/.."
 if [ "$(cat "$venv/pins.txt" 2>/dev/null)" != "${tools_pins[*]}" ]; then

@@ -25,6 +25,7 @@ void df_cpu_register_moe_router(df_backend *be);
 void df_cpu_register_moe_dispatch(df_backend *be);
 void df_cpu_register_moe_aux(df_backend *be);
 void df_cpu_register_moe_experts(df_backend *be);
+void df_cpu_register_causal_attn(df_backend *be);
 
 static df_status cpu_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
   (void)ctx;
@@ -108,6 +109,7 @@ static void cpu_build(void) {
   df_cpu_register_moe_dispatch(&cpu_table);
   df_cpu_register_moe_aux(&cpu_table);
   df_cpu_register_moe_experts(&cpu_table);
+  df_cpu_register_causal_attn(&cpu_table);
 }
 
 const df_backend *df_cpu_backend(void) {

@@ -154,6 +154,7 @@ static void cuda_build(void) {
   cuda_table.sync = cuda_sync;
   df_cuda_register_linear(&cuda_table);
   df_cuda_register_moe(&cuda_table);
+  df_cuda_register_causal_attn(&cuda_table);
 }
 
 extern "C" const df_backend *df_cuda_backend(void) {
