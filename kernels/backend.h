@@ -25,13 +25,20 @@
 //   kernels/cpu/metrics.c       ↔ kernels/cuda/metrics.cu        dpace_weights, block_metrics, dspark_block_metrics
 //   kernels/cpu/optim.c         ↔ kernels/cuda/optim.cu          adamw_step, global_norm, clip_by_norm
 //   kernels/cpu/adamw_fused.c   ↔ kernels/cuda/adamw_fused.cu    grad_norm_clip, adamw_fused
-// Today kernels/cuda/ has linear.cu and causal_attn.cu; kernels/cuda/backend.h holds the state every .cu file
-// shares.
+//   kernels/cpu/moe_router.c    ↔ kernels/cuda/moe_router.cu     moe_scores_*, moe_select, moe_select_backward
+//   kernels/cpu/moe_dispatch.c  ↔ kernels/cuda/moe_dispatch.cu   moe_plan, moe_scale_rows, moe_gate_backward,
+//                                                                moe_sigmoid_scale
+//   kernels/cpu/moe_aux.c       ↔ kernels/cuda/moe_aux.cu        moe_center_*, moe_route_stats, moe_aux_backward,
+//                                                                moe_center_ema, moe_noaux_update
+//   kernels/cpu/moe_experts.c   ↔ kernels/cuda/moe_experts.cu    moe_grouped_forward/backward
+// Today kernels/cuda/ has linear.cu, causal_attn.cu and moe.cu (the moe_*.cu launchers behind the MoE slots; no
+// grouped GEMMs yet); kernels/cuda/backend.h holds the state every .cu file shares.
 #ifndef DF_KERNELS_BACKEND_H
 #define DF_KERNELS_BACKEND_H
 
 #include "kernels/causal_attn.h"
 #include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -77,6 +84,22 @@ typedef enum {
   DF_OP_CLIP_BY_NORM,
   DF_OP_GRAD_NORM_CLIP,
   DF_OP_ADAMW_FUSED,
+  DF_OP_MOE_SCORES_FORWARD,
+  DF_OP_MOE_SCORES_BACKWARD,
+  DF_OP_MOE_SELECT,
+  DF_OP_MOE_SELECT_BACKWARD,
+  DF_OP_MOE_CENTER_FORWARD,
+  DF_OP_MOE_CENTER_BACKWARD,
+  DF_OP_MOE_PLAN,
+  DF_OP_MOE_SCALE_ROWS,
+  DF_OP_MOE_GATE_BACKWARD,
+  DF_OP_MOE_SIGMOID_SCALE,
+  DF_OP_MOE_ROUTE_STATS,
+  DF_OP_MOE_AUX_BACKWARD,
+  DF_OP_MOE_CENTER_EMA,
+  DF_OP_MOE_NOAUX_UPDATE,
+  DF_OP_MOE_GROUPED_FORWARD,
+  DF_OP_MOE_GROUPED_BACKWARD,
   DF_OP_COUNT
 } df_op;
 
@@ -167,6 +190,44 @@ typedef df_status df_adamw_fused_fn(df_ctx *ctx, const df_adamw_fused_desc *desc
                                     const df_tensor *grad, df_tensor *m, df_tensor *v, const df_tensor *mask,
                                     const df_tensor *norm_stats, df_tensor *params, df_error *err);
 
+typedef df_status df_moe_scores_forward_fn(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits, df_tensor *scores,
+                                           df_error *err);
+typedef df_status df_moe_scores_backward_fn(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits,
+                                            const df_tensor *scores, const df_tensor *dscores, df_tensor *dlogits,
+                                            df_error *err);
+typedef df_status df_moe_select_fn(df_ctx *ctx, const df_moe_route_desc *desc, const df_tensor *scores,
+                                   const df_tensor *sel_shift, df_tensor *indices, df_tensor *weights,
+                                   df_tensor *counts, df_error *err);
+typedef df_status df_moe_select_backward_fn(df_ctx *ctx, const df_moe_route_desc *desc, const df_tensor *scores,
+                                            const df_tensor *indices, const df_tensor *weights,
+                                            const df_tensor *dweights, const df_tensor *aux_row, df_tensor *dscores,
+                                            df_error *err);
+typedef df_status df_moe_center_forward_fn(df_ctx *ctx, int64_t rows_per_sample, const df_tensor *x,
+                                           const df_tensor *mu, df_tensor *u, df_tensor *batch_mean, df_error *err);
+typedef df_status df_moe_center_backward_fn(df_ctx *ctx, int64_t rows_per_sample, const df_tensor *du, df_tensor *dx,
+                                            bool accumulate, df_error *err);
+typedef df_status df_moe_plan_fn(df_ctx *ctx, int64_t k, const df_tensor *indices, const df_tensor *counts,
+                                 df_tensor *offsets, df_tensor *slot, df_tensor *token, df_error *err);
+typedef df_status df_moe_scale_rows_fn(df_ctx *ctx, df_tensor *h, const df_tensor *w, const df_tensor *idx,
+                                       df_error *err);
+typedef df_status df_moe_gate_backward_fn(df_ctx *ctx, bool sigmoid, df_tensor *dh, const df_tensor *act,
+                                          const df_tensor *w, const df_tensor *idx, df_tensor *out, df_error *err);
+typedef df_status df_moe_sigmoid_scale_fn(df_ctx *ctx, df_tensor *z, df_tensor *a, df_error *err);
+typedef df_status df_moe_route_stats_fn(df_ctx *ctx, const df_moe_stats_desc *desc, const df_tensor *scores,
+                                        const df_tensor *counts, const df_tensor *bias, df_tensor *stats,
+                                        bool accumulate, df_tensor *count_stash, df_error *err);
+typedef df_status df_moe_aux_backward_fn(df_ctx *ctx, const df_moe_stats_desc *desc, int64_t T, const df_tensor *counts,
+                                         double upstream, df_tensor *row, df_error *err);
+typedef df_status df_moe_center_ema_fn(df_ctx *ctx, double rho, const df_tensor *stash, df_tensor *mu, df_tensor *steps,
+                                       df_error *err);
+typedef df_status df_moe_noaux_update_fn(df_ctx *ctx, float rate, const df_tensor *load, df_tensor *bias,
+                                         df_error *err);
+typedef df_status df_moe_grouped_forward_fn(df_ctx *ctx, const df_tensor *x, const df_tensor *w,
+                                            const df_tensor *offsets, df_tensor *y, df_error *err);
+typedef df_status df_moe_grouped_backward_fn(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
+                                             const df_tensor *offsets, df_tensor *dx, bool accumulate_dx, df_tensor *dw,
+                                             df_error *err);
+
 // ---- the table -------------------------------------------------------------------------------------------------
 
 typedef struct df_backend {
@@ -244,6 +305,22 @@ typedef struct df_backend {
       df_clip_by_norm_fn *clip_by_norm;
       df_grad_norm_clip_fn *grad_norm_clip;
       df_adamw_fused_fn *adamw_fused;
+      df_moe_scores_forward_fn *moe_scores_forward;
+      df_moe_scores_backward_fn *moe_scores_backward;
+      df_moe_select_fn *moe_select;
+      df_moe_select_backward_fn *moe_select_backward;
+      df_moe_center_forward_fn *moe_center_forward;
+      df_moe_center_backward_fn *moe_center_backward;
+      df_moe_plan_fn *moe_plan;
+      df_moe_scale_rows_fn *moe_scale_rows;
+      df_moe_gate_backward_fn *moe_gate_backward;
+      df_moe_sigmoid_scale_fn *moe_sigmoid_scale;
+      df_moe_route_stats_fn *moe_route_stats;
+      df_moe_aux_backward_fn *moe_aux_backward;
+      df_moe_center_ema_fn *moe_center_ema;
+      df_moe_noaux_update_fn *moe_noaux_update;
+      df_moe_grouped_forward_fn *moe_grouped_forward;
+      df_moe_grouped_backward_fn *moe_grouped_backward;
     };
     void (*slot[DF_OP_COUNT])(void);
   };

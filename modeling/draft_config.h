@@ -16,7 +16,8 @@ extern "C" {
 #endif
 
 struct df_target_config;
-struct df_moe_config; // moe/config.h
+struct df_moe_config; // opaque here: the "moe" FFN kind's config (moe/config.h)
+struct df_ffn_kind;   // modeling/ffn.h
 
 // Caps that keep a hostile file from asking for absurd allocations; far above any real draft.
 enum {
@@ -99,8 +100,11 @@ typedef struct df_draft_config {
   double initializer_range;
   const char *hidden_act;  // "silu"
   const char *torch_dtype; // "dtype" or "torch_dtype"; NULL when absent
-  // The resolved MoE FFN (moe/config.h) when the draft names moe_preset: every decoder layer's FFN is then
-  // the MoE FFN. NULL for a dense draft.
+  // The FFN kind the document asks for (modeling/ffn.h; resolved through df_ffn_kinds) and its config: every
+  // decoder layer's FFN is then that kind's. NULL, NULL for a dense draft. The one kind listed today is "moe"
+  // (moe_preset): moe is its resolved config (moe/config.h), which modeling/ passes to the kind's hooks
+  // without reading it.
+  const struct df_ffn_kind *ffn_kind;
   const struct df_moe_config *moe;
   const json_t *json; // the whole document as read (unknown keys included); read-only
 } df_draft_config;

@@ -44,11 +44,13 @@ df_stage_spec df_step_stage_spec(const df_draft_config *cfg, const df_step_froze
 //   the optimizer boundary: the scale is g·loss_den, so the window's gradient is that of
 //   Σ_i (num_i + A_i·den_i) / Σ_i den_i — each micro-batch's aux loss weighted like its objective.
 // A micro-batch with no loss weight (loss_den = 0) adds nothing and back-propagates no aux gradient.
+// With opt->moe_stats (the trainer) the aux loss reaches loss_num on the device (the layers add aux·loss_den into
+// the MoE sums, df_moe_set_stats) and nothing is read here; otherwise the layers' records are read back.
 static double moe_aux_begin(df_dflash_model *m, const df_step_options *opt, double loss_den) {
   int n = 0;
   df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
   if (!df_dflash_model_is_moe(m)) return 0.0;
-  const double aux = loss_den > 0 ? df_moe_aux_loss_sum(ffns, n) : 0.0;
+  const double aux = loss_den > 0 && !opt->moe_stats ? df_moe_aux_loss_sum(ffns, n) : 0.0;
   const double scale = loss_den > 0 ? (opt->grad_scale > 0 ? opt->grad_scale * loss_den : 1.0) : 0.0;
   df_moe_set_aux_grad_scale(ffns, n, (float)scale);
   return aux;
@@ -138,7 +140,12 @@ static df_status micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *c
   df_tensor stats = opt->stats ? *opt->stats : st->stats;
   if (!opt->stats) DF_TRY(df_fill(ctx, &stats, 0.0, err));
   df_tensor hidden;
-  DF_TRY(df_stage_forward(ctx, m, fz->embed, fz->vocab, st, &hidden, err));
+  int nf = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(m, &nf);
+  if (opt->moe_stats) df_moe_set_stats(ffns, nf, opt->moe_stats, st->loss_den);
+  df_status fw = df_stage_forward(ctx, m, fz->embed, fz->vocab, st, &hidden, err);
+  if (opt->moe_stats) df_moe_set_stats(ffns, nf, NULL, 0.0);
+  DF_TRY(fw);
   if (!opt->accumulate) df_dflash_model_zero_grads(m); // DSpark's heads add their gradients in the objective
   DF_TRY(objective(ctx, m, cfg, fz, opt, st, &hidden, &stats, err));
   *aux = moe_aux_begin(m, opt, st->loss_den);

@@ -58,7 +58,7 @@ static double now_s(void) {
 // loss_num, accuracy, τ, per-position counts) arrive with the one read at the optimizer boundary.
 typedef struct {
   double loss_num, loss_den, acc_num, acc_den, accept_len_sum;
-  double host_loss_num; // Σ aux_loss·loss_den (MoE drafts), the part of loss_num computed on the host
+  double host_loss_num; // the part of loss_num not in the objective's sums: Σ aux_loss·loss_den (MoE drafts)
   int64_t num_blocks, tokens, epoch, bs;
   double *pos_num, *pos_den; // (bs)
   double data_wait_s;
@@ -69,7 +69,7 @@ typedef struct {
   // MoE: per MoE layer (moe_ids) the experts' shares of routed slots (moe_layers, moe_E), summed likewise
   int moe_layers;
   int64_t moe_E, *moe_ids;
-  double *moe_load, *moe_cur;
+  double *moe_load;
 } window;
 
 typedef struct {
@@ -90,26 +90,22 @@ static void window_reset(window *w) {
   w->moe_n = w->moe_micro = 0;
 }
 
-// The moe/* metrics of the micro-batch that just ran (its training forward), added to the window's sums.
-static void window_add_moe(window *w, df_dflash_model *m) {
+// The moe/* metrics and the per-layer expert load of the window, from the MoE layers' device sums (read with the
+// window's stats block): layer averages over the window's micro-batches.
+static void window_finish_moe(window *w, df_dflash_model *m, const double *sums) {
   int n = 0;
   df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
-  df_moe_metric cur[DF_MOE_MAX_METRICS];
-  const int c = df_moe_collect_metrics(ffns, n, cur);
-  if (!c) return;
-  if (!w->moe_micro) {
-    w->moe_n = c;
-    for (int i = 0; i < c; i++) w->moe[i] = (df_moe_metric){cur[i].name, 0.0};
+  w->moe_n = df_moe_stats_metrics(ffns, n, sums, w->moe_micro, w->moe);
+  if (!w->moe_load || !w->moe_micro) return;
+  const int64_t E = w->moe_E;
+  w->moe_layers = 0;
+  for (int i = 0; i < n; i++) {
+    if (!df_ffn_is_moe(ffns[i])) continue;
+    const double *blk = sums + (int64_t)w->moe_layers * DF_MOE_STATS(E) + DF_MOE_STAT_LOAD;
+    w->moe_ids[w->moe_layers] = ffns[i]->layer;
+    memcpy(w->moe_load + (int64_t)w->moe_layers * E, blk, sizeof(double) * (size_t)E);
+    w->moe_layers++;
   }
-  for (int i = 0; i < c && i < w->moe_n; i++) w->moe[i].value += cur[i].value;
-  w->moe_micro++;
-  if (!w->moe_load) return;
-  int got = df_moe_collect_load(ffns, n, n, w->moe_ids, w->moe_cur);
-  if (w->moe_micro == 1) {
-    w->moe_layers = got;
-    memset(w->moe_load, 0, (size_t)(got * w->moe_E) * sizeof(double));
-  }
-  for (int64_t i = 0; got == w->moe_layers && i < got * w->moe_E; i++) w->moe_load[i] += w->moe_cur[i];
 }
 
 // {"<decoder layer>": [share of expert 0, ...], ...}: the window's mean expert load per MoE layer.
@@ -136,6 +132,12 @@ static void window_add(window *w, const df_dflash_metrics *m, const df_batch *b)
 // The device sums, once read back: DFlash's block stats or DSpark's (its loss_num from the α-weighted terms).
 static void window_finish(const df_trainer *t, window *w, const double *st) {
   const int64_t bs = w->bs;
+  if (t->nstats > t->nobj) { // MoE: the aux loss's part of loss_num and the moe/* metrics, from the device sums
+    int n = 0;
+    df_ffn *const *ffns = df_dflash_model_ffns(t->model, &n);
+    w->host_loss_num += df_moe_stats_aux_num(ffns, n, st + t->nobj);
+    window_finish_moe(w, t->model, st + t->nobj);
+  }
   if (t->draft->kind != DF_DRAFT_DSPARK) {
     w->loss_num = st[DF_BSTAT_LOSS_NUM] + w->host_loss_num;
     w->acc_num = st[DF_BSTAT_ACC_NUM], w->acc_den = st[DF_BSTAT_ACC_DEN];
@@ -198,7 +200,8 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
   df_tensor all = df_f64_on(df_ctx_device(t->ctx), t->stats_buf, t->nstats + DF_NORM_STATS);
   DF_TRY(df_fill(t->ctx, &all, 0.0, err)); // the window's sums, and {norm, coef, ok} = 0 until the norm runs
   df_step_options opt = t->step_opt;
-  opt.stage = t->stage, opt.stats = &t->win_stats;
+  opt.stage = t->stage, opt.stats = &t->obj_stats;
+  opt.moe_stats = t->nstats > t->nobj ? (double *)t->stats_buf + t->nobj : NULL;
   for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
     const df_batch *b;
     double wait = 0;
@@ -216,8 +219,8 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     }
     if (st != DF_OK) return *err = micro_err, st;
     window_add(w, &m, b);
-    window_add_moe(w, t->model);
-    if (t->log && step == t->start_step + 1 && k == 0) // the arena is sized by the first batch's shape
+    if (df_dflash_model_is_moe(t->model)) w->moe_micro++; // its statistics went into the device sums
+    if (t->log && step == t->start_step + 1 && k == 0)    // the arena is sized by the first batch's shape
       fprintf(t->log, "  activations %.1f MiB for a batch of %lld x %lld (grows with longer batches)\n",
               (double)df_dflash_model_activation_bytes(t->model) / (1 << 20), (long long)b->B, (long long)b->S);
     df_dflash_metrics_free(&m);
@@ -348,7 +351,7 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
   // MoE: moe/load_max_ratio, moe/load_min_ratio, moe/experts_unused_frac, moe/aux_loss (+ moe/bias_abs_max for
   // noaux_tc): layer averages, averaged over the window's micro-batches
   for (int i = 0; w->moe_micro > 0 && i < w->moe_n; i++)
-    json_object_set_new(o, w->moe[i].name, df_metrics_real(w->moe[i].value / (double)w->moe_micro));
+    json_object_set_new(o, w->moe[i].name, df_metrics_real(w->moe[i].value)); // already averaged
   if (w->moe_micro > 0 && w->moe_layers > 0) json_object_set_new(o, "moe/expert_load", moe_load_json(w));
   // timing (df_metrics_is_timing_key): differs between identical runs
   json_object_set_new(o, "tokens_per_s", json_real(r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : 0.0));
@@ -584,11 +587,10 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
   if (w.moe_E > 0) {
     w.moe_ids = calloc((size_t)nffn, sizeof(int64_t));
     w.moe_load = calloc((size_t)(nffn * w.moe_E), sizeof(double));
-    w.moe_cur = calloc((size_t)(nffn * w.moe_E), sizeof(double));
-    moe_ok = w.moe_ids && w.moe_load && w.moe_cur;
+    moe_ok = w.moe_ids && w.moe_load;
   }
   if (!w.pos_num || !w.pos_den || !moe_ok) {
-    free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load), free(w.moe_cur);
+    free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load);
     return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
   }
   if (t->prog.step >= t->stop_step && t->log)
@@ -607,7 +609,7 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
       break;
     }
   }
-  free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load), free(w.moe_cur);
+  free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load);
   if (st != DF_OK) save_after_error(t, sum, err);
   return st;
 }

@@ -38,11 +38,13 @@ typedef struct {
   float *exp_avg, *exp_avg_sq;
   uint8_t *mask;
   // device residency: the double-buffered micro-batch stage, and one f64 vector holding the window's metric sums
-  // (nstats) followed by the optimizer's {norm, coef, ok} — the one block read back per optimizer step
+  // (nstats: the objective's nobj, then the MoE layers' statistics sums) followed by the optimizer's {norm, coef, ok}
+  // — the one block read back per optimizer step. win_stats covers all nstats (the go/no-go guard), obj_stats the
+  // objective's part.
   df_stage *stage;
   void *stats_buf;
-  df_tensor win_stats, norm_stats;
-  int64_t nstats;
+  df_tensor win_stats, obj_stats, norm_stats;
+  int64_t nstats, nobj;
   double *stats_host; // page-locked copy of stats_buf
 
   df_lr_schedule sched;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/ffn_moe.h"
 #include "train/device.h"
 #include "train/fsutil.h"
 #include "train/trainer_internal.h"
@@ -129,11 +130,15 @@ static df_status alloc_optimizer(df_trainer *t, df_error *err) {
   df_status st = df_copy(t->ctx, t->mask, dev, mask, DF_DEV_CPU, (size_t)numel, err);
   free(mask);
   DF_TRY(st);
-  t->nstats = t->draft->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  t->nobj = t->draft->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  int nf = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nf);
+  t->nstats = t->nobj + df_moe_stats_elems(ffns, nf);
   const size_t sbytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
   DF_TRY(df_buffer_alloc(t->ctx, sbytes, &t->stats_buf, err));
   DF_TRY(df_host_alloc(t->ctx, sbytes, (void **)&t->stats_host, err));
   t->win_stats = df_f64_on(dev, t->stats_buf, t->nstats);
+  t->obj_stats = df_f64_on(dev, t->stats_buf, t->nobj);
   t->norm_stats = df_f64_on(dev, (double *)t->stats_buf + t->nstats, DF_NORM_STATS);
   df_stage_spec spec = df_step_stage_spec(t->draft, &t->frozen, &t->step_opt, df_dflash_model_dspark_heads(t->model));
   return df_stage_create(t->ctx, &spec, &t->stage, err);

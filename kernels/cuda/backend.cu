@@ -153,6 +153,7 @@ static void cuda_build(void) {
   cuda_table.event_destroy = cuda_event_destroy;
   cuda_table.sync = cuda_sync;
   df_cuda_register_linear(&cuda_table);
+  df_cuda_register_moe(&cuda_table);
   df_cuda_register_causal_attn(&cuda_table);
 }
 

@@ -50,6 +50,7 @@ static inline unsigned df_cuda_blocks(int64_t n, int threads) { return (unsigned
 
 // One registration function per op file (kernels/cuda/<family>.cu).
 void df_cuda_register_linear(df_backend *be);
+void df_cuda_register_moe(df_backend *be);
 void df_cuda_register_causal_attn(df_backend *be);
 
 #ifdef __cplusplus

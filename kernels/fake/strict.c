@@ -338,6 +338,106 @@ static df_status s_adamw_fused(df_ctx *ctx, const df_adamw_fused_desc *desc, df_
   return cpu()->adamw_fused(in(ctx), desc, &P, &G, &M, &V, &K, opt(norm_stats, &N), opt(params, &Q), err);
 }
 
+// ---- MoE ops --------------------------------------------------------------------------------------------------
+
+static df_status s_moe_scores_forward(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits, df_tensor *scores,
+                                      df_error *err) {
+  df_tensor L = u(logits), S = u(scores);
+  return cpu()->moe_scores_forward(in(ctx), f, &L, &S, err);
+}
+
+static df_status s_moe_scores_backward(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits,
+                                       const df_tensor *scores, const df_tensor *dscores, df_tensor *dlogits,
+                                       df_error *err) {
+  df_tensor L = u(logits), S = u(scores), DS = u(dscores), DL = u(dlogits);
+  return cpu()->moe_scores_backward(in(ctx), f, &L, &S, &DS, &DL, err);
+}
+
+static df_status s_moe_select(df_ctx *ctx, const df_moe_route_desc *d, const df_tensor *scores,
+                              const df_tensor *sel_shift, df_tensor *indices, df_tensor *weights, df_tensor *counts,
+                              df_error *err) {
+  df_tensor S = u(scores), SH, I = u(indices), W = u(weights), C = u(counts);
+  return cpu()->moe_select(in(ctx), d, &S, opt(sel_shift, &SH), &I, &W, &C, err);
+}
+
+static df_status s_moe_select_backward(df_ctx *ctx, const df_moe_route_desc *d, const df_tensor *scores,
+                                       const df_tensor *indices, const df_tensor *weights, const df_tensor *dweights,
+                                       const df_tensor *aux_row, df_tensor *dscores, df_error *err) {
+  df_tensor S = u(scores), I = u(indices), W = u(weights), DW, A, DS = u(dscores);
+  return cpu()->moe_select_backward(in(ctx), d, &S, &I, &W, opt(dweights, &DW), opt(aux_row, &A), &DS, err);
+}
+
+static df_status s_moe_center_forward(df_ctx *ctx, int64_t rps, const df_tensor *x, const df_tensor *mu, df_tensor *u_,
+                                      df_tensor *batch_mean, df_error *err) {
+  df_tensor X = u(x), M, U = u(u_), B;
+  return cpu()->moe_center_forward(in(ctx), rps, &X, opt(mu, &M), &U, opt(batch_mean, &B), err);
+}
+
+static df_status s_moe_center_backward(df_ctx *ctx, int64_t rps, const df_tensor *du, df_tensor *dx, bool acc,
+                                       df_error *err) {
+  df_tensor DU = u(du), DX = u(dx);
+  return cpu()->moe_center_backward(in(ctx), rps, &DU, &DX, acc, err);
+}
+
+static df_status s_moe_plan(df_ctx *ctx, int64_t k, const df_tensor *indices, const df_tensor *counts,
+                            df_tensor *offsets, df_tensor *slot, df_tensor *token, df_error *err) {
+  df_tensor I = u(indices), C = u(counts), O = u(offsets), S = u(slot), T = u(token);
+  return cpu()->moe_plan(in(ctx), k, &I, &C, &O, &S, &T, err);
+}
+
+static df_status s_moe_scale_rows(df_ctx *ctx, df_tensor *h, const df_tensor *w, const df_tensor *idx, df_error *err) {
+  df_tensor H = u(h), W = u(w), I;
+  return cpu()->moe_scale_rows(in(ctx), &H, &W, opt(idx, &I), err);
+}
+
+static df_status s_moe_gate_backward(df_ctx *ctx, bool sig, df_tensor *dh, const df_tensor *act, const df_tensor *w,
+                                     const df_tensor *idx, df_tensor *out, df_error *err) {
+  df_tensor DH = u(dh), A = u(act), W = u(w), I, O = u(out);
+  return cpu()->moe_gate_backward(in(ctx), sig, &DH, &A, &W, opt(idx, &I), &O, err);
+}
+
+static df_status s_moe_sigmoid_scale(df_ctx *ctx, df_tensor *z, df_tensor *a, df_error *err) {
+  df_tensor Z = u(z), A = u(a);
+  return cpu()->moe_sigmoid_scale(in(ctx), &Z, &A, err);
+}
+
+static df_status s_moe_route_stats(df_ctx *ctx, const df_moe_stats_desc *d, const df_tensor *scores,
+                                   const df_tensor *counts, const df_tensor *bias, df_tensor *stats, bool acc,
+                                   df_tensor *count_stash, df_error *err) {
+  df_tensor S = u(scores), C = u(counts), B, ST = u(stats), CS;
+  return cpu()->moe_route_stats(in(ctx), d, &S, &C, opt(bias, &B), &ST, acc, opt(count_stash, &CS), err);
+}
+
+static df_status s_moe_aux_backward(df_ctx *ctx, const df_moe_stats_desc *d, int64_t T, const df_tensor *counts,
+                                    double upstream, df_tensor *row, df_error *err) {
+  df_tensor C = u(counts), R = u(row);
+  return cpu()->moe_aux_backward(in(ctx), d, T, &C, upstream, &R, err);
+}
+
+static df_status s_moe_center_ema(df_ctx *ctx, double rho, const df_tensor *stash, df_tensor *mu, df_tensor *steps,
+                                  df_error *err) {
+  df_tensor S = u(stash), M = u(mu), N = u(steps);
+  return cpu()->moe_center_ema(in(ctx), rho, &S, &M, &N, err);
+}
+
+static df_status s_moe_noaux_update(df_ctx *ctx, float rate, const df_tensor *load, df_tensor *bias, df_error *err) {
+  df_tensor L = u(load), B = u(bias);
+  return cpu()->moe_noaux_update(in(ctx), rate, &L, &B, err);
+}
+
+static df_status s_moe_grouped_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *offsets,
+                                       df_tensor *y, df_error *err) {
+  df_tensor X = u(x), W = u(w), O = u(offsets), Y = u(y);
+  return cpu()->moe_grouped_forward(in(ctx), &X, &W, &O, &Y, err);
+}
+
+static df_status s_moe_grouped_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
+                                        const df_tensor *offsets, df_tensor *dx, bool acc, df_tensor *dw,
+                                        df_error *err) {
+  df_tensor DY = u(dy), X = u(x), W = u(w), O = u(offsets), DX, DW;
+  return cpu()->moe_grouped_backward(in(ctx), &DY, &X, &W, &O, opt(dx, &DX), acc, opt(dw, &DW), err);
+}
+
 // ---- the table -------------------------------------------------------------------------------------------------
 
 static df_backend strict_table;
@@ -374,6 +474,14 @@ static void strict_build(void) {
   t->dspark_block_metrics = s_dspark_block_metrics;
   t->adamw_step = s_adamw_step, t->global_norm = s_global_norm, t->clip_by_norm = s_clip_by_norm;
   t->grad_norm_clip = s_grad_norm_clip, t->adamw_fused = s_adamw_fused;
+  t->moe_scores_forward = s_moe_scores_forward, t->moe_scores_backward = s_moe_scores_backward;
+  t->moe_select = s_moe_select, t->moe_select_backward = s_moe_select_backward;
+  t->moe_center_forward = s_moe_center_forward, t->moe_center_backward = s_moe_center_backward;
+  t->moe_plan = s_moe_plan, t->moe_scale_rows = s_moe_scale_rows, t->moe_gate_backward = s_moe_gate_backward;
+  t->moe_sigmoid_scale = s_moe_sigmoid_scale, t->moe_route_stats = s_moe_route_stats;
+  t->moe_aux_backward = s_moe_aux_backward, t->moe_center_ema = s_moe_center_ema;
+  t->moe_noaux_update = s_moe_noaux_update;
+  t->moe_grouped_forward = s_moe_grouped_forward, t->moe_grouped_backward = s_moe_grouped_backward;
 }
 
 const df_backend *df_fake_strict_backend(void) {
