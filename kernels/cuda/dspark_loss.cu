@@ -72,7 +72,8 @@ extern "C" df_status df_cu_softmax_l1_bwd(df_cu_stream s, const float *p, const 
 extern "C" df_status df_cu_bce_logits_fwd(df_cu_stream s, const float *x, const float *t, float *loss, int64_t n,
                                           df_error *err) {
   if (n <= 0) return DF_OK;
-  bce_kernel<<<df_cu_blocks(n, 256) < 65535u ? df_cu_blocks(n, 256) : 65535u, 256, 0, s>>>(x, t, NULL, loss, n);
+  const unsigned b = df_cu_blocks(n, 256), grid = b < 65535u ? b : 65535u;
+  bce_kernel<<<grid, 256, 0, s>>>(x, t, NULL, loss, n);
   DF_CU_CHECK_LAUNCH(err, "bce_logits_fwd");
   return DF_OK;
 }
@@ -80,7 +81,8 @@ extern "C" df_status df_cu_bce_logits_fwd(df_cu_stream s, const float *x, const 
 extern "C" df_status df_cu_bce_logits_bwd(df_cu_stream s, const float *x, const float *t, const float *dloss, float *dx,
                                           int64_t n, df_error *err) {
   if (n <= 0) return DF_OK;
-  bce_kernel<<<df_cu_blocks(n, 256) < 65535u ? df_cu_blocks(n, 256) : 65535u, 256, 0, s>>>(x, t, dloss, dx, n);
+  const unsigned b = df_cu_blocks(n, 256), grid = b < 65535u ? b : 65535u;
+  bce_kernel<<<grid, 256, 0, s>>>(x, t, dloss, dx, n);
   DF_CU_CHECK_LAUNCH(err, "bce_logits_bwd");
   return DF_OK;
 }

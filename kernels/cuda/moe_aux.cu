@@ -154,8 +154,8 @@ extern "C" df_status df_cu_moe_center_sample_bwd(df_cu_stream s, const float *du
 extern "C" df_status df_cu_moe_center_fixed(df_cu_stream s, const float *x, const float *mu, int64_t T, int64_t H,
                                             float *u, df_error *err) {
   if (T * H <= 0) return DF_OK;
-  unsigned b = df_cu_blocks(T * H, 256);
-  center_fixed_kernel < < <b> 65535u * 8u ? 65535u * 8u : b, 256, 0, s >>> (x, mu, T, H, u);
+  const unsigned b = df_cu_blocks(T * H, 256), grid = b > 65535u * 8u ? 65535u * 8u : b;
+  center_fixed_kernel<<<grid, 256, 0, s>>>(x, mu, T, H, u);
   DF_CU_CHECK_LAUNCH(err, "moe_center_fixed");
   return DF_OK;
 }

@@ -18,6 +18,16 @@
 #include "modeling/safetensors.h"
 #include "tests/cuda/cu_test.h"
 
+// The program, sources and fixtures: the environment's DF_DRAFTFORGE_BIN / DF_SOURCE_DIR / DF_FIXTURE_DIR first (a
+// prebuilt suite run from another checkout, scripts/gpu-check.sh --packed), else the build's paths.
+static const char *env_or(const char *name, const char *fallback) {
+  const char *v = getenv(name);
+  return v && *v ? v : fallback;
+}
+#define BIN_PATH     env_or("DF_DRAFTFORGE_BIN", DF_DRAFTFORGE_BIN)
+#define SOURCE_PATH  env_or("DF_SOURCE_DIR", DF_SOURCE_DIR)
+#define FIXTURE_PATH env_or("DF_FIXTURE_DIR", DF_FIXTURE_DIR)
+
 static void make_tmp(char *buf, size_t n, const char *tag) {
   snprintf(buf, n, "/tmp/df_gpu_%s_XXXXXX", tag);
   cr_assert_not_null(mkdtemp(buf), "mkdtemp");
@@ -32,7 +42,7 @@ static void remove_tree(const char *dir) {
 // Runs the CLI; a usage error (exit 2) means this build has no --device / training.device yet.
 static int run_cli(const char *args, const char *log) {
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>&1", DF_DRAFTFORGE_BIN, args, log);
+  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>&1", BIN_PATH, args, log);
   int rc = system(cmd);
   rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
   if (rc != 0) {
@@ -74,7 +84,7 @@ static void expect_grads_close(const char *name, const char *want_path, const ch
 
 static void step_cases(const char *sub) {
   char dir[600];
-  snprintf(dir, sizeof dir, "%s/%s", DF_FIXTURE_DIR, sub);
+  snprintf(dir, sizeof dir, "%s/%s", FIXTURE_PATH, sub);
   DIR *d = opendir(dir);
   cr_assert_not_null(d, "%s", dir);
   struct dirent *ent;
@@ -147,7 +157,7 @@ static void train_run(const char *recipe, const char *out, const char *device, c
   snprintf(args, sizeof args,
            "train '%s/%s' --set output_dir='%s' --set training.device=%s --set training.max_steps=50 "
            "--set training.eval_interval=0 %s",
-           DF_SOURCE_DIR, recipe, out, device, extra ? extra : "");
+           SOURCE_PATH, recipe, out, device, extra ? extra : "");
   cr_assert_eq(run_cli(args, log), 0, "training %s on %s failed", recipe, device);
 }
 
