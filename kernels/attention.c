@@ -7,6 +7,7 @@
 // The sizes every attention tensor is checked against, taken from q, anchors and desc.
 typedef struct {
   int64_t B, N, bs, S, nH, nKV, hd;
+  df_dtype st; // storage of q, k, v, out and their gradients (lse stays fp32)
 } attn_dims;
 
 static df_status check_desc(const df_block_attn_desc *desc, df_error *err) {
@@ -54,9 +55,11 @@ static df_status check_inputs(df_ctx *ctx, const df_block_attn_desc *desc, const
                               const df_tensor *v, const df_tensor *anchors, const df_tensor *keep, attn_dims *d,
                               df_error *err) {
   DF_TRY(check_desc(desc, err));
-  DF_TRY(df_check_tensor(ctx, q, "q", DF_F32, 4, err));
-  DF_TRY(df_check_tensor(ctx, k, "k", DF_F32, 4, err));
-  DF_TRY(df_check_tensor(ctx, v, "v", DF_F32, 4, err));
+  df_dtype st;
+  DF_TRY(df_check_storage(q, "q", &st, err));
+  DF_TRY(df_check_tensor(ctx, q, "q", st, 4, err));
+  DF_TRY(df_check_tensor(ctx, k, "k", st, 4, err));
+  DF_TRY(df_check_tensor(ctx, v, "v", st, 4, err));
   DF_TRY(df_check_tensor(ctx, anchors, "anchors", DF_I32, 2, err));
   DF_TRY(df_check_tensor(ctx, keep, "keep", DF_U8, 2, err));
   *d = (attn_dims){.B = q->shape[0],
@@ -65,7 +68,8 @@ static df_status check_inputs(df_ctx *ctx, const df_block_attn_desc *desc, const
                    .S = desc->context_len,
                    .nH = q->shape[2],
                    .nKV = k->shape[2],
-                   .hd = q->shape[3]};
+                   .hd = q->shape[3],
+                   .st = st};
   DF_TRY(df_check_dim(anchors, "anchors", 0, d->B, err));
   DF_TRY(df_check_dim(keep, "keep", 0, d->B, err));
   DF_TRY(df_check_dim(keep, "keep", 1, d->N, err));
@@ -77,13 +81,14 @@ static df_status check_inputs(df_ctx *ctx, const df_block_attn_desc *desc, const
                    "k has %lld kv heads, which does not divide q's %lld heads", (long long)d->nKV, (long long)d->nH);
   DF_TRY(check_4d(k, "k", d->B, d->S + d->N * d->bs, d->nKV, d->hd, err));
   DF_TRY(check_4d(v, "v", d->B, d->S + d->N * d->bs, d->nKV, d->hd, err));
-  // The backend reads anchors to size its loops, so their values are checked here when they are host memory.
-  if (ctx->device == DF_DEV_CPU) DF_TRY(check_anchor_values(anchors, keep, d->S, err));
+  // The backend reads anchors to size its loops, so their values are checked here when they are host memory
+  // (elsewhere the batch builder checked them on the host before the upload).
+  if (df_ctx_host_addressable(ctx)) DF_TRY(check_anchor_values(anchors, keep, d->S, err));
   return DF_OK;
 }
 
 static df_status check_q_like(df_ctx *ctx, const df_tensor *t, const char *name, const attn_dims *d, df_error *err) {
-  DF_TRY(df_check_tensor(ctx, t, name, DF_F32, 4, err));
+  DF_TRY(df_check_tensor(ctx, t, name, d->st, 4, err));
   return check_4d(t, name, d->B, d->N * d->bs, d->nH, d->hd, err);
 }
 
@@ -101,7 +106,8 @@ df_status df_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc, con
   DF_TRY(check_inputs(ctx, desc, q, k, v, anchors, keep, &d, err));
   DF_TRY(check_q_like(ctx, out, "out", &d, err));
   DF_TRY(check_lse(ctx, lse, &d, err));
-  return DF_DISPATCH(ctx, block_attn_forward, desc, q, k, v, anchors, keep, out, lse, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_BLOCK_ATTN_FORWARD, d.st, err));
+  return ctx->backend->block_attn_forward(ctx, desc, q, k, v, anchors, keep, out, lse, err);
 }
 
 df_status df_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q, const df_tensor *k,
@@ -114,9 +120,10 @@ df_status df_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc, co
   DF_TRY(check_lse(ctx, lse, &d, err));
   DF_TRY(check_q_like(ctx, dout, "dout", &d, err));
   DF_TRY(check_q_like(ctx, dq, "dq", &d, err));
-  DF_TRY(df_check_tensor(ctx, dk, "dk", DF_F32, 4, err));
+  DF_TRY(df_check_tensor(ctx, dk, "dk", d.st, 4, err));
   DF_TRY(check_4d(dk, "dk", d.B, d.S + d.N * d.bs, d.nKV, d.hd, err));
-  DF_TRY(df_check_tensor(ctx, dv, "dv", DF_F32, 4, err));
+  DF_TRY(df_check_tensor(ctx, dv, "dv", d.st, 4, err));
   DF_TRY(check_4d(dv, "dv", d.B, d.S + d.N * d.bs, d.nKV, d.hd, err));
-  return DF_DISPATCH(ctx, block_attn_backward, desc, q, k, v, anchors, keep, out, lse, dout, dq, dk, dv, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_BLOCK_ATTN_BACKWARD, d.st, err));
+  return ctx->backend->block_attn_backward(ctx, desc, q, k, v, anchors, keep, out, lse, dout, dq, dk, dv, err);
 }

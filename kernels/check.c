@@ -11,14 +11,24 @@ df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *nam
                    "tensor '%s' is %s, expected dtype %s", name, df_tensor_desc(t, d, sizeof d), df_dtype_name(dt));
   if (t->device != ctx->device)
     return DF_FAIL(err, DF_ERR_INVALID, name, "move the tensor to the context's device",
-                   "tensor '%s' is on %s but the context runs on %s", name, t->device == DF_DEV_CPU ? "cpu" : "cuda",
-                   ctx->device == DF_DEV_CPU ? "cpu" : "cuda");
+                   "tensor '%s' is on %s but the context runs on %s", name, df_device_name(t->device),
+                   df_device_name(ctx->device));
   if (ndim >= 0 && t->ndim != ndim)
     return DF_FAIL(err, DF_ERR_INVALID, name, NULL, "tensor '%s' is %s, expected %d dims", name,
                    df_tensor_desc(t, d, sizeof d), ndim);
   if (!df_is_contiguous(t))
     return DF_FAIL(err, DF_ERR_INVALID, name, "make a contiguous copy", "tensor '%s' is not contiguous", name);
   if (!t->data && df_numel(t) > 0) return DF_FAIL(err, DF_ERR_INVALID, name, NULL, "tensor '%s' has no data", name);
+  return DF_OK;
+}
+
+df_status df_check_storage(const df_tensor *t, const char *name, df_dtype *storage, df_error *err) {
+  char d[96];
+  if (!t) return DF_FAIL(err, DF_ERR_INVALID, name, "pass a tensor view", "tensor '%s' is missing", name);
+  if (t->dtype != DF_F32 && t->dtype != DF_BF16)
+    return DF_FAIL(err, DF_ERR_INVALID, name, "store activations, weights and gradients as f32 or bf16",
+                   "tensor '%s' is %s", name, df_tensor_desc(t, d, sizeof d));
+  *storage = t->dtype;
   return DF_OK;
 }
 
@@ -63,9 +73,4 @@ int64_t df_last_dim(const df_tensor *t) { return t->ndim > 0 ? t->shape[t->ndim 
 int64_t df_rows(const df_tensor *t) {
   int64_t last = df_last_dim(t);
   return last > 0 ? df_numel(t) / last : 0;
-}
-
-df_status df_no_cuda_backend(const char *op, df_error *err) {
-  return DF_FAIL(err, DF_ERR_UNSUPPORTED, op, "rebuild with nvcc on PATH or use the CPU backend",
-                 "op %s was called on a CUDA context but this build has no CUDA backend", op);
 }

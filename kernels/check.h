@@ -3,8 +3,6 @@
 #define DF_KERNELS_CHECK_H
 
 #include "kernels/context.h"
-#include "kernels/cpu/cpu_ops.h"
-#include "kernels/cuda/cuda_ops.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -13,6 +11,10 @@ extern "C" {
 // t is present, has dtype dt, lives on ctx's device, is contiguous and (if ndim >= 0) has ndim dims.
 df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int ndim,
                           df_error *err);
+// The storage dtype of an op's activation / weight / gradient tensors, read from t: fp32 or bf16 (anything else
+// is an error naming t). The op's other storage tensors are then checked against it with df_check_tensor;
+// statistics (rstd, lse, losses, row weights, norms, moments) stay fp32 whatever the storage.
+df_status df_check_storage(const df_tensor *t, const char *name, df_dtype *storage, df_error *err);
 // t->shape[dim] == expect.
 df_status df_check_dim(const df_tensor *t, const char *name, int dim, int64_t expect, df_error *err);
 // a and b have the same number of elements (views of one shape under different splits are fine).
@@ -25,18 +27,6 @@ df_status df_check_chunked_loss(int64_t chunk_rows, float grad_scale, df_error *
 // Rows when t is viewed as [R, last]: numel / shape[ndim-1].
 int64_t df_rows(const df_tensor *t);
 int64_t df_last_dim(const df_tensor *t);
-
-// Calls the backend twin of a validated op. Dispatchers name their error argument `err`.
-#ifdef DF_HAVE_CUDA
-#define DF_DISPATCH(ctx, fn, ...)                                                                                      \
-  ((ctx)->device == DF_DEV_CPU ? df_cpu_##fn(ctx, __VA_ARGS__) : df_cuda_##fn(ctx, __VA_ARGS__))
-#else
-#define DF_DISPATCH(ctx, fn, ...)                                                                                      \
-  ((ctx)->device == DF_DEV_CPU ? df_cpu_##fn(ctx, __VA_ARGS__) : df_no_cuda_backend(#fn, err))
-#endif
-
-// The error a CUDA-less build returns for an op on a CUDA context.
-df_status df_no_cuda_backend(const char *op, df_error *err);
 
 #ifdef __cplusplus
 }

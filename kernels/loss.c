@@ -1,4 +1,6 @@
 // Dispatch and validation for the losses: fused LM head + cross-entropy, softmax L1 distance, BCE with logits.
+// Hidden rows, the head and logits take the storage dtype (f32 or bf16); per-row losses, weights and the BCE's
+// confidence logits are fp32.
 #include <limits.h>
 #include <math.h>
 
@@ -31,10 +33,12 @@ df_status df_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tens
                        const df_tensor *labels, const df_tensor *weights, df_tensor *loss, df_tensor *correct,
                        df_tensor *dhidden, df_error *err) {
   DF_TRY(check_lmhead_desc(desc, err));
-  DF_TRY(df_check_tensor(ctx, head, "head", DF_F32, 2, err));
+  df_dtype st;
+  DF_TRY(df_check_storage(head, "head", &st, err));
+  DF_TRY(df_check_tensor(ctx, head, "head", st, 2, err));
   DF_TRY(check_int_dim(head, "head", 0, err));
   DF_TRY(check_int_dim(head, "head", 1, err));
-  DF_TRY(df_check_tensor(ctx, hidden, "hidden", DF_F32, -1, err));
+  DF_TRY(df_check_tensor(ctx, hidden, "hidden", st, -1, err));
   DF_TRY(check_last_dim(hidden, "hidden", head->shape[1], err));
   int64_t rows = df_rows(hidden);
   DF_TRY(df_check_per_row(ctx, labels, "labels", DF_I32, rows, err));
@@ -42,17 +46,20 @@ df_status df_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tens
   DF_TRY(df_check_per_row(ctx, loss, "loss", DF_F32, rows, err));
   DF_TRY(df_check_per_row(ctx, correct, "correct", DF_U8, rows, err));
   if (dhidden) {
-    DF_TRY(df_check_tensor(ctx, dhidden, "dhidden", DF_F32, -1, err));
+    DF_TRY(df_check_tensor(ctx, dhidden, "dhidden", st, -1, err));
     DF_TRY(df_check_same_numel(hidden, "hidden", dhidden, "dhidden", err));
   }
   // Label values live on the op's device, so each backend range-checks them before writing anything.
-  return DF_DISPATCH(ctx, lmhead_ce, desc, hidden, head, labels, weights, loss, correct, dhidden, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_LMHEAD_CE, st, err));
+  return ctx->backend->lmhead_ce(ctx, desc, hidden, head, labels, weights, loss, correct, dhidden, err);
 }
 
 // p and q are logit sets of one shape, viewed as [R, V].
-static df_status check_logit_pair(const df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_error *err) {
-  DF_TRY(df_check_tensor(ctx, p, "p", DF_F32, -1, err));
-  DF_TRY(df_check_tensor(ctx, q, "q", DF_F32, -1, err));
+static df_status check_logit_pair(const df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_dtype *st,
+                                  df_error *err) {
+  DF_TRY(df_check_storage(p, "p", st, err));
+  DF_TRY(df_check_tensor(ctx, p, "p", *st, -1, err));
+  DF_TRY(df_check_tensor(ctx, q, "q", *st, -1, err));
   if (p->ndim < 1 || df_last_dim(p) < 1)
     return DF_FAIL(err, DF_ERR_INVALID, "p", "pass logits viewed as [R, V] with V >= 1", "tensor 'p' has no vocab");
   DF_TRY(check_last_dim(q, "q", df_last_dim(p), err));
@@ -61,18 +68,22 @@ static df_status check_logit_pair(const df_ctx *ctx, const df_tensor *p, const d
 }
 
 df_status df_softmax_l1_forward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_tensor *l1, df_error *err) {
-  DF_TRY(check_logit_pair(ctx, p, q, err));
+  df_dtype st;
+  DF_TRY(check_logit_pair(ctx, p, q, &st, err));
   DF_TRY(df_check_per_row(ctx, l1, "l1", DF_F32, df_rows(p), err));
-  return DF_DISPATCH(ctx, softmax_l1_forward, p, q, l1, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_SOFTMAX_L1_FORWARD, st, err));
+  return ctx->backend->softmax_l1_forward(ctx, p, q, l1, err);
 }
 
 df_status df_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, const df_tensor *dl1,
                                  df_tensor *dp, df_error *err) {
-  DF_TRY(check_logit_pair(ctx, p, q, err));
+  df_dtype st;
+  DF_TRY(check_logit_pair(ctx, p, q, &st, err));
   DF_TRY(df_check_per_row(ctx, dl1, "dl1", DF_F32, df_rows(p), err));
-  DF_TRY(df_check_tensor(ctx, dp, "dp", DF_F32, -1, err));
+  DF_TRY(df_check_tensor(ctx, dp, "dp", st, -1, err));
   DF_TRY(df_check_same_numel(p, "p", dp, "dp", err));
-  return DF_DISPATCH(ctx, softmax_l1_backward, p, q, dl1, dp, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_SOFTMAX_L1_BACKWARD, st, err));
+  return ctx->backend->softmax_l1_backward(ctx, p, q, dl1, dp, err);
 }
 
 // x and every per-element companion hold the same number of elements.
@@ -86,7 +97,8 @@ df_status df_bce_logits_forward(df_ctx *ctx, const df_tensor *x, const df_tensor
   DF_TRY(df_check_tensor(ctx, x, "x", DF_F32, -1, err));
   DF_TRY(check_elementwise(ctx, x, t, "t", err));
   DF_TRY(check_elementwise(ctx, x, loss, "loss", err));
-  return DF_DISPATCH(ctx, bce_logits_forward, x, t, loss, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_BCE_LOGITS_FORWARD, DF_F32, err));
+  return ctx->backend->bce_logits_forward(ctx, x, t, loss, err);
 }
 
 df_status df_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, const df_tensor *dloss,
@@ -95,5 +107,6 @@ df_status df_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tenso
   DF_TRY(check_elementwise(ctx, x, t, "t", err));
   DF_TRY(check_elementwise(ctx, x, dloss, "dloss", err));
   DF_TRY(check_elementwise(ctx, x, dx, "dx", err));
-  return DF_DISPATCH(ctx, bce_logits_backward, x, t, dloss, dx, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_BCE_LOGITS_BACKWARD, DF_F32, err));
+  return ctx->backend->bce_logits_backward(ctx, x, t, dloss, dx, err);
 }

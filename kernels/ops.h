@@ -2,7 +2,12 @@
 // backward, over df_tensor views. Model code calls only these; the context decides which backend runs.
 //
 // Conventions
-// - All tensors are contiguous, row-major, fp32 unless stated (indices are i32, flags u8).
+// - All tensors are contiguous and row-major; indices are i32, flags u8.
+// - Storage dtype: an op's activation, weight and gradient tensors share one storage dtype, f32 or bf16 (the
+//   GPU path stores bf16 and accumulates in fp32); statistics are always f32: RMSNorm rstd, attention lse,
+//   RoPE frequencies, per-row losses / weights / flags' companions, confidence logits, norms, and the
+//   optimizer's masters and moments. Whether a backend takes bf16 is its table's answer (kernels/backend.h);
+//   the CPU backend is f32 only, and says so naming the op.
 // - Backward ops *write* the input gradient (dx, dq, ...) unless `accumulate_dx` says add; parameter
 //   gradients (dw, db, dtable) are always *added to*, so a caller zeroes the grad buffer once per step.
 // - Every op validates shapes, dtypes and devices first and fails with an error naming the argument;
@@ -20,7 +25,8 @@ extern "C" {
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Context: the backend (CPU or CUDA) and its handles. Passed down to every op; never global.
+// Context: the backend (kernels/backend.h: CPU, CUDA or the fake test device) and its handles. Passed down
+// to every op; never global.
 typedef struct df_ctx df_ctx;
 
 typedef struct {
@@ -33,16 +39,44 @@ df_status df_ctx_create(const df_ctx_options *opt, df_ctx **out, df_error *err);
 void df_ctx_destroy(df_ctx *ctx);
 df_device df_ctx_device(const df_ctx *ctx);
 int df_ctx_num_threads(const df_ctx *ctx);
+const char *df_ctx_backend_name(const df_ctx *ctx);
+// Whether host code may dereference the context's buffers (true only for the CPU backend). Code that would
+// otherwise read device memory (checkpoint writes, test hooks) stages through df_copy when it is false.
+bool df_ctx_host_addressable(const df_ctx *ctx);
 // Whether this build can run op on a CUDA device at all (compiled in and a device present).
 bool df_cuda_available(void);
 
 // Buffers on the context's device (CPU: 64-byte aligned host memory) and copies between devices.
 df_status df_buffer_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err);
 void df_buffer_free(df_ctx *ctx, void *p);
+// Page-locked host memory for staging uploads (CPU: ordinary aligned memory).
+df_status df_host_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err);
+void df_host_free(df_ctx *ctx, void *p);
+// A copy that has completed on return.
 df_status df_copy(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df_device src_dev, size_t bytes,
                   df_error *err);
+// A copy queued on the context's stream, ordered with the ops around it; its host side must stay untouched
+// (and, for uploads, should be df_host_alloc memory) until an event recorded after it has been waited for.
+df_status df_copy_async(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df_device src_dev, size_t bytes,
+                        df_error *err);
+// A point in the context's queue: record it after queued work, wait for it before reusing that work's host
+// buffers. Synchronous backends (CPU) complete everything before record returns.
+typedef struct df_event df_event;
+df_status df_event_create(df_ctx *ctx, df_event **out, df_error *err);
+df_status df_event_record(df_ctx *ctx, df_event *ev, df_error *err);
+df_status df_event_wait(df_ctx *ctx, df_event *ev, df_error *err);
+void df_event_destroy(df_ctx *ctx, df_event *ev);
 // Waits for the context's queued work (no-op on the CPU).
 df_status df_sync(df_ctx *ctx, df_error *err);
+
+// Debug counters of host↔device traffic through df_copy / df_copy_async (device↔device and host↔host copies
+// are not transfers). Tests use them to prove a training step stays on the device.
+typedef struct {
+  int64_t h2d, d2h;             // copies
+  int64_t h2d_bytes, d2h_bytes; // bytes
+} df_transfer_stats;
+df_transfer_stats df_ctx_transfer_stats(const df_ctx *ctx);
+void df_ctx_reset_transfer_stats(df_ctx *ctx);
 
 // ---------------------------------------------------------------------------------------------
 // Dense algebra
@@ -61,6 +95,14 @@ df_status df_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *
 
 // y (+)= alpha · x, elementwise over equal shapes (residual adds, gradient accumulation).
 df_status df_axpy(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y, df_error *err);
+
+// t[i] = value, for any dtype (rounded to nearest for bf16, truncated for integers): zeroing gradients and
+// accumulators on the device.
+df_status df_fill(df_ctx *ctx, df_tensor *t, double value, df_error *err);
+// t[i] *= alpha over f32 or bf16 storage.
+df_status df_scale(df_ctx *ctx, df_tensor *t, float alpha, df_error *err);
+// dst = src converted between f32 and bf16 (round to nearest even), or copied when the dtypes agree; equal numel.
+df_status df_cast(df_ctx *ctx, const df_tensor *src, df_tensor *dst, df_error *err);
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm over the last dimension D: y = x · rsqrt(mean(x²) + eps) · w.
@@ -100,6 +142,10 @@ df_status df_embedding_forward(df_ctx *ctx, const df_tensor *table, const df_ten
 // dtable[V, H] += scatter of dout by ids (only for a trainable table; the target's is frozen).
 df_status df_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_tensor *ids, df_tensor *dtable,
                                 df_error *err);
+// Row gather with holes: out[r, :] = src[idx[r], :] for idx[r] >= 0 and 0 for idx[r] < 0; src [N, H],
+// idx [R] i32, out [R, H] (DSpark's teacher rows). idx[r] >= N is the caller's bug: the CPU backend reports it,
+// others assume the host validated the indices where it built them.
+df_status df_gather_rows(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out, df_error *err);
 
 // ---------------------------------------------------------------------------------------------
 // Block-masked attention (DFlash). Queries are the N·bs block tokens of each sample; keys/values are
@@ -198,6 +244,68 @@ df_status df_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const
                            const df_lmhead_dspark_out *out, df_error *err);
 
 // ---------------------------------------------------------------------------------------------
+// Block objectives on the device: D-PACE weights and the per-block metric sums, so the strategies never read
+// per-row results on the host. Rows are ordered (block, slot) with bs slots per block; every f32 / u8 tensor
+// holds nblocks·bs values (keep: nblocks). Sums are *added* into an f64 stats vector (zero it with df_fill
+// once per accumulation window); each call sums its own rows from 0 in row order first, then adds, so one call
+// on a zeroed vector reproduces the host loops bit for bit.
+
+typedef enum {
+  DF_DPACE_ONE,    // weight 1 (the plain DFlash objective)
+  DF_DPACE_SUFFIX, // Σ_{j≥k} P_j·w_j             (loss_type dpace)
+  DF_DPACE_PREFIX, // P_k                         (dpace-cumulative-confidence-only)
+  DF_DPACE_RATIO,  // Σ_{j≥k} P_j·w_j ÷ P_k, 0 where P_k underflowed (dpace-continuation-value-only)
+} df_dpace_mode;
+
+// Per block, in double: s_k = (1−α)·exp(−ce_k) + α where w_k ≠ 0, else 1; P_k = Π_{j≤k} s_j; weight_k by mode.
+// out[r] = weight (f32); row_w, when not NULL, gets w[r]·weight (the gradient's row weight).
+df_status df_dpace_weights(df_ctx *ctx, df_dpace_mode mode, double alpha, int64_t bs, const df_tensor *ce,
+                           const df_tensor *w, df_tensor *out, df_tensor *row_w, df_error *err);
+
+// DFlash block metrics: stats [DF_BLOCK_STATS(bs)] f64 += loss_num = Σ ce·lw; acc_num / acc_den = Σ valid ∧
+// correct / Σ valid; accept_sum = Σ over kept blocks of 1 + the leading run of correct slots k >= 1 (slots
+// that are not valid neither break nor extend the run); blocks = Σ keep; pos_num + k / pos_num + bs + k: the
+// acc counts of slot k. ce, lw f32; correct, valid, keep u8.
+enum { DF_BSTAT_LOSS_NUM, DF_BSTAT_ACC_NUM, DF_BSTAT_ACC_DEN, DF_BSTAT_ACCEPT_SUM, DF_BSTAT_BLOCKS, DF_BSTAT_POS };
+#define DF_BLOCK_STATS(bs) (DF_BSTAT_POS + 2 * (int64_t)(bs))
+df_status df_block_metrics(df_ctx *ctx, int64_t bs, const df_tensor *ce, const df_tensor *correct, const df_tensor *lw,
+                           const df_tensor *valid, const df_tensor *keep, df_tensor *stats, df_error *err);
+
+// DSpark block metrics (strategies/dspark.h names each sum). Per row: w the loss weight, v valid (a prefix along
+// the block), y = clamp(1 − l1/2, 0, 1). stats [DF_DSPARK_STATS(bs)] f64 +=
+//   ce = Σ ce·w; l1 = Σ l1·w; conf = Σ bce·w; conf_err = Σ |sigmoid(conf) − y|·w; acc_num = Σ v·correct;
+//   eval_den = Σ v; agree / ttop1 / dtop1 = Σ v·agree / v·teacher_top1 / v·draft_top1;
+//   tau_num / tau_den = Σ over blocks with a valid slot of 1 + Σ_k Π_{j≤k} v_j·y_j, and their count;
+//   greedy = Σ over kept blocks of 1 + the leading run of valid correct slots; blocks = Σ keep;
+//   pos + k, pos + bs + k, pos + 2bs + k: Σ v·ce, Σ v·correct, Σ v of slot k.
+// The teacher terms need l1, agree, teacher_top1 (else they stay 0); the confidence terms also bce and conf.
+enum {
+  DF_DSTAT_CE,
+  DF_DSTAT_L1,
+  DF_DSTAT_CONF,
+  DF_DSTAT_CONF_ERR,
+  DF_DSTAT_ACC_NUM,
+  DF_DSTAT_EVAL_DEN,
+  DF_DSTAT_AGREE,
+  DF_DSTAT_TTOP1,
+  DF_DSTAT_DTOP1,
+  DF_DSTAT_TAU_NUM,
+  DF_DSTAT_TAU_DEN,
+  DF_DSTAT_GREEDY,
+  DF_DSTAT_BLOCKS,
+  DF_DSTAT_POS
+};
+#define DF_DSPARK_STATS(bs) (DF_DSTAT_POS + 3 * (int64_t)(bs))
+typedef struct {
+  const df_tensor *ce, *correct, *draft_top1; // f32, u8, f32 (required)
+  const df_tensor *l1, *agree, *teacher_top1; // f32, u8, f32, or NULL: no teacher
+  const df_tensor *bce, *conf;                // f32, or NULL: no confidence term (needs the teacher)
+  const df_tensor *valid, *weights, *keep;    // u8, f32, u8 [nblocks]
+} df_dspark_metrics_in;
+df_status df_dspark_block_metrics(df_ctx *ctx, int64_t bs, const df_dspark_metrics_in *in, df_tensor *stats,
+                                  df_error *err);
+
+// ---------------------------------------------------------------------------------------------
 // Optimizer over flat fp32 buffers (the parameter table keeps params, grads, m, v contiguous).
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay;
@@ -216,6 +324,36 @@ df_status df_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *
 // *coef: the trainer skips that step. df_global_norm itself returns such a norm with DF_OK.
 df_status df_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm, double *coef,
                           df_error *err);
+
+// The trainer's optimizer step over the whole flat buffer, without a host round trip. mask [n] u8 marks each
+// element: bit 0 trainable (padding and buffers are 0: never touched), bit 1 weight decay.
+enum { DF_PARAM_TRAIN = 1, DF_PARAM_DECAY = 2 };
+
+// Global gradient norm of the scaled gradient g·grad_scale (each product rounded to fp32, squares summed in
+// double in fixed blocks: deterministic) over trainable elements, the clip coefficient and the step's go/no-go,
+// into out [DF_NORM_STATS] f64 = {norm, coef = min(1, max_norm / (norm + 1e−6)), ok}; ok = 1 when the norm and
+// every value of guard (f64, e.g. the window's loss sums; NULL: none) are finite. Nothing is read back.
+enum { DF_NORM_VALUE, DF_NORM_COEF, DF_NORM_OK, DF_NORM_STATS };
+typedef struct {
+  float grad_scale; // 1 / Σ loss weight of the window
+  double max_norm;  // > 0
+} df_grad_norm_desc;
+df_status df_grad_norm_clip(df_ctx *ctx, const df_grad_norm_desc *desc, const df_tensor *grad, const df_tensor *mask,
+                            const df_tensor *guard, df_tensor *out, df_error *err);
+
+// One fused AdamW over the flat buffers, for elements with DF_PARAM_TRAIN: g = grad·grad_scale, then g·coef when
+// coef < 1 (coef from norm_stats; each product rounded to fp32, as scaling then clipping in place would), then
+// df_adamw_step's update of master, m, v with hp.weight_decay where DF_PARAM_DECAY is set (0 elsewhere). When
+// norm_stats[ok] is 0 nothing is written (the step is skipped on the device). params, when not NULL, receives
+// the updated masters in its storage dtype (the bf16 copy the forward reads). master, m, v: f32 [n];
+// grad: storage [n]; norm_stats: the output of df_grad_norm_clip, or NULL (coef 1, always ok).
+typedef struct {
+  df_adamw_hparams hp; // hp.step is this update's 1-based count
+  float grad_scale;
+} df_adamw_fused_desc;
+df_status df_adamw_fused(df_ctx *ctx, const df_adamw_fused_desc *desc, df_tensor *master, const df_tensor *grad,
+                         df_tensor *m, df_tensor *v, const df_tensor *mask, const df_tensor *norm_stats,
+                         df_tensor *params, df_error *err);
 
 #ifdef __cplusplus
 }

@@ -49,7 +49,8 @@ df_status df_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df
                         const df_adamw_hparams *hp, df_error *err) {
   DF_TRY(check_adamw_buffers(ctx, param, grad, m, v, err));
   DF_TRY(check_adamw_hparams(hp, err));
-  return DF_DISPATCH(ctx, adamw_step, param, grad, m, v, hp, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_ADAMW_STEP, DF_F32, err));
+  return ctx->backend->adamw_step(ctx, param, grad, m, v, hp, err);
 }
 
 // bufs[0..nbufs) are fp32 tensors on ctx's device; each error names "bufs[i]".
@@ -68,7 +69,8 @@ static df_status check_buffer_list(df_ctx *ctx, const df_tensor *bufs, int nbufs
 df_status df_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err) {
   DF_TRY(check_buffer_list(ctx, bufs, nbufs, err));
   if (!norm) return DF_FAIL(err, DF_ERR_INVALID, "norm", "pass where to store the norm", "norm is NULL");
-  return DF_DISPATCH(ctx, global_norm, bufs, nbufs, norm, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_GLOBAL_NORM, DF_F32, err));
+  return ctx->backend->global_norm(ctx, bufs, nbufs, norm, err);
 }
 
 df_status df_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm, double *coef,
@@ -84,5 +86,73 @@ df_status df_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, 
   if (!isfinite(norm))
     return DF_FAIL(err, DF_ERR_NUMERIC, "norm", "skip this optimizer step (zero the gradients and continue)",
                    "gradient norm is %g; buffers left unchanged", norm);
-  return DF_DISPATCH(ctx, clip_by_norm, bufs, nbufs, norm, max_norm, coef, err);
+  DF_TRY(df_backend_require(ctx, DF_OP_CLIP_BY_NORM, DF_F32, err));
+  return ctx->backend->clip_by_norm(ctx, bufs, nbufs, norm, max_norm, coef, err);
+}
+
+// ---- the fused flat step -------------------------------------------------------------------------------------
+
+// mask is u8 with one flag byte per element of grad.
+static df_status check_mask(df_ctx *ctx, const df_tensor *mask, const df_tensor *like, df_error *err) {
+  DF_TRY(df_check_tensor(ctx, mask, "mask", DF_U8, -1, err));
+  return df_check_same_numel(like, "grad", mask, "mask", err);
+}
+
+static df_status check_norm_stats(df_ctx *ctx, const df_tensor *t, const char *name, df_error *err) {
+  return df_check_per_row(ctx, t, name, DF_F64, DF_NORM_STATS, err);
+}
+
+df_status df_grad_norm_clip(df_ctx *ctx, const df_grad_norm_desc *desc, const df_tensor *grad, const df_tensor *mask,
+                            const df_tensor *guard, df_tensor *out, df_error *err) {
+  if (!desc) return DF_FAIL(err, DF_ERR_INVALID, "desc", "pass a df_grad_norm_desc", "desc is NULL");
+  if (!isfinite(desc->grad_scale))
+    return DF_FAIL(err, DF_ERR_INVALID, "grad_scale", "the window needs a positive loss weight",
+                   "grad_scale = %g is not finite", (double)desc->grad_scale);
+  if (!(desc->max_norm > 0.0))
+    return DF_FAIL(err, DF_ERR_INVALID, "max_norm", "use a positive max_norm (recipes use 0.5 or 1.0)", "max_norm = %g",
+                   desc->max_norm);
+  df_dtype st;
+  DF_TRY(df_check_storage(grad, "grad", &st, err));
+  DF_TRY(df_check_tensor(ctx, grad, "grad", st, -1, err));
+  DF_TRY(check_mask(ctx, mask, grad, err));
+  if (guard) DF_TRY(df_check_tensor(ctx, guard, "guard", DF_F64, -1, err));
+  DF_TRY(check_norm_stats(ctx, out, "out", err));
+  DF_TRY(df_backend_require(ctx, DF_OP_GRAD_NORM_CLIP, st, err));
+  return ctx->backend->grad_norm_clip(ctx, desc, grad, mask, guard, out, err);
+}
+
+df_status df_adamw_fused(df_ctx *ctx, const df_adamw_fused_desc *desc, df_tensor *master, const df_tensor *grad,
+                         df_tensor *m, df_tensor *v, const df_tensor *mask, const df_tensor *norm_stats,
+                         df_tensor *params, df_error *err) {
+  if (!desc) return DF_FAIL(err, DF_ERR_INVALID, "desc", "pass a df_adamw_fused_desc", "desc is NULL");
+  DF_TRY(check_adamw_hparams(&desc->hp, err));
+  if (!isfinite(desc->grad_scale))
+    return DF_FAIL(err, DF_ERR_INVALID, "grad_scale", "the window needs a positive loss weight",
+                   "grad_scale = %g is not finite", (double)desc->grad_scale);
+  df_dtype st;
+  DF_TRY(df_check_storage(grad, "grad", &st, err));
+  const df_tensor *f32s[3] = {master, m, v};
+  const char *names[3] = {"master", "m", "v"};
+  for (int i = 0; i < 3; i++) DF_TRY(df_check_tensor(ctx, f32s[i], names[i], DF_F32, -1, err));
+  DF_TRY(df_check_tensor(ctx, grad, "grad", st, -1, err));
+  for (int i = 1; i < 3; i++) DF_TRY(df_check_same_numel(master, "master", f32s[i], names[i], err));
+  DF_TRY(df_check_same_numel(master, "master", grad, "grad", err));
+  for (int i = 1; i < 3; i++)
+    for (int j = 0; j < i; j++)
+      if (overlaps(f32s[i], f32s[j]))
+        return DF_FAIL(err, DF_ERR_INVALID, names[i], "give master, m and v separate storage",
+                       "tensor '%s' overlaps '%s'", names[i], names[j]);
+  DF_TRY(check_mask(ctx, mask, grad, err));
+  if (norm_stats) DF_TRY(check_norm_stats(ctx, norm_stats, "norm_stats", err));
+  if (params) {
+    df_dtype ps;
+    DF_TRY(df_check_storage(params, "params", &ps, err));
+    DF_TRY(df_check_tensor(ctx, params, "params", ps, -1, err));
+    DF_TRY(df_check_same_numel(master, "master", params, "params", err));
+    if (overlaps(params, master))
+      return DF_FAIL(err, DF_ERR_INVALID, "params", "pass NULL when the masters are the parameters",
+                     "tensor 'params' overlaps 'master'");
+  }
+  DF_TRY(df_backend_require(ctx, DF_OP_ADAMW_FUSED, st, err));
+  return ctx->backend->adamw_fused(ctx, desc, master, grad, m, v, mask, norm_stats, params, err);
 }

@@ -31,6 +31,15 @@ const char *df_dtype_name(df_dtype dt) {
   return "?";
 }
 
+const char *df_device_name(df_device dev) {
+  switch (dev) {
+  case DF_DEV_CPU: return "cpu";
+  case DF_DEV_CUDA: return "cuda";
+  case DF_DEV_FAKE: return "fake";
+  }
+  return "?";
+}
+
 df_tensor df_view(void *data, df_dtype dt, df_device dev, int ndim, const int64_t *shape) {
   df_tensor t;
   memset(&t, 0, sizeof t);

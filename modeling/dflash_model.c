@@ -186,22 +186,10 @@ void df_dflash_model_set_training(df_dflash_model *m, bool training) {
   df_moe_set_training(m->ffns, (int)m->L, training);
 }
 
-// Zeroes n floats of device memory (the op interface has no fill; a host zero block is copied over).
+// Zeroes n floats of device memory.
 static df_status zero_device(df_dflash_model *m, float *dst, int64_t n, df_error *err) {
-  if (m->dev == DF_DEV_CPU) {
-    memset(dst, 0, sizeof(float) * (size_t)n);
-    return DF_OK;
-  }
-  enum { CHUNK = 1 << 20 };
-  float *zeros = calloc(CHUNK, sizeof(float));
-  if (!zeros) return DF_FAIL(err, DF_ERR_NOMEM, "grads", NULL, "cannot allocate a zero block");
-  df_status st = DF_OK;
-  for (int64_t i = 0; i < n && st == DF_OK; i += CHUNK) {
-    const int64_t k = n - i < CHUNK ? n - i : CHUNK;
-    st = df_copy(m->ctx, dst + i, m->dev, zeros, DF_DEV_CPU, sizeof(float) * (size_t)k, err);
-  }
-  free(zeros);
-  return st;
+  df_tensor t = df_f32_on(m->dev, dst, n);
+  return df_fill(m->ctx, &t, 0.0, err);
 }
 
 void df_dflash_model_zero_grads(df_dflash_model *m) {
@@ -213,7 +201,7 @@ void df_dflash_model_zero_grads(df_dflash_model *m) {
 
 // A host buffer shaped like the flat parameters: the weights themselves on the CPU, a staging copy otherwise.
 static df_status host_flat(df_dflash_model *m, float **out, df_error *err) {
-  *out = m->dev == DF_DEV_CPU ? m->weights : malloc(sizeof(float) * (size_t)m->numel);
+  *out = df_ctx_host_addressable(m->ctx) ? m->weights : malloc(sizeof(float) * (size_t)m->numel);
   if (!*out) return DF_FAIL(err, DF_ERR_NOMEM, "weights", NULL, "cannot stage %lld parameters", (long long)m->numel);
   return DF_OK;
 }
@@ -377,6 +365,12 @@ static df_status check_batch(const df_dflash_model *m, const df_dflash_batch *b,
                    (long long)b->B, (long long)b->S, (long long)b->N);
   if (b->S + b->N * m->bs >= INT32_MAX)
     return DF_FAIL(err, DF_ERR_INVALID, "batch.S", NULL, "context + block rows exceed int32 positions");
+  if (!b->on_device && (!b->pos_q) != (!b->pos_kv))
+    return DF_FAIL(err, DF_ERR_INVALID, "batch.pos_q", "pass both position arrays or neither", "half the positions");
+  if (b->on_device && (!b->pos_q || !b->pos_kv))
+    return DF_FAIL(err, DF_ERR_INVALID, "batch.pos_q", "stage the positions with the batch (train/stage.c)",
+                   "a device batch needs its position ids");
+  if (b->on_device && !df_ctx_host_addressable(m->ctx)) return DF_OK; // validated on the host where it was built
   for (int64_t i = 0; i < b->B * b->N; i++) {
     if (!b->keep[i] || (b->anchors[i] >= 0 && b->anchors[i] < b->S)) continue;
     char where[64];
@@ -403,38 +397,43 @@ static dflash_dims make_dims(const df_dflash_model *m, const df_dflash_batch *b)
                        .hd = m->hd};
 }
 
-// Block slot k of block n sits at anchor + k; context rows at 0..S−1. Padding blocks (whose anchors may be
-// anything) use anchor 0: they see nothing and are seen by nothing, so their positions never matter.
-static void fill_positions(const df_dflash_batch *b, const dflash_dims *d, int32_t *pos_q, int32_t *pos_kv) {
-  for (int64_t s = 0; s < d->B; s++)
-    for (int64_t n = 0; n < d->N; n++) {
-      const int64_t i = s * d->N + n;
-      const int32_t a = b->keep[i] ? b->anchors[i] : 0;
-      for (int64_t k = 0; k < d->bs; k++) pos_q[(s * d->N + n) * d->bs + k] = a + (int32_t)k;
+void df_dflash_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const int32_t *anchors, const uint8_t *keep,
+                              int32_t *pos_q, int32_t *pos_kv) {
+  const int64_t Q = N * bs;
+  for (int64_t s = 0; s < B; s++)
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t i = s * N + n;
+      const int32_t a = keep[i] ? anchors[i] : 0;
+      for (int64_t k = 0; k < bs; k++) pos_q[i * bs + k] = a + (int32_t)k;
     }
-  for (int64_t s = 0; s < d->B; s++) {
-    int32_t *row = pos_kv + s * (d->S + d->Q);
-    for (int64_t j = 0; j < d->S; j++) row[j] = (int32_t)j;
-    memcpy(row + d->S, pos_q + s * d->Q, sizeof(int32_t) * (size_t)d->Q);
+  for (int64_t s = 0; s < B; s++) {
+    int32_t *row = pos_kv + s * (S + Q);
+    for (int64_t j = 0; j < S; j++) row[j] = (int32_t)j;
+    memcpy(row + S, pos_q + s * Q, sizeof(int32_t) * (size_t)Q);
   }
 }
 
-static df_status upload(df_dflash_model *m, void *dst, const void *src, int64_t bytes, df_error *err) {
-  return df_copy(m->ctx, dst, m->dev, src, DF_DEV_CPU, (size_t)bytes, err);
+static df_status put(df_dflash_model *m, void *dst, const void *src, df_device src_dev, int64_t bytes, df_error *err) {
+  return df_copy(m->ctx, dst, m->dev, src, src_dev, (size_t)bytes, err);
 }
 
 // The model keeps its own copy of the batch: the backward reads it again after the caller moved on.
 static df_status upload_batch(df_dflash_model *m, const df_dflash_batch *b, df_error *err) {
   const dflash_dims *d = &m->dims;
   const int64_t f = (int64_t)sizeof(float), i4 = (int64_t)sizeof(int32_t);
-  int32_t *pq = m->host_pos, *pkv = m->host_pos + d->T;
-  fill_positions(b, d, pq, pkv);
-  DF_TRY(upload(m, m->th, b->target_hidden, d->C * m->K * d->H * f, err));
-  DF_TRY(upload(m, m->h[0], b->block_embed, d->T * d->H * f, err));
-  DF_TRY(upload(m, m->anchors, b->anchors, d->B * d->N * i4, err));
-  DF_TRY(upload(m, m->keep, b->keep, d->B * d->N, err));
-  DF_TRY(upload(m, m->pos_q, pq, d->T * i4, err));
-  return upload(m, m->pos_kv, pkv, d->KV * i4, err);
+  const df_device src = b->on_device ? m->dev : DF_DEV_CPU;
+  const int32_t *pq = b->pos_q, *pkv = b->pos_kv;
+  df_device pos_src = src;
+  if (!pq) { // host anchors: derive the positions here
+    df_dflash_fill_positions(d->B, d->S, d->N, d->bs, b->anchors, b->keep, m->host_pos, m->host_pos + d->T);
+    pq = m->host_pos, pkv = m->host_pos + d->T, pos_src = DF_DEV_CPU;
+  }
+  DF_TRY(put(m, m->th, b->target_hidden, src, d->C * m->K * d->H * f, err));
+  DF_TRY(put(m, m->h[0], b->block_embed, src, d->T * d->H * f, err));
+  DF_TRY(put(m, m->anchors, b->anchors, src, d->B * d->N * i4, err));
+  DF_TRY(put(m, m->keep, b->keep, src, d->B * d->N, err));
+  DF_TRY(put(m, m->pos_q, pq, pos_src, d->T * i4, err));
+  return put(m, m->pos_kv, pkv, pos_src, d->KV * i4, err);
 }
 
 static df_tensor mat(const float *p, df_device dev, int64_t rows, int64_t cols) {

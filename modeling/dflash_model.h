@@ -19,14 +19,25 @@ extern "C" {
 
 typedef struct df_dflash_model df_dflash_model;
 
-// One micro-batch as the strategy prepared it (CPU pointers; the model copies to its device if needed).
+// One micro-batch as the strategy prepared it. Host arrays by default (the model uploads them); with on_device the
+// arrays already live on the context's device (train/stage.c staged them) and are copied device to device.
 typedef struct {
   int64_t B, S, N;            // batch, padded context length, blocks per sample (block size from config)
   const float *target_hidden; // (B, S, K·H) raw concatenated target features
   const float *block_embed;   // (B, N·bs, H) frozen-embedding rows of the block input ids
   const int32_t *anchors;     // (B, N) block n of sample b covers positions anchor .. anchor+bs−1
   const uint8_t *keep;        // (B, N) 0 = padding block: sees nothing, outputs 0 from attention
+  // (B·N·bs) and (B·(S + N·bs)) position ids (df_dflash_fill_positions), or NULL: the model derives them from
+  // host anchors (then the arrays must be host memory)
+  const int32_t *pos_q, *pos_kv;
+  bool on_device; // the arrays are on the context's device; anchors were validated where they were built
 } df_dflash_batch;
+
+// Position ids of a batch: block slot k of block n sits at anchor + k; context rows at 0..S−1. Padding blocks
+// (whose anchors may be anything) use anchor 0: they see nothing and are seen by nothing. pos_q (B·N·bs),
+// pos_kv (B·(S + N·bs)): per sample the S context positions, then its block positions.
+void df_dflash_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const int32_t *anchors, const uint8_t *keep,
+                              int32_t *pos_q, int32_t *pos_kv);
 
 // Builds the parameter table from the config and allocates params and grads (grads zeroed).
 // Table order (also the init order): fc.weight, hidden_norm.weight, then per layer i input_layernorm,
@@ -61,7 +72,7 @@ void df_dflash_model_set_training(df_dflash_model *m, bool training);
 
 // Forward of one micro-batch; *out_hidden points at the final-normed hidden states (B, N·bs, H), owned by
 // the model and valid until the next forward. Activations needed by the backward are kept; the batch is
-// copied, so its arrays may be reused as soon as this returns.
+// copied (uploaded, or copied device to device), so its arrays may be reused as soon as this returns.
 df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *batch, const float **out_hidden,
                                   df_error *err);
 // Backward of the last forward: d_hidden (B, N·bs, H) → parameter gradients added into the grads buffer.

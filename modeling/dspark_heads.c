@@ -172,7 +172,7 @@ static df_status ensure(df_dspark_heads *h, int64_t R, df_error *err) {
 
 static df_status linear(df_dspark_heads *h, const float *x, int64_t M, const ds_pview *w, const ds_pview *b, float *y,
                         df_error *err) {
-  df_tensor tx = df_f32((float *)x, M, w->w.shape[1]), ty = df_f32(y, M, w->w.shape[0]);
+  df_tensor tx = df_f32_on(h->dev, (float *)x, M, w->w.shape[1]), ty = df_f32_on(h->dev, y, M, w->w.shape[0]);
   return df_linear_forward(h->ctx, &tx, &w->w, b ? &b->w : NULL, &ty, err);
 }
 
@@ -243,7 +243,7 @@ df_status df_dspark_heads_forward(df_dspark_heads *h, int64_t nblocks, int64_t b
                                   const int32_t *prev, const float **latent, const float **conf, df_error *err) {
   *latent = NULL, *conf = NULL;
   h->have_forward = false;
-  if (h->dev != DF_DEV_CPU)
+  if (h->dev == DF_DEV_CUDA) // their loops run on host-backed memory (the CPU, the fake test device)
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, "dspark heads", "run DSpark drafts on the CPU backend for now",
                    "the DSpark Markov/confidence heads have no CUDA path yet");
   if (nblocks < 1 || bs < 1 || !hidden || !prev)
@@ -254,7 +254,7 @@ df_status df_dspark_heads_forward(df_dspark_heads *h, int64_t nblocks, int64_t b
   h->nb = nblocks, h->bs = bs, h->R = R, h->hidden = hidden;
   memcpy(h->prev, prev, sizeof(int32_t) * (size_t)R);
   if (h->r > 0) {
-    df_tensor ids = df_i32(h->prev, R), e = df_f32(h->e, R, h->r);
+    df_tensor ids = df_i32_on(h->dev, h->prev, R), e = df_f32_on(h->dev, h->e, R, h->r);
     DF_TRY(df_embedding_forward(h->ctx, &h->w1.w, &ids, &e, err));
     if (h->type == DF_MARKOV_GATED) DF_TRY(gated_forward(h, err));
     if (h->type == DF_MARKOV_RNN) DF_TRY(rnn_forward(h, err));
@@ -274,7 +274,8 @@ df_status df_dspark_heads_forward(df_dspark_heads *h, int64_t nblocks, int64_t b
 static df_status linear_back(df_dspark_heads *h, const float *dy, const float *x, int64_t M, ds_pview *w, ds_pview *b,
                              float *dx, df_error *err) {
   int64_t N = w->w.shape[0], K = w->w.shape[1];
-  df_tensor tdy = df_f32((float *)dy, M, N), tx = df_f32((float *)x, M, K), tdx = df_f32(dx, M, K);
+  df_tensor tdy = df_f32_on(h->dev, (float *)dy, M, N), tx = df_f32_on(h->dev, (float *)x, M, K),
+            tdx = df_f32_on(h->dev, dx, M, K);
   return df_linear_backward(h->ctx, &tdy, &tx, &w->w, &tdx, false, &w->g, b ? &b->g : NULL, err);
 }
 
@@ -377,7 +378,7 @@ df_status df_dspark_heads_backward(df_dspark_heads *h, const float *du, const fl
       st = rnn_backward(h, du, de, dhidden, err);
   }
   if (st == DF_OK && r > 0) {
-    df_tensor tde = df_f32(de, R, r), ids = df_i32(h->prev, R);
+    df_tensor tde = df_f32_on(h->dev, de, R, r), ids = df_i32_on(h->dev, h->prev, R);
     st = df_embedding_backward(h->ctx, &tde, &ids, &h->w1.g, err);
   }
   free(de);

@@ -165,39 +165,7 @@ void df_dflash_metrics_free(df_dflash_metrics *m) {
   m->pos_acc_num = m->pos_acc_den = NULL;
 }
 
-// Scratch of one objective call: per-row CE, correct flags, D-PACE weights and the row weights fed to the op.
-typedef struct {
-  float *ce, *dpace, *row_w;
-  uint8_t *correct;
-} objective_scratch;
-
-static void scratch_free(objective_scratch *s) { free(s->ce), free(s->dpace), free(s->row_w), free(s->correct); }
-
-static df_status scratch_alloc(objective_scratch *s, int64_t R, bool dpace, df_error *err) {
-  memset(s, 0, sizeof *s);
-  s->ce = malloc((size_t)R * sizeof(float));
-  s->correct = malloc((size_t)R);
-  if (dpace) {
-    s->dpace = malloc((size_t)R * sizeof(float));
-    s->row_w = malloc((size_t)R * sizeof(float));
-  }
-  if (s->ce && s->correct && (!dpace || (s->dpace && s->row_w))) return DF_OK;
-  scratch_free(s);
-  return DF_FAIL(err, DF_ERR_NOMEM, "objective", NULL, "out of memory for %lld rows", (long long)R);
-}
-
-static df_status check_objective(const df_dflash_loss_options *opt, const df_tensor *hidden,
-                                 const df_dflash_blocks *blk, const df_dflash_anchors *a, df_error *err) {
-  if (!opt || !hidden || !blk || !a)
-    return DF_FAIL(err, DF_ERR_INVALID, "objective", NULL, "NULL argument to df_dflash_objective");
-  if (blk->B != a->B || blk->N != a->N)
-    return DF_FAIL(err, DF_ERR_INVALID, "blocks", "build the blocks from these anchors",
-                   "blocks are (%lld, %lld) but anchors (%lld, %lld)", (long long)blk->B, (long long)blk->N,
-                   (long long)a->B, (long long)a->N);
-  int64_t rows = blk->B * blk->N * blk->bs;
-  if (rows <= 0 || hidden->ndim < 2 || df_numel(hidden) != rows * hidden->shape[hidden->ndim - 1])
-    return DF_FAIL(err, DF_ERR_INVALID, "hidden", "pass the draft output (B·N·bs, H)",
-                   "hidden does not hold B·N·bs = %lld rows", (long long)rows);
+static df_status check_options(const df_dflash_loss_options *opt, df_error *err) {
   if ((unsigned)opt->type > DF_LOSS_DPACE_CONTVALUE)
     return DF_FAIL(err, DF_ERR_INVALID, "training.loss_type", NULL, "unknown loss type %d", (int)opt->type);
   if (!(opt->dpace_alpha >= 0 && opt->dpace_alpha <= 1))
@@ -209,88 +177,124 @@ static df_status check_objective(const df_dflash_loss_options *opt, const df_ten
   return DF_OK;
 }
 
-// One pass of the fused LM head + CE over all rows, chunk_blocks·bs rows at a time.
-static df_status lmhead_pass(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
-                             const df_tensor *head, const df_dflash_blocks *blk, const float *row_w, float grad_scale,
-                             objective_scratch *s, float *dhidden, df_error *err) {
-  int64_t R = blk->B * blk->N * blk->bs, H = hidden->shape[hidden->ndim - 1];
-  df_tensor labels = df_i32(blk->labels, R), loss = df_f32(s->ce, R), correct = df_u8(s->correct, R);
-  df_tensor weights = df_f32((float *)row_w, R), dh = df_f32(dhidden, R, H);
-  df_lmhead_ce_desc desc = {.chunk_rows = opt->chunk_blocks * blk->bs, .grad_scale = grad_scale};
-  return df_lmhead_ce(ctx, &desc, hidden, head, &labels, row_w ? &weights : NULL, &loss, &correct, dhidden ? &dh : NULL,
-                      err);
-}
-
-static double weight_sum(const float *w, int64_t R) {
-  double s = 0;
-  for (int64_t r = 0; r < R; r++) s += w[r];
-  return s;
-}
-
-// DFlash: loss_num = Σ CE·w, loss_den = Σ w, one pass with row weights w and grad_scale 1/Σw.
-static df_status objective_dflash(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
-                                  const df_tensor *head, const df_dflash_blocks *blk, objective_scratch *s,
-                                  float *dhidden, df_dflash_metrics *out, df_error *err) {
-  int64_t R = blk->B * blk->N * blk->bs;
-  out->loss_den = weight_sum(blk->weights, R);
-  float scale = out->loss_den > 0 ? (float)(1.0 / out->loss_den) : 0.0f;
-  DF_TRY(lmhead_pass(ctx, opt, hidden, head, blk, blk->weights, scale, s, dhidden, err));
-  for (int64_t r = 0; r < R; r++) out->loss_num += (double)s->ce[r] * blk->weights[r];
+static df_status check_rows_hidden(const df_tensor *hidden, int64_t rows, df_error *err) {
+  if (rows <= 0 || !hidden || hidden->ndim < 2 || df_numel(hidden) != rows * hidden->shape[hidden->ndim - 1])
+    return DF_FAIL(err, DF_ERR_INVALID, "hidden", "pass the draft output (B·N·bs, H)",
+                   "hidden does not hold B·N·bs = %lld rows", (long long)rows);
   return DF_OK;
 }
 
-// D-PACE: CE forward-only, detached weights per block, then (for the gradient) a second pass with row weights
-// binary·weight and grad_scale 1/B. loss_num = Σ CE·binary·weight, loss_den = B.
-static df_status objective_dpace(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
-                                 const df_tensor *head, const df_dflash_blocks *blk, objective_scratch *s,
-                                 float *dhidden, df_dflash_metrics *out, df_error *err) {
-  int64_t R = blk->B * blk->N * blk->bs;
-  DF_TRY(lmhead_pass(ctx, opt, hidden, head, blk, NULL, 1.0f, s, NULL, err));
-  // As in SpecForge, D-PACE weighs slots by the binary weight: loss_decay_gamma does not apply to it.
-  for (int64_t r = 0; r < R; r++) s->row_w[r] = blk->binary[r];
-  DF_TRY(df_dpace_weights(opt->type, opt->dpace_alpha, s->ce, s->row_w, blk->B * blk->N, blk->bs, s->dpace, err));
-  for (int64_t r = 0; r < R; r++) {
-    out->loss_num += (double)s->ce[r] * s->row_w[r] * s->dpace[r];
-    s->row_w[r] *= s->dpace[r];
+double df_dflash_loss_den(const df_dflash_loss_options *opt, const df_dflash_blocks *blk) {
+  if (df_dflash_loss_type_is_dpace(opt->type)) return (double)blk->B;
+  double s = 0;
+  for (int64_t r = 0; r < blk->B * blk->N * blk->bs; r++) s += blk->weights[r];
+  return s;
+}
+
+// One pass of the fused LM head + CE over all rows, chunk_blocks·bs rows at a time.
+static df_status lmhead_pass(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
+                             const df_tensor *head, const df_dflash_rows *rows, const df_tensor *row_w,
+                             float grad_scale, df_dflash_work *w, df_tensor *dhidden, df_error *err) {
+  df_lmhead_ce_desc desc = {.chunk_rows = opt->chunk_blocks * rows->bs, .grad_scale = grad_scale};
+  return df_lmhead_ce(ctx, &desc, hidden, head, &rows->labels, row_w, &w->ce, &w->correct, dhidden, err);
+}
+
+df_status df_dflash_objective_rows(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
+                                   const df_tensor *head, const df_dflash_rows *rows, df_dflash_work *w,
+                                   df_tensor *dhidden, df_tensor *stats, df_error *err) {
+  if (!opt || !rows || !w || !stats)
+    return DF_FAIL(err, DF_ERR_INVALID, "objective", NULL, "NULL argument to df_dflash_objective_rows");
+  DF_TRY(check_options(opt, err));
+  DF_TRY(check_rows_hidden(hidden, rows->B * rows->N * rows->bs, err));
+  if (!df_dflash_loss_type_is_dpace(opt->type)) {
+    // DFlash: loss_num = Σ CE·w, loss_den = Σ w; one pass with row weights w and grad_scale 1/Σw.
+    float scale = rows->loss_den > 0 ? (float)(1.0 / rows->loss_den) : 0.0f;
+    DF_TRY(lmhead_pass(ctx, opt, hidden, head, rows, &rows->weights, scale, w, dhidden, err));
+    return df_block_metrics(ctx, rows->bs, &w->ce, &w->correct, &rows->weights, &rows->binary, &rows->keep, stats, err);
   }
-  out->loss_den = (double)blk->B;
+  // D-PACE: CE forward-only, detached weights per block from it, then (for the gradient) a second pass with row
+  // weights binary·weight and grad_scale 1/B; loss_num = Σ CE·binary·weight, loss_den = B. As in SpecForge,
+  // D-PACE weighs slots by the binary weight: loss_decay_gamma does not apply to it.
+  DF_TRY(lmhead_pass(ctx, opt, hidden, head, rows, NULL, 1.0f, w, NULL, err));
+  DF_TRY(df_dpace_weights(ctx, df_dflash_dpace_mode(opt->type), opt->dpace_alpha, rows->bs, &w->ce, &rows->binary_f, &w->dpace,
+                          &w->row_w, err));
+  DF_TRY(df_block_metrics(ctx, rows->bs, &w->ce, &w->correct, &w->row_w, &rows->binary, &rows->keep, stats, err));
   if (!dhidden) return DF_OK;
-  return lmhead_pass(ctx, opt, hidden, head, blk, s->row_w, (float)(1.0 / out->loss_den), s, dhidden, err);
+  return lmhead_pass(ctx, opt, hidden, head, rows, &w->row_w, (float)(1.0 / rows->loss_den), w, dhidden, err);
 }
 
-// 1 + the leading run of correct slots k >= 1; slots without weight are skipped, not counted.
-static int64_t accept_len(const uint8_t *binary, const uint8_t *correct, int64_t bs) {
-  int64_t run = 0;
-  for (int64_t k = 1; k < bs; k++) {
-    if (!binary[k]) continue;
-    if (!correct[k]) break;
-    run++;
-  }
-  return 1 + run;
-}
-
-static df_status collect_metrics(const df_dflash_blocks *blk, const df_dflash_anchors *a, const uint8_t *correct,
-                                 df_dflash_metrics *out, df_error *err) {
-  int64_t bs = blk->bs, nb = blk->B * blk->N;
+df_status df_dflash_metrics_from_stats(const double *st, int64_t bs, double loss_den, df_dflash_metrics *out,
+                                       df_error *err) {
+  memset(out, 0, sizeof *out);
   out->bs = bs;
-  out->pos_acc_num = calloc((size_t)bs, sizeof(double));
-  out->pos_acc_den = calloc((size_t)bs, sizeof(double));
+  out->loss_num = st[DF_BSTAT_LOSS_NUM], out->loss_den = loss_den;
+  out->acc_num = st[DF_BSTAT_ACC_NUM], out->acc_den = st[DF_BSTAT_ACC_DEN];
+  out->accept_len_sum = st[DF_BSTAT_ACCEPT_SUM], out->num_blocks = (int64_t)st[DF_BSTAT_BLOCKS];
+  out->pos_acc_num = malloc((size_t)bs * sizeof(double));
+  out->pos_acc_den = malloc((size_t)bs * sizeof(double));
   if (!out->pos_acc_num || !out->pos_acc_den) {
     df_dflash_metrics_free(out);
     return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
   }
-  for (int64_t i = 0; i < nb; i++) {
-    const uint8_t *bin = blk->binary + i * bs, *cor = correct + i * bs;
-    for (int64_t k = 0; k < bs; k++) {
-      out->pos_acc_num[k] += bin[k] && cor[k];
-      out->pos_acc_den[k] += bin[k];
-    }
-    if (!a->keep[i]) continue;
-    out->num_blocks++;
-    out->accept_len_sum += (double)accept_len(bin, cor, bs);
-  }
-  for (int64_t k = 0; k < bs; k++) out->acc_num += out->pos_acc_num[k], out->acc_den += out->pos_acc_den[k];
+  memcpy(out->pos_acc_num, st + DF_BSTAT_POS, (size_t)bs * sizeof(double));
+  memcpy(out->pos_acc_den, st + DF_BSTAT_POS + bs, (size_t)bs * sizeof(double));
   return DF_OK;
+}
+
+// ---- the objective on host arrays --------------------------------------------------------------------------
+
+// Device buffers of the host-array entry point (one allocation, carved).
+typedef struct {
+  void *buf;
+  df_dflash_rows rows;
+  df_dflash_work work;
+  df_tensor stats;
+} host_objective;
+
+static df_status host_objective_stage(df_ctx *ctx, const df_dflash_loss_options *opt, const df_dflash_blocks *blk,
+                                      const df_dflash_anchors *a, host_objective *h, df_error *err) {
+  const int64_t R = blk->B * blk->N * blk->bs, nb = blk->B * blk->N, ns = DF_BLOCK_STATS(blk->bs);
+  const df_device dev = df_ctx_device(ctx);
+  // layout: stats f64 | labels i32 | weights, binary_f, ce, dpace, row_w f32 | binary, correct u8 | keep u8
+  const size_t bytes = (size_t)ns * 8 + (size_t)R * (4 * 6 + 2) + (size_t)nb;
+  DF_TRY(df_buffer_alloc(ctx, bytes, &h->buf, err));
+  char *p = h->buf;
+  h->stats = df_f64_on(dev, p, ns), p += ns * 8;
+  int32_t *labels = (int32_t *)p;
+  h->rows.labels = df_i32_on(dev, p, R), p += R * 4;
+  h->rows.weights = df_f32_on(dev, p, R), p += R * 4;
+  h->rows.binary_f = df_f32_on(dev, p, R), p += R * 4;
+  h->work.ce = df_f32_on(dev, p, R), p += R * 4;
+  h->work.dpace = df_f32_on(dev, p, R), p += R * 4;
+  h->work.row_w = df_f32_on(dev, p, R), p += R * 4;
+  h->rows.binary = df_u8_on(dev, p, R), p += R;
+  h->work.correct = df_u8_on(dev, p, R), p += R;
+  h->rows.keep = df_u8_on(dev, p, nb);
+  h->rows.B = blk->B, h->rows.N = blk->N, h->rows.bs = blk->bs;
+  h->rows.loss_den = df_dflash_loss_den(opt, blk);
+  float *bf = malloc((size_t)R * sizeof(float));
+  if (!bf) return DF_FAIL(err, DF_ERR_NOMEM, "objective", NULL, "out of memory for %lld rows", (long long)R);
+  for (int64_t r = 0; r < R; r++) bf[r] = blk->binary[r];
+  df_status st = df_copy(ctx, labels, dev, blk->labels, DF_DEV_CPU, (size_t)R * 4, err);
+  if (st == DF_OK) st = df_copy(ctx, h->rows.weights.data, dev, blk->weights, DF_DEV_CPU, (size_t)R * 4, err);
+  if (st == DF_OK) st = df_copy(ctx, h->rows.binary_f.data, dev, bf, DF_DEV_CPU, (size_t)R * 4, err);
+  if (st == DF_OK) st = df_copy(ctx, h->rows.binary.data, dev, blk->binary, DF_DEV_CPU, (size_t)R, err);
+  if (st == DF_OK) st = df_copy(ctx, h->rows.keep.data, dev, a->keep, DF_DEV_CPU, (size_t)nb, err);
+  free(bf);
+  if (st == DF_OK) st = df_fill(ctx, &h->stats, 0.0, err);
+  return st;
+}
+
+static df_status check_objective(const df_dflash_loss_options *opt, const df_tensor *hidden,
+                                 const df_dflash_blocks *blk, const df_dflash_anchors *a, df_error *err) {
+  if (!opt || !hidden || !blk || !a)
+    return DF_FAIL(err, DF_ERR_INVALID, "objective", NULL, "NULL argument to df_dflash_objective");
+  if (blk->B != a->B || blk->N != a->N)
+    return DF_FAIL(err, DF_ERR_INVALID, "blocks", "build the blocks from these anchors",
+                   "blocks are (%lld, %lld) but anchors (%lld, %lld)", (long long)blk->B, (long long)blk->N,
+                   (long long)a->B, (long long)a->N);
+  DF_TRY(check_rows_hidden(hidden, blk->B * blk->N * blk->bs, err));
+  return check_options(opt, err);
 }
 
 df_status df_dflash_objective(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
@@ -298,13 +302,17 @@ df_status df_dflash_objective(df_ctx *ctx, const df_dflash_loss_options *opt, co
                               float *dhidden, df_dflash_metrics *out, df_error *err) {
   memset(out, 0, sizeof *out);
   DF_TRY(check_objective(opt, hidden, blk, a, err));
-  bool dpace = df_dflash_loss_type_is_dpace(opt->type);
-  objective_scratch s;
-  DF_TRY(scratch_alloc(&s, blk->B * blk->N * blk->bs, dpace, err));
-  df_status st = dpace ? objective_dpace(ctx, opt, hidden, head, blk, &s, dhidden, out, err)
-                       : objective_dflash(ctx, opt, hidden, head, blk, &s, dhidden, out, err);
-  if (st == DF_OK) st = collect_metrics(blk, a, s.correct, out, err);
-  scratch_free(&s);
-  if (st != DF_OK) df_dflash_metrics_free(out);
+  host_objective h = {0};
+  const int64_t R = blk->B * blk->N * blk->bs, ns = DF_BLOCK_STATS(blk->bs);
+  double *st_host = malloc((size_t)ns * sizeof(double));
+  df_status st = st_host ? host_objective_stage(ctx, opt, blk, a, &h, err)
+                         : DF_FAIL(err, DF_ERR_NOMEM, "objective", NULL, "out of memory");
+  df_tensor dh = df_f32_on(df_ctx_device(ctx), dhidden, R, hidden->shape[hidden->ndim - 1]);
+  if (st == DF_OK)
+    st = df_dflash_objective_rows(ctx, opt, hidden, head, &h.rows, &h.work, dhidden ? &dh : NULL, &h.stats, err);
+  if (st == DF_OK) st = df_copy(ctx, st_host, DF_DEV_CPU, h.stats.data, df_ctx_device(ctx), (size_t)ns * 8, err);
+  if (st == DF_OK) st = df_dflash_metrics_from_stats(st_host, blk->bs, h.rows.loss_den, out, err);
+  free(st_host);
+  df_buffer_free(ctx, h.buf);
   return st;
 }

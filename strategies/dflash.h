@@ -65,6 +65,8 @@ typedef enum {
 
 const char *df_dflash_loss_type_name(df_dflash_loss_type t); // the recipe spelling
 bool df_dflash_loss_type_is_dpace(df_dflash_loss_type t);
+// The df_dpace_weights mode of a loss type (DF_DPACE_ONE for dflash).
+df_dpace_mode df_dflash_dpace_mode(df_dflash_loss_type t);
 
 typedef struct {
   df_dflash_loss_type type;
@@ -87,18 +89,47 @@ typedef struct {
 
 void df_dflash_metrics_free(df_dflash_metrics *m);
 
-// D-PACE's detached weights for nblocks blocks of bs slots: ce and w are (nblocks, bs); out (nblocks, bs).
-// q = exp(−ce); s = (1−α)q + α, 1 where w = 0; P_k = Π_{j≤k} s_j; then the type's weight (DF_LOSS_DFLASH: 1).
-df_status df_dpace_weights(df_dflash_loss_type type, double alpha, const float *ce, const float *w, int64_t nblocks,
-                           int64_t bs, float *out, df_error *err);
-
 // The objective on the draft's final hidden states (B·N·bs, H) with the frozen head (V, H). Writes the metrics
 // and, when dhidden is not NULL, d(loss_num/loss_den)/d(hidden) into dhidden (B·N·bs, H). D-PACE first runs the
 // fused LM head + CE forward-only to get every row's CE, derives the detached weights per block, then runs it
 // again with row weights w·weight and grad_scale 1/B; DFlash runs once with weights w and grad_scale 1/Σw.
+// Host-array entry point (tests, tools): blk and a are host memory, hidden and dhidden live on the context's
+// device; the rows are uploaded, df_dflash_objective_rows runs, and its sums are read back once.
 df_status df_dflash_objective(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
                               const df_tensor *head, const df_dflash_blocks *blk, const df_dflash_anchors *a,
                               float *dhidden, df_dflash_metrics *out, df_error *err);
+
+// ---- the objective on the device -----------------------------------------------------------------------------
+
+// The objective's per-row inputs, as views on the context's device (train/stage.c uploads them with the batch).
+typedef struct {
+  int64_t B, N, bs;   // rows R = B·N·bs, ordered (b, n, k)
+  df_tensor labels;   // [R] i32, −1: no target
+  df_tensor weights;  // [R] f32 binary · d_k (DFlash's row weights)
+  df_tensor binary;   // [R] u8
+  df_tensor binary_f; // [R] f32 the binary weight as a float (D-PACE's w)
+  df_tensor keep;     // [B·N] u8
+  double loss_den;    // df_dflash_loss_den, computed on the host where the rows were built
+} df_dflash_rows;
+
+// Device scratch the objective writes, [R] each: CE, correct flags, D-PACE weights, the gradient's row weights.
+typedef struct {
+  df_tensor ce, correct, dpace, row_w;
+} df_dflash_work;
+
+// loss_den of the objective: Σ weights (DFlash) or B (D-PACE).
+double df_dflash_loss_den(const df_dflash_loss_options *opt, const df_dflash_blocks *blk);
+
+// The objective entirely on the device: the fused LM head + CE (twice for D-PACE, with df_dpace_weights
+// between), the block metrics added into stats [DF_BLOCK_STATS(bs)] f64 (kernels/ops.h), and, when dhidden is not
+// NULL, d(loss_num / loss_den)/d(hidden) written into it. Nothing is read back to the host.
+df_status df_dflash_objective_rows(df_ctx *ctx, const df_dflash_loss_options *opt, const df_tensor *hidden,
+                                   const df_tensor *head, const df_dflash_rows *rows, df_dflash_work *w,
+                                   df_tensor *dhidden, df_tensor *stats, df_error *err);
+
+// The metrics of a stats vector read back from the device (pos arrays allocated; df_dflash_metrics_free).
+df_status df_dflash_metrics_from_stats(const double *stats, int64_t bs, double loss_den, df_dflash_metrics *out,
+                                       df_error *err);
 
 #ifdef __cplusplus
 }

@@ -76,36 +76,7 @@ void df_dspark_metrics_free(df_dspark_metrics *m) {
   m->pos_ce_num = m->pos_acc_num = m->pos_den = NULL;
 }
 
-// Per-row outputs of the fused op and the buffers around it.
-typedef struct {
-  float *ce, *top1, *l1, *ttop1, *bce, *du, *dconf, *teacher;
-  uint8_t *correct, *agree;
-} rows_scratch;
-
-static void rows_free(rows_scratch *s) {
-  free(s->ce), free(s->top1), free(s->l1), free(s->ttop1), free(s->bce), free(s->du), free(s->dconf);
-  free(s->teacher), free(s->correct), free(s->agree);
-}
-
-static df_status rows_alloc(rows_scratch *s, int64_t R, int64_t H, int64_t rank, bool teacher, df_error *err) {
-  memset(s, 0, sizeof *s);
-  size_t f = sizeof(float), n = (size_t)R;
-  s->ce = malloc(n * f), s->top1 = malloc(n * f), s->l1 = calloc(n, f), s->ttop1 = calloc(n, f);
-  s->bce = calloc(n, f), s->dconf = calloc(n, f), s->correct = malloc(n), s->agree = calloc(n, 1);
-  s->du = rank > 0 ? malloc(n * (size_t)rank * f) : NULL;
-  s->teacher = teacher ? malloc(n * (size_t)H * f) : NULL;
-  if (s->ce && s->top1 && s->l1 && s->ttop1 && s->bce && s->dconf && s->correct && s->agree && (rank <= 0 || s->du) &&
-      (!teacher || s->teacher))
-    return DF_OK;
-  rows_free(s);
-  return DF_FAIL(err, DF_ERR_NOMEM, "dspark objective", "lower training.num_anchors or training.batch_size",
-                 "out of memory for %lld rows", (long long)R);
-}
-
-static df_status check_objective(const df_dspark_loss_options *opt, const df_tensor *hidden, const df_tensor *head,
-                                 const df_dspark_labels *lab, const df_dflash_anchors *a, df_error *err) {
-  if (!opt || !hidden || !head || !lab || !a)
-    return DF_FAIL(err, DF_ERR_INVALID, "objective", NULL, "NULL argument to df_dspark_objective");
+static df_status check_options(const df_dspark_loss_options *opt, df_error *err) {
   const double al[3] = {opt->ce_alpha, opt->l1_alpha, opt->conf_alpha};
   const char *keys[3] = {"training.dspark_ce_loss_alpha", "training.dspark_l1_loss_alpha",
                          "training.dspark_confidence_head_alpha"};
@@ -115,47 +86,25 @@ static df_status check_objective(const df_dspark_loss_options *opt, const df_ten
   if (opt->chunk_blocks < 0)
     return DF_FAIL(err, DF_ERR_INVALID, "training.objective_chunk_blocks", "use 0 (one pass) or a positive count",
                    "objective_chunk_blocks = %lld", (long long)opt->chunk_blocks);
-  if (lab->B != a->B || lab->N != a->N)
-    return DF_FAIL(err, DF_ERR_INVALID, "labels", "build the labels from these anchors",
-                   "labels are (%lld, %lld) but anchors (%lld, %lld)", (long long)lab->B, (long long)lab->N,
-                   (long long)a->B, (long long)a->N);
-  int64_t rows = lab->B * lab->N * lab->bs;
-  if (rows <= 0 || hidden->ndim < 2 || df_numel(hidden) != rows * head->shape[1])
-    return DF_FAIL(err, DF_ERR_INVALID, "hidden", "pass the draft output (B·N·bs, H)",
-                   "hidden does not hold B·N·bs = %lld rows of %lld", (long long)rows, (long long)head->shape[1]);
   return DF_OK;
 }
 
-// The teacher's rows: target_last_hidden_states at teacher_pos (zero rows where the slot is not valid).
-static void gather_teacher(const df_dspark_labels *lab, const float *last_hidden, int64_t S, int64_t H, float *out) {
-  int64_t per_sample = lab->N * lab->bs;
-  for (int64_t r = 0; r < lab->B * per_sample; r++) {
-    int32_t p = lab->teacher_pos[r];
-    if (p < 0)
-      memset(out + r * H, 0, sizeof(float) * (size_t)H);
-    else
-      memcpy(out + r * H, last_hidden + ((r / per_sample) * S + p) * H, sizeof(float) * (size_t)H);
-  }
+df_dspark_terms df_dspark_objective_terms(const df_dspark_loss_options *opt, const df_dspark_heads *heads) {
+  df_dspark_terms t = {.rank = df_dspark_heads_markov_rank(heads)};
+  t.conf = df_dspark_heads_has_confidence(heads) && opt->conf_alpha > 0;
+  t.teacher = opt->l1_alpha > 0 || t.conf; // SpecForge: the teacher only when a term needs it
+  return t;
 }
 
-// Which terms run (SpecForge: the teacher only when the L1 term or an active confidence head needs it).
-typedef struct {
-  int64_t rank;
-  bool conf, teacher;
-  const float *latent, *conf_logits;
-} terms;
-
-static df_status run_fused(df_ctx *ctx, const df_dspark_loss_options *opt, df_dspark_heads *heads, const terms *t,
-                           const df_tensor *hidden, const df_tensor *head, const df_dspark_labels *lab, float gs,
-                           rows_scratch *s, float *dhidden, df_error *err) {
-  int64_t R = lab->B * lab->N * lab->bs, H = head->shape[1], rk = t->rank;
-  df_tensor labels = df_i32(lab->labels, R), weights = df_f32(lab->weights, R);
-  df_tensor u = df_f32((float *)t->latent, R, rk > 0 ? rk : 1), teacher = df_f32(s->teacher, R, H);
-  df_tensor conf = df_f32((float *)t->conf_logits, R);
-  df_tensor ce = df_f32(s->ce, R), cor = df_u8(s->correct, R), top1 = df_f32(s->top1, R), l1 = df_f32(s->l1, R);
-  df_tensor agree = df_u8(s->agree, R), ttop1 = df_f32(s->ttop1, R), bce = df_f32(s->bce, R);
-  df_tensor dh = df_f32(dhidden, R, H), du = df_f32(s->du, R, rk > 0 ? rk : 1), dconf = df_f32(s->dconf, R);
-  df_lmhead_dspark_desc d = {.chunk_rows = opt->chunk_blocks * lab->bs,
+// The fused CE + L1 + BCE pass (df_lmhead_dspark) over the work buffers.
+static df_status run_fused(df_ctx *ctx, const df_dspark_loss_options *opt, df_dspark_heads *heads,
+                           const df_dspark_terms *t, const df_tensor *hidden, const df_tensor *head,
+                           const df_dspark_rows *rows, const float *latent, const float *conf_logits, float gs,
+                           df_dspark_work *w, df_tensor *dhidden, df_error *err) {
+  const df_device dev = df_ctx_device(ctx);
+  const int64_t R = rows->B * rows->N * rows->bs, rk = t->rank;
+  df_tensor u = df_f32_on(dev, latent, R, rk > 0 ? rk : 1), conf = df_f32_on(dev, conf_logits, R);
+  df_lmhead_dspark_desc d = {.chunk_rows = opt->chunk_blocks * rows->bs,
                              .grad_scale = gs,
                              .alpha_ce = (float)opt->ce_alpha,
                              .alpha_l1 = (float)opt->l1_alpha,
@@ -164,93 +113,190 @@ static df_status run_fused(df_ctx *ctx, const df_dspark_loss_options *opt, df_ds
                             .head = head,
                             .markov_u = rk > 0 ? &u : NULL,
                             .markov_w2 = rk > 0 ? df_dspark_heads_w2(heads) : NULL,
-                            .teacher = t->teacher ? &teacher : NULL,
-                            .labels = &labels,
-                            .weights = &weights,
+                            .teacher = t->teacher ? &w->teacher : NULL,
+                            .labels = &rows->labels,
+                            .weights = &rows->weights,
                             .conf = t->conf ? &conf : NULL};
-  bool grad = dhidden != NULL;
-  df_lmhead_dspark_out out = {.ce = &ce,
-                              .correct = &cor,
-                              .draft_top1 = &top1,
-                              .l1 = t->teacher ? &l1 : NULL,
-                              .agree = t->teacher ? &agree : NULL,
-                              .teacher_top1 = t->teacher ? &ttop1 : NULL,
-                              .bce = t->conf ? &bce : NULL,
-                              .dhidden = grad ? &dh : NULL,
+  const bool grad = dhidden != NULL;
+  df_tensor du = w->du, dconf = w->dconf;
+  df_lmhead_dspark_out out = {.ce = &w->ce,
+                              .correct = &w->correct,
+                              .draft_top1 = &w->top1,
+                              .l1 = t->teacher ? &w->l1 : NULL,
+                              .agree = t->teacher ? &w->agree : NULL,
+                              .teacher_top1 = t->teacher ? &w->ttop1 : NULL,
+                              .bce = t->conf ? &w->bce : NULL,
+                              .dhidden = grad ? dhidden : NULL,
                               .du = grad && rk > 0 ? &du : NULL,
                               .dw2 = grad && rk > 0 ? df_dspark_heads_w2_grad(heads) : NULL,
                               .dconf = grad && t->conf ? &dconf : NULL};
   return df_lmhead_dspark(ctx, &d, &in, &out, err);
 }
 
-static inline double sigmoid(double x) {
-  double e = exp(-fabs(x));
-  return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+df_status df_dspark_objective_rows(df_ctx *ctx, const df_dspark_loss_options *opt, df_dspark_heads *heads,
+                                   const df_tensor *hidden, const df_tensor *head, const df_tensor *last_hidden,
+                                   const df_dspark_rows *rows, df_dspark_work *w, df_tensor *dhidden, df_tensor *stats,
+                                   df_error *err) {
+  if (!opt || !hidden || !head || !rows || !w || !stats)
+    return DF_FAIL(err, DF_ERR_INVALID, "objective", NULL, "NULL argument to df_dspark_objective_rows");
+  DF_TRY(check_options(opt, err));
+  const int64_t R = rows->B * rows->N * rows->bs;
+  if (R <= 0 || hidden->ndim < 2 || df_numel(hidden) != R * head->shape[1])
+    return DF_FAIL(err, DF_ERR_INVALID, "hidden", "pass the draft output (B·N·bs, H)",
+                   "hidden does not hold B·N·bs = %lld rows of %lld", (long long)R, (long long)head->shape[1]);
+  const df_dspark_terms t = df_dspark_objective_terms(opt, heads);
+  if (t.teacher && !last_hidden)
+    return DF_FAIL(err, DF_ERR_INVALID, "target_last_hidden_states",
+                   "capture the data with target_last_hidden_states (DSpark), or set dspark_l1_loss_alpha and "
+                   "dspark_confidence_head_alpha to 0",
+                   "the DSpark L1/confidence loss needs the target's final hidden states, and the batch has none");
+  if (t.teacher) DF_TRY(df_gather_rows(ctx, last_hidden, &rows->teacher_idx, &w->teacher, err));
+  const float gs = opt->grad_scale > 0  ? (float)opt->grad_scale
+                   : rows->loss_den > 0 ? (float)(1.0 / rows->loss_den)
+                                        : 0.0f;
+  const bool heads_run = t.rank > 0 || df_dspark_heads_has_confidence(heads);
+  const float *latent = NULL, *conf = NULL;
+  if (heads_run)
+    DF_TRY(df_dspark_heads_forward(heads, rows->B * rows->N, rows->bs, hidden->data, rows->prev.data, &latent, &conf,
+                                   err));
+  DF_TRY(run_fused(ctx, opt, heads, &t, hidden, head, rows, latent, conf, gs, w, dhidden, err));
+  df_tensor conf_t = df_f32_on(df_ctx_device(ctx), conf, R);
+  df_dspark_metrics_in mi = {.ce = &w->ce,
+                             .correct = &w->correct,
+                             .draft_top1 = &w->top1,
+                             .l1 = t.teacher ? &w->l1 : NULL,
+                             .agree = t.teacher ? &w->agree : NULL,
+                             .teacher_top1 = t.teacher ? &w->ttop1 : NULL,
+                             .bce = t.conf ? &w->bce : NULL,
+                             .conf = t.conf ? &conf_t : NULL,
+                             .valid = &rows->valid,
+                             .weights = &rows->weights,
+                             .keep = &rows->keep};
+  DF_TRY(df_dspark_block_metrics(ctx, rows->bs, &mi, stats, err));
+  if (!dhidden || !heads_run) return DF_OK;
+  return df_dspark_heads_backward(heads, t.rank > 0 ? w->du.data : NULL, t.conf ? w->dconf.data : NULL, dhidden->data,
+                                  err);
 }
 
-// Sums over one block (bs rows from row0).
-static void block_metrics(const df_dspark_labels *lab, const rows_scratch *s, const terms *t, int64_t row0, bool keep,
-                          df_dspark_metrics *m) {
-  int64_t bs = lab->bs, greedy = 0;
-  bool any = false, run = true;
-  double prod = 1.0, expect = 0.0;
-  for (int64_t k = 0; k < bs; k++) {
-    int64_t r = row0 + k;
-    bool v = lab->valid[r];
-    double w = lab->weights[r];
-    m->ce_num += (double)s->ce[r] * w;
-    if (v) any = true, m->pos_den[k] += 1, m->pos_ce_num[k] += s->ce[r], m->pos_acc_num[k] += s->correct[r];
-    run = run && v && s->correct[r];
-    greedy += run;
-    if (!t->teacher) continue;
-    double y = fmin(fmax(1.0 - 0.5 * (double)s->l1[r], 0.0), 1.0); // acceptance probability, detached
-    m->l1_num += (double)s->l1[r] * w;
-    prod *= v ? y : 0.0;
-    expect += prod;
-    if (v) m->teacher_agree_num += s->agree[r], m->teacher_top1_num += s->ttop1[r], m->draft_top1_num += s->top1[r];
-    if (!t->conf) continue;
-    m->conf_num += (double)s->bce[r] * w;
-    m->conf_err_num += fabs(sigmoid(t->conf_logits[r]) - y) * w;
-  }
-  if (keep) m->num_blocks++, m->greedy_accept_sum += (double)(1 + greedy);
-  if (t->teacher && any) m->tau_num += 1.0 + expect, m->tau_den += 1.0;
-}
-
-static df_status collect_metrics(const df_dspark_loss_options *opt, const df_dspark_labels *lab,
-                                 const df_dflash_anchors *a, const rows_scratch *s, const terms *t,
-                                 df_dspark_metrics *m, df_error *err) {
-  int64_t bs = lab->bs;
-  m->bs = bs, m->has_teacher = t->teacher, m->has_confidence = t->conf;
-  m->pos_ce_num = calloc((size_t)bs, sizeof(double));
-  m->pos_acc_num = calloc((size_t)bs, sizeof(double));
-  m->pos_den = calloc((size_t)bs, sizeof(double));
+df_status df_dspark_metrics_from_stats(const double *st, int64_t bs, double loss_den, const df_dspark_loss_options *opt,
+                                       df_dspark_terms t, df_dspark_metrics *m, df_error *err) {
+  memset(m, 0, sizeof *m);
+  m->bs = bs, m->has_teacher = t.teacher, m->has_confidence = t.conf;
+  m->pos_ce_num = malloc((size_t)bs * sizeof(double));
+  m->pos_acc_num = malloc((size_t)bs * sizeof(double));
+  m->pos_den = malloc((size_t)bs * sizeof(double));
   if (!m->pos_ce_num || !m->pos_acc_num || !m->pos_den) {
     df_dspark_metrics_free(m);
     return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
   }
-  for (int64_t i = 0; i < lab->B * lab->N; i++) block_metrics(lab, s, t, i * bs, a->keep[i], m);
+  memcpy(m->pos_ce_num, st + DF_DSTAT_POS, (size_t)bs * sizeof(double));
+  memcpy(m->pos_acc_num, st + DF_DSTAT_POS + bs, (size_t)bs * sizeof(double));
+  memcpy(m->pos_den, st + DF_DSTAT_POS + 2 * bs, (size_t)bs * sizeof(double));
+  m->loss_den = loss_den;
+  m->ce_num = st[DF_DSTAT_CE], m->l1_num = st[DF_DSTAT_L1];
+  m->conf_num = st[DF_DSTAT_CONF], m->conf_err_num = st[DF_DSTAT_CONF_ERR];
+  m->acc_num = st[DF_DSTAT_ACC_NUM], m->eval_den = st[DF_DSTAT_EVAL_DEN];
+  m->teacher_agree_num = st[DF_DSTAT_AGREE], m->teacher_top1_num = st[DF_DSTAT_TTOP1];
+  m->draft_top1_num = st[DF_DSTAT_DTOP1];
+  m->tau_num = st[DF_DSTAT_TAU_NUM], m->tau_den = st[DF_DSTAT_TAU_DEN];
+  m->greedy_accept_sum = st[DF_DSTAT_GREEDY], m->num_blocks = (int64_t)st[DF_DSTAT_BLOCKS];
   if (!(opt->l1_alpha > 0)) m->l1_num = 0.0; // SpecForge logs the L1 term only when it is in the loss
-  for (int64_t k = 0; k < bs; k++) m->acc_num += m->pos_acc_num[k], m->eval_den += m->pos_den[k];
-  m->loss_num = opt->ce_alpha * m->ce_num + opt->l1_alpha * m->l1_num + (t->conf ? opt->conf_alpha * m->conf_num : 0);
+  m->loss_num = opt->ce_alpha * m->ce_num + opt->l1_alpha * m->l1_num + (t.conf ? opt->conf_alpha * m->conf_num : 0);
   return DF_OK;
 }
 
-static double weight_sum(const float *w, int64_t R) {
+// ---- the objective on host arrays ----------------------------------------------------------------------------
+
+double df_dspark_loss_den(const df_dspark_labels *lab) {
   double s = 0;
-  for (int64_t r = 0; r < R; r++) s += w[r];
+  for (int64_t r = 0; r < lab->B * lab->N * lab->bs; r++) s += lab->weights[r];
   return s;
 }
 
-// Heads forward, the fused pass, and (with dhidden) the heads' backward.
-static df_status objective_passes(df_ctx *ctx, const df_dspark_loss_options *opt, df_dspark_heads *heads, terms *t,
-                                  const df_tensor *hidden, const df_tensor *head, const df_dspark_labels *lab, float gs,
-                                  rows_scratch *s, float *dhidden, df_error *err) {
-  if (t->rank > 0 || df_dspark_heads_has_confidence(heads))
-    DF_TRY(df_dspark_heads_forward(heads, lab->B * lab->N, lab->bs, hidden->data, lab->prev, &t->latent,
-                                   &t->conf_logits, err));
-  DF_TRY(run_fused(ctx, opt, heads, t, hidden, head, lab, gs, s, dhidden, err));
-  if (!dhidden || (t->rank == 0 && !df_dspark_heads_has_confidence(heads))) return DF_OK;
-  return df_dspark_heads_backward(heads, t->rank > 0 ? s->du : NULL, t->conf ? s->dconf : NULL, dhidden, err);
+void df_dspark_teacher_index(const df_dspark_labels *lab, int64_t S, int32_t *idx) {
+  const int64_t per_sample = lab->N * lab->bs;
+  for (int64_t r = 0; r < lab->B * per_sample; r++)
+    idx[r] = lab->teacher_pos[r] < 0 ? -1 : (int32_t)((r / per_sample) * S + lab->teacher_pos[r]);
+}
+
+// Device buffers of the host-array entry point, carved from one allocation.
+typedef struct {
+  void *buf;
+  df_dspark_rows rows;
+  df_dspark_work work;
+  df_tensor stats, last;
+} host_objective;
+
+typedef struct {
+  char *p;
+  df_device dev;
+} carver;
+
+static void *carve(carver *c, size_t bytes) {
+  void *p = c->p;
+  c->p += (bytes + 63) & ~(size_t)63;
+  return p;
+}
+
+static void host_layout(carver *c, int64_t R, int64_t nb, int64_t H, int64_t rank, int64_t BS_rows, int64_t bs,
+                        host_objective *h) {
+  const df_device d = c->dev;
+  const int64_t ns = DF_DSPARK_STATS(bs);
+  h->stats = df_f64_on(d, carve(c, (size_t)ns * 8), ns);
+  h->rows.labels = df_i32_on(d, carve(c, (size_t)R * 4), R);
+  h->rows.prev = df_i32_on(d, carve(c, (size_t)R * 4), R);
+  h->rows.teacher_idx = df_i32_on(d, carve(c, (size_t)R * 4), R);
+  h->rows.weights = df_f32_on(d, carve(c, (size_t)R * 4), R);
+  h->rows.valid = df_u8_on(d, carve(c, (size_t)R), R);
+  h->rows.keep = df_u8_on(d, carve(c, (size_t)nb), nb);
+  df_tensor *f32s[] = {&h->work.ce, &h->work.top1, &h->work.l1, &h->work.ttop1, &h->work.bce, &h->work.dconf};
+  for (size_t i = 0; i < sizeof f32s / sizeof *f32s; i++) *f32s[i] = df_f32_on(d, carve(c, (size_t)R * 4), R);
+  h->work.correct = df_u8_on(d, carve(c, (size_t)R), R);
+  h->work.agree = df_u8_on(d, carve(c, (size_t)R), R);
+  h->work.du = df_f32_on(d, carve(c, (size_t)(R * (rank > 0 ? rank : 1)) * 4), R, rank > 0 ? rank : 1);
+  h->work.teacher = df_f32_on(d, carve(c, (size_t)(R * H) * 4), R, H);
+  h->last = df_f32_on(d, carve(c, (size_t)(BS_rows * H) * 4), BS_rows, H);
+}
+
+static df_status upload(df_ctx *ctx, const df_tensor *dst, const void *src, df_error *err) {
+  return df_copy(ctx, dst->data, dst->device, src, DF_DEV_CPU, (size_t)df_numel(dst) * df_dtype_size(dst->dtype), err);
+}
+
+static df_status host_stage(df_ctx *ctx, const df_dspark_labels *lab, const df_dflash_anchors *a,
+                            const float *last_hidden, int64_t S, int64_t H, int64_t rank, host_objective *h,
+                            df_error *err) {
+  const int64_t R = lab->B * lab->N * lab->bs, nb = lab->B * lab->N, BSr = last_hidden ? lab->B * S : 0;
+  carver measure = {.p = NULL, .dev = df_ctx_device(ctx)};
+  host_layout(&measure, R, nb, H, rank, BSr, lab->bs, h);
+  DF_TRY(df_buffer_alloc(ctx, (size_t)(uintptr_t)measure.p, &h->buf, err));
+  carver c = {.p = h->buf, .dev = df_ctx_device(ctx)};
+  host_layout(&c, R, nb, H, rank, BSr, lab->bs, h);
+  h->rows.B = lab->B, h->rows.N = lab->N, h->rows.bs = lab->bs, h->rows.loss_den = df_dspark_loss_den(lab);
+  int32_t *idx = malloc((size_t)R * sizeof(int32_t));
+  if (!idx) return DF_FAIL(err, DF_ERR_NOMEM, "dspark objective", NULL, "out of memory for %lld rows", (long long)R);
+  df_dspark_teacher_index(lab, S, idx);
+  df_status st = upload(ctx, &h->rows.labels, lab->labels, err);
+  if (st == DF_OK) st = upload(ctx, &h->rows.prev, lab->prev, err);
+  if (st == DF_OK) st = upload(ctx, &h->rows.teacher_idx, idx, err);
+  if (st == DF_OK) st = upload(ctx, &h->rows.weights, lab->weights, err);
+  if (st == DF_OK) st = upload(ctx, &h->rows.valid, lab->valid, err);
+  if (st == DF_OK) st = upload(ctx, &h->rows.keep, a->keep, err);
+  if (st == DF_OK && last_hidden) st = upload(ctx, &h->last, last_hidden, err);
+  free(idx);
+  if (st == DF_OK) st = df_fill(ctx, &h->stats, 0.0, err);
+  return st;
+}
+
+static df_status check_objective(const df_dspark_loss_options *opt, const df_tensor *hidden, const df_tensor *head,
+                                 const df_dspark_labels *lab, const df_dflash_anchors *a, df_error *err) {
+  if (!opt || !hidden || !head || !lab || !a)
+    return DF_FAIL(err, DF_ERR_INVALID, "objective", NULL, "NULL argument to df_dspark_objective");
+  DF_TRY(check_options(opt, err));
+  if (lab->B != a->B || lab->N != a->N)
+    return DF_FAIL(err, DF_ERR_INVALID, "labels", "build the labels from these anchors",
+                   "labels are (%lld, %lld) but anchors (%lld, %lld)", (long long)lab->B, (long long)lab->N,
+                   (long long)a->B, (long long)a->N);
+  return DF_OK;
 }
 
 df_status df_dspark_objective(df_ctx *ctx, const df_dspark_loss_options *opt, df_dspark_heads *heads,
@@ -259,23 +305,24 @@ df_status df_dspark_objective(df_ctx *ctx, const df_dspark_loss_options *opt, df
                               df_dspark_metrics *out, df_error *err) {
   memset(out, 0, sizeof *out);
   DF_TRY(check_objective(opt, hidden, head, lab, a, err));
-  terms t = {.rank = df_dspark_heads_markov_rank(heads)};
-  t.conf = df_dspark_heads_has_confidence(heads) && opt->conf_alpha > 0;
-  t.teacher = opt->l1_alpha > 0 || t.conf;
+  const df_dspark_terms t = df_dspark_objective_terms(opt, heads);
   if (t.teacher && !last_hidden)
     return DF_FAIL(err, DF_ERR_INVALID, "target_last_hidden_states",
                    "capture the data with target_last_hidden_states (DSpark), or set dspark_l1_loss_alpha and "
                    "dspark_confidence_head_alpha to 0",
                    "the DSpark L1/confidence loss needs the target's final hidden states, and the batch has none");
-  int64_t R = lab->B * lab->N * lab->bs, H = head->shape[1];
-  out->loss_den = weight_sum(lab->weights, R);
-  float gs = opt->grad_scale > 0 ? (float)opt->grad_scale : out->loss_den > 0 ? (float)(1.0 / out->loss_den) : 0.0f;
-  rows_scratch s;
-  DF_TRY(rows_alloc(&s, R, H, t.rank, t.teacher, err));
-  if (t.teacher) gather_teacher(lab, last_hidden, S, H, s.teacher);
-  df_status st = objective_passes(ctx, opt, heads, &t, hidden, head, lab, gs, &s, dhidden, err);
-  if (st == DF_OK) st = collect_metrics(opt, lab, a, &s, &t, out, err);
-  rows_free(&s);
-  if (st != DF_OK) df_dspark_metrics_free(out);
+  const int64_t R = lab->B * lab->N * lab->bs, H = head->shape[1], ns = DF_DSPARK_STATS(lab->bs);
+  host_objective h = {0};
+  double *st_host = malloc((size_t)ns * sizeof(double));
+  df_status st = st_host ? host_stage(ctx, lab, a, t.teacher ? last_hidden : NULL, S, H, t.rank, &h, err)
+                         : DF_FAIL(err, DF_ERR_NOMEM, "dspark objective", NULL, "out of memory");
+  df_tensor dh = df_f32_on(df_ctx_device(ctx), dhidden, R, H);
+  if (st == DF_OK)
+    st = df_dspark_objective_rows(ctx, opt, heads, hidden, head, t.teacher ? &h.last : NULL, &h.rows, &h.work,
+                                  dhidden ? &dh : NULL, &h.stats, err);
+  if (st == DF_OK) st = df_copy(ctx, st_host, DF_DEV_CPU, h.stats.data, df_ctx_device(ctx), (size_t)ns * 8, err);
+  if (st == DF_OK) st = df_dspark_metrics_from_stats(st_host, lab->bs, h.rows.loss_den, opt, t, out, err);
+  free(st_host);
+  df_buffer_free(ctx, h.buf);
   return st;
 }

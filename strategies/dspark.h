@@ -71,10 +71,58 @@ void df_dspark_metrics_free(df_dspark_metrics *m);
 // target_last_hidden_states) when α_l1 > 0 or a confidence head has α_conf > 0. Runs the heads forward, the
 // fused op (chunk_blocks·bs rows per chunk), and, when dhidden is not NULL, the heads' backward: the heads'
 // parameter gradients are added into the model's grads and d/d(hidden) is written into dhidden (B·N·bs, H).
+// This host-array entry point (tests, tools) uploads the labels, runs df_dspark_objective_rows and reads its sums
+// back once; hidden and dhidden live on the context's device.
 df_status df_dspark_objective(df_ctx *ctx, const df_dspark_loss_options *opt, df_dspark_heads *heads,
                               const df_tensor *hidden, const df_tensor *head, const float *last_hidden, int64_t S,
                               const df_dspark_labels *lab, const df_dflash_anchors *a, float *dhidden,
                               df_dspark_metrics *out, df_error *err);
+
+// ---- the objective on the device -----------------------------------------------------------------------------
+
+// Which terms run (SpecForge: the teacher only when the L1 term or an active confidence head needs it).
+typedef struct {
+  int64_t rank; // the Markov head's rank (0: none)
+  bool conf;    // the confidence BCE runs (a confidence head and α_conf > 0)
+  bool teacher; // the teacher distribution is computed (α_l1 > 0, or conf)
+} df_dspark_terms;
+df_dspark_terms df_dspark_objective_terms(const df_dspark_loss_options *opt, const df_dspark_heads *heads);
+
+// The objective's per-row inputs as views on the context's device (train/stage.c uploads them with the batch).
+typedef struct {
+  int64_t B, N, bs;      // rows R = B·N·bs, ordered (b, n, k)
+  df_tensor labels;      // [R] i32
+  df_tensor valid;       // [R] u8
+  df_tensor prev;        // [R] i32
+  df_tensor weights;     // [R] f32
+  df_tensor teacher_idx; // [R] i32 row b·S + teacher_pos of the batch's last hidden states, −1 where not valid
+  df_tensor keep;        // [B·N] u8
+  double loss_den;       // Σ weights, computed on the host where the labels were built
+} df_dspark_rows;
+
+// Device scratch of the objective: per row f32 ce, top1, l1, ttop1, bce, dconf; u8 correct, agree; du [R, r]
+// (with a Markov head); teacher [R, H] (the gathered teacher rows, when the teacher runs).
+typedef struct {
+  df_tensor ce, top1, l1, ttop1, bce, dconf, correct, agree, du, teacher;
+} df_dspark_work;
+
+// Σ weights of labels built on the host; the teacher row indices (df_dspark_rows.teacher_idx) for context S.
+double df_dspark_loss_den(const df_dspark_labels *lab);
+void df_dspark_teacher_index(const df_dspark_labels *lab, int64_t S, int32_t *idx);
+
+// The objective on the device: the teacher rows gathered from last_hidden [B·S, H] (NULL when no term needs
+// the teacher), the heads, the fused pass, the block metrics added into stats [DF_DSPARK_STATS(bs)] f64, and
+// with dhidden the heads' backward. Nothing is read back to the host.
+df_status df_dspark_objective_rows(df_ctx *ctx, const df_dspark_loss_options *opt, df_dspark_heads *heads,
+                                   const df_tensor *hidden, const df_tensor *head, const df_tensor *last_hidden,
+                                   const df_dspark_rows *rows, df_dspark_work *w, df_tensor *dhidden, df_tensor *stats,
+                                   df_error *err);
+
+// The metrics of a stats vector read back from the device: the sums, loss_num = α_ce·ce + α_l1·l1 + α_conf·conf
+// (l1 only when α_l1 > 0, conf only when the term ran), pos arrays allocated (df_dspark_metrics_free).
+df_status df_dspark_metrics_from_stats(const double *stats, int64_t bs, double loss_den,
+                                       const df_dspark_loss_options *opt, df_dspark_terms terms, df_dspark_metrics *out,
+                                       df_error *err);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "train/commands.h"
+#include "train/device.h"
 #include "train/evaluate.h"
 #include "train/export.h"
 #include "train/recipe.h"
@@ -14,7 +15,7 @@
 
 static const char *eval_usage =
     "usage: draftforge eval CHECKPOINT_OR_EXPORT --recipe RECIPE.yaml [--data FILE] [--out FILE]\n"
-    "                       [--max-samples N] [--threads N]\n"
+    "                       [--max-samples N] [--threads N] [--device auto|cpu|cuda]\n"
     "\n"
     "Evaluates a DFlash or DSpark draft (a checkpoint or export directory, or a run directory: its latest\n"
     "checkpoint) on held-out hidden states: forward only, every sample in file order, anchors from\n"
@@ -23,12 +24,14 @@ static const char *eval_usage =
     "report adds ce_loss, l1_loss, confidence_loss and tau_probabilistic. The recipe (its training.strategy\n"
     "must match the draft) gives the target, batch size, max_length, num_anchors, loss_decay_gamma, the DSpark\n"
     "alphas and the data: --data, else data.eval_hidden_states_path, else data.hidden_states_path (not held\n"
-    "out).\n";
+    "out). --device: where it runs (default: the recipe's training.device).\n";
 
 typedef struct {
   const char *checkpoint, *recipe, *data, *out;
   int64_t max_samples;
   int threads;
+  bool has_device;
+  df_device_choice device;
 } eval_args;
 
 static bool parse_count(const char *s, long long hi, long long *out) {
@@ -52,7 +55,12 @@ static int parse_eval_args(int argc, char **argv, eval_args *a) {
       a->data = argv[++i];
     else if (!strcmp(s, "--out") && i + 1 < argc)
       a->out = argv[++i];
-    else if (!strcmp(s, "--max-samples") && i + 1 < argc) {
+    else if (!strcmp(s, "--device") && i + 1 < argc) {
+      df_error e = {0};
+      if (df_device_choice_parse(argv[++i], &a->device, &e) != DF_OK)
+        return fprintf(stderr, "draftforge eval: %s\n  HINT: %s\n", e.msg, e.hint), 2;
+      a->has_device = true;
+    } else if (!strcmp(s, "--max-samples") && i + 1 < argc) {
       if (!parse_count(argv[++i], INT64_MAX, &v))
         return fprintf(stderr, "draftforge eval: --max-samples wants a count, got '%s'\n", argv[i]), 2;
       a->max_samples = v;
@@ -81,19 +89,19 @@ typedef struct {
 
 static void eval_free(eval_run *r) {
   df_dflash_model_free(r->model);
+  df_run_resources_free(&r->res); // before the context: the frozen pieces may live on its device
   df_ctx_destroy(r->ctx);
-  df_run_resources_free(&r->res);
   df_recipe_free(r->recipe);
 }
 
 // The recipe's target pieces and mask token (train/trainer_resources.h) with the draft built from the
 // checkpoint's own config.json, and its weights loaded strictly.
-static df_status load_draft(eval_run *r, int threads, df_error *err) {
+static df_status load_draft(eval_run *r, const eval_args *a, df_error *err) {
   char cfg_path[PATH_MAX + 16];
   snprintf(cfg_path, sizeof cfg_path, "%s/config.json", r->dir);
   DF_TRY(df_run_resources_load_ex(r->recipe, cfg_path, &r->res, err));
-  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
-  DF_TRY(df_ctx_create(&co, &r->ctx, err));
+  DF_TRY(df_device_open(a->has_device ? a->device : r->recipe->training.device, a->threads, stderr, &r->ctx, err));
+  DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
   DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
   return df_dflash_model_load(r->model, r->dir, err);
 }
@@ -112,7 +120,7 @@ static df_status run_eval(const eval_args *a, eval_run *r, df_eval_report *rep, 
   df_recipe_options ro = {.log = stderr};
   DF_TRY(df_recipe_load(a->recipe, &ro, &r->recipe, err));
   DF_TRY(df_checkpoint_dir_resolve(a->checkpoint, r->dir, sizeof r->dir, err));
-  DF_TRY(load_draft(r, a->threads, err));
+  DF_TRY(load_draft(r, a, err));
   df_eval_options o = df_eval_options_from_recipe(r->recipe, r->res.mask_token_id);
   o.max_samples = a->max_samples;
   *data = eval_data_path(r->recipe, a->data);

@@ -5,10 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/device.h"
 #include "train/recipe.h"
 #include "train/step.h"
 
-static const char *step_usage = "usage: draftforge step RECIPE.yaml --dump DIR [--threads N]\n"
+static const char *step_usage = "usage: draftforge step RECIPE.yaml --dump DIR [--threads N] [--device D]\n"
                                 "       draftforge step --schema\n"
                                 "\n"
                                 "Runs one DFlash or DSpark micro-step (docs/dflash-step.md; the draft config decides\n"
@@ -16,12 +17,14 @@ static const char *step_usage = "usage: draftforge step RECIPE.yaml --dump DIR [
                                 "writes DIR/grads.safetensors (the F32 gradient of loss_num/loss_den for every\n"
                                 "trainable parameter, DSpark heads included) and DIR/step.json (loss terms and\n"
                                 "metrics; DSpark adds ce/l1/confidence terms and tau_probabilistic). No optimizer\n"
-                                "step. --threads: CPU threads (default: OpenMP's). --schema: every recipe key.\n";
+                                "step. --threads: CPU threads (default: OpenMP's). --device auto|cpu|cuda:\n"
+                                "where it runs (default: training.device). --schema: every recipe key.\n";
 
 typedef struct {
   const char *recipe, *dump;
   int threads;
-  bool schema;
+  bool schema, has_device;
+  df_device_choice device;
 } step_args;
 
 static bool parse_threads(const char *s, int *out) {
@@ -42,7 +45,12 @@ static int parse_step_args(int argc, char **argv, step_args *a) {
       a->schema = true;
     else if (!strcmp(s, "--dump") && i + 1 < argc)
       a->dump = argv[++i];
-    else if (!strcmp(s, "--threads") && i + 1 < argc) {
+    else if (!strcmp(s, "--device") && i + 1 < argc) {
+      df_error e = {0};
+      if (df_device_choice_parse(argv[++i], &a->device, &e) != DF_OK)
+        return fprintf(stderr, "draftforge step: %s\n  HINT: %s\n", e.msg, e.hint), 2;
+      a->has_device = true;
+    } else if (!strcmp(s, "--threads") && i + 1 < argc) {
       if (!parse_threads(argv[++i], &a->threads))
         return fprintf(stderr, "draftforge step: --threads wants a count, got '%s'\n", argv[i]), 2;
     } else if (s[0] != '-' && !a->recipe)
@@ -76,7 +84,7 @@ int df_cmd_step(int argc, char **argv) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   df_step_result r;
   df_error err = {0};
-  if (df_step_run(a.recipe, a.dump, a.threads, &r, &err) != DF_OK) {
+  if (df_step_run(a.recipe, a.dump, a.threads, a.has_device ? &a.device : NULL, &r, &err) != DF_OK) {
     df_error_print(&err);
     return 1;
   }

@@ -7,11 +7,12 @@
 #include <string.h>
 
 #include "train/commands.h"
+#include "train/device.h"
 #include "train/trainer.h"
 
 static const char *train_usage =
     "usage: draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N]\n"
-    "                        [--no-prefetch]\n"
+    "                        [--no-prefetch] [--device auto|cpu|cuda]\n"
     "\n"
     "Trains the draft the recipe describes (docs/training.md). Checkpoints go to\n"
     "<output_dir>/checkpoints/step-<N>/, metrics to <output_dir>/metrics.jsonl, and the resolved\n"
@@ -21,6 +22,7 @@ static const char *train_usage =
     "                 directory (same as training.resume_from)\n"
     "  --threads N    CPU threads (default: OpenMP's)\n"
     "  --no-prefetch  read batches on the training thread\n"
+    "  --device D     auto, cpu or cuda (default: training.device, itself auto)\n"
     "SIGINT/SIGTERM finish the current optimizer step, write a checkpoint and exit 0; a second one\n"
     "stops at once.\n";
 
@@ -28,7 +30,8 @@ typedef struct {
   const char *recipe, *resume;
   const char **sets;
   int n_sets, threads;
-  bool no_prefetch;
+  bool no_prefetch, has_device;
+  df_device_choice device;
 } train_args;
 
 // argv holds the arguments after "train". Returns 0 on success, 1 for --help (printed), 2 on a usage error.
@@ -47,7 +50,12 @@ static int parse_train_args(int argc, char **argv, train_args *a) {
       a->resume = argv[++i];
     else if (!strcmp(s, "--no-prefetch"))
       a->no_prefetch = true;
-    else if (!strcmp(s, "--threads") && i + 1 < argc) {
+    else if (!strcmp(s, "--device") && i + 1 < argc) {
+      df_error e = {0};
+      if (df_device_choice_parse(argv[++i], &a->device, &e) != DF_OK)
+        return fprintf(stderr, "draftforge train: %s\n  HINT: %s\n", e.msg, e.hint), 2;
+      a->has_device = true;
+    } else if (!strcmp(s, "--threads") && i + 1 < argc) {
       char *end;
       long v = strtol(argv[++i], &end, 10);
       if (!*argv[i] || *end || v < 0 || v > 4096)
@@ -77,7 +85,9 @@ int df_cmd_train(int argc, char **argv) {
                         .threads = a.threads,
                         .log = stdout,
                         .handle_signals = true,
-                        .no_prefetch = a.no_prefetch};
+                        .no_prefetch = a.no_prefetch,
+                        .has_device = a.has_device,
+                        .device = a.device};
   df_train_summary s;
   df_error err = {0};
   df_status st = df_train(&o, &s, &err);

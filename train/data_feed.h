@@ -22,9 +22,9 @@ typedef struct {
   int64_t max_length; // <= 0: no truncation
   uint64_t seed;      // training.seed; epoch e uses seed + e (DATA stream)
   int rank, world_size;
-  bool prefetch;                 // start the reader thread
-  const df_draft_config *cfg;    // data must match (K, target_layer_ids, H); may be NULL
-  bool need_last_hidden;         // DSpark: the shards must carry target_last_hidden_states
+  bool prefetch;              // start the reader thread
+  const df_draft_config *cfg; // data must match (K, target_layer_ids, H); may be NULL
+  bool need_last_hidden;      // DSpark: the shards must carry target_last_hidden_states
 } df_feed_options;
 
 // The epoch order is perm(seed + epoch); rank r takes perm[r], perm[r + world], ... after padding the order

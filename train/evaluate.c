@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "train/fsutil.h"
+#include "train/stage.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -93,64 +94,80 @@ static df_status eval_check(const df_draft_config *cfg, const df_step_frozen *fz
   return DF_OK;
 }
 
-// The forward shared by both kinds: anchors, block rows and their embeddings, the draft. f->hidden stays NULL
-// (nothing to score) when no sample of the batch has an anchor candidate.
+// The stage and the one stats vector of an evaluation: every batch adds its sums on the device, read back once.
 typedef struct {
-  df_dflash_anchors a;
-  df_dflash_blocks blk;
-  float *embed;
-  const float *hidden; // (B·N·bs, H), owned by the model
-} eval_fwd;
+  df_stage *stage;
+  void *buf;
+  df_tensor stats; // DF_DSPARK_STATS(bs) f64: the kind's sums (train/stage.h)
+  double loss_den; // Σ over batches, known on the host
+} eval_state;
 
-static void eval_fwd_free(eval_fwd *f) {
-  free(f->embed);
-  df_dflash_blocks_free(&f->blk);
-  df_dflash_anchors_free(&f->a);
+// The DFlash eval objective is the plain CE whatever the training loss_type; DSpark's is its own, forward only.
+static df_dflash_loss_options dflash_loss(const df_eval_options *o) {
+  return (df_dflash_loss_options){.type = DF_LOSS_DFLASH, .chunk_blocks = o->chunk_blocks};
 }
 
-static df_status eval_forward(df_dflash_model *m, df_ctx *ctx, const df_draft_config *cfg, const df_step_frozen *fz,
-                              const df_batch *bt, const df_eval_options *o, eval_fwd *f, int64_t *skipped,
-                              df_error *err) {
-  DF_TRY(eval_anchors(bt, o, &f->a, skipped, err));
-  if (f->a.N == 0) return DF_OK;
-  DF_TRY(df_dflash_build_blocks(bt->input_ids, bt->loss_mask, bt->S, &f->a, cfg->block_size, o->mask_token_id,
-                                o->loss_decay_gamma, &f->blk, err));
-  int64_t R = bt->B * f->a.N * cfg->block_size, H = fz->hidden;
-  if (!(f->embed = malloc((size_t)(R * H) * sizeof *f->embed)))
-    return DF_FAIL(err, DF_ERR_NOMEM, "eval block rows", "lower training.num_anchors or training.batch_size",
-                   "out of memory for %lld block rows of width %lld", (long long)R, (long long)H);
-  df_tensor table = df_f32((float *)fz->embed, fz->vocab, H), ids = df_i32(f->blk.input_ids, R);
-  df_tensor out = df_f32(f->embed, R, H);
-  DF_TRY(df_embedding_forward(ctx, &table, &ids, &out, err));
-  df_dflash_batch mb = {bt->B, bt->S, f->a.N, bt->hidden, f->embed, f->a.anchors, f->a.keep};
-  return df_dflash_model_forward(m, &mb, &f->hidden, err);
+// The loss weights and chunking of the DSpark objective; grad_scale 0 (no backward runs anyway).
+static df_dspark_loss_options dspark_loss(const df_eval_options *o) {
+  df_dspark_loss_options lo = {.ce_alpha = 0.1, .l1_alpha = 0.9, .conf_alpha = 1.0}; // SpecForge's defaults
+  if (o->dspark.set)
+    lo.ce_alpha = o->dspark.ce_alpha, lo.l1_alpha = o->dspark.l1_alpha, lo.conf_alpha = o->dspark.conf_alpha;
+  lo.chunk_blocks = o->chunk_blocks;
+  return lo;
 }
 
-// Forward-only on one batch with the DFlash objective. met is zeroed (nothing to add) when no sample of the
-// batch has an anchor candidate.
+static df_status eval_state_open(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+                                 const df_eval_options *o, eval_state *ev, df_error *err) {
+  memset(ev, 0, sizeof *ev);
+  df_dspark_loss_options lo = dspark_loss(o);
+  df_dspark_terms t = df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(m));
+  df_stage_spec spec = {.kind = cfg->kind,
+                        .block_size = cfg->block_size,
+                        .vocab = fz->vocab,
+                        .hidden = fz->hidden,
+                        .mask_token_id = o->mask_token_id,
+                        .loss_decay_gamma = o->loss_decay_gamma,
+                        .loss_type = DF_LOSS_DFLASH,
+                        .teacher = cfg->kind == DF_DRAFT_DSPARK && t.teacher,
+                        .markov_rank = t.rank};
+  DF_TRY(df_stage_create(ctx, &spec, &ev->stage, err));
+  const int64_t ns = DF_DSPARK_STATS(cfg->block_size);
+  DF_TRY(df_buffer_alloc(ctx, sizeof(double) * (size_t)ns, &ev->buf, err));
+  ev->stats = df_f64_on(df_ctx_device(ctx), ev->buf, ns);
+  return df_fill(ctx, &ev->stats, 0.0, err);
+}
+
+static void eval_state_close(df_ctx *ctx, eval_state *ev) {
+  df_stage_free(ev->stage);
+  df_buffer_free(ctx, ev->buf);
+}
+
+// Forward-only on one batch with the draft's objective, its sums added to ev->stats. Nothing to add when no sample
+// of the batch has an anchor candidate.
 static df_status eval_batch(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
-                            const df_batch *bt, const df_eval_options *o, df_dflash_metrics *met, int64_t *skipped,
+                            const df_batch *bt, const df_eval_options *o, eval_state *ev, int64_t *skipped,
                             df_error *err) {
-  memset(met, 0, sizeof *met);
-  eval_fwd f = {0};
-  df_status st = eval_forward(m, ctx, cfg, fz, bt, o, &f, skipped, err);
-  if (st == DF_OK && f.hidden) {
-    int64_t R = bt->B * f.a.N * cfg->block_size;
-    df_tensor h = df_f32((float *)f.hidden, R, fz->hidden), head = df_f32((float *)fz->lm_head, fz->vocab, fz->hidden);
-    df_dflash_loss_options lo = {.type = DF_LOSS_DFLASH, .chunk_blocks = o->chunk_blocks};
-    st = df_dflash_objective(ctx, &lo, &h, &head, &f.blk, &f.a, NULL, met, err);
+  df_dflash_anchors a;
+  df_status st = eval_anchors(bt, o, &a, skipped, err);
+  df_staged sg;
+  df_tensor hidden;
+  if (st == DF_OK && a.N > 0) st = df_stage_prepare(ev->stage, bt, &a, &sg, err);
+  if (st == DF_OK && a.N > 0) st = df_stage_forward(ctx, m, fz->embed, fz->vocab, &sg, &hidden, err);
+  if (st == DF_OK && a.N > 0) {
+    df_tensor head = df_f32_on(df_ctx_device(ctx), fz->lm_head, fz->vocab, fz->hidden);
+    if (cfg->kind == DF_DRAFT_DSPARK) {
+      df_dspark_loss_options lo = dspark_loss(o);
+      st = df_dspark_objective_rows(ctx, &lo, df_dflash_model_dspark_heads(m), &hidden, &head,
+                                    sg.last_hidden.data ? &sg.last_hidden : NULL, &sg.dspark, &sg.dspark_w, NULL,
+                                    &ev->stats, err);
+    } else {
+      df_dflash_loss_options lo = dflash_loss(o);
+      st = df_dflash_objective_rows(ctx, &lo, &hidden, &head, &sg.dflash, &sg.dflash_w, NULL, &ev->stats, err);
+    }
+    ev->loss_den += sg.loss_den;
   }
-  eval_fwd_free(&f);
+  df_dflash_anchors_free(&a);
   return st;
-}
-
-static void eval_add(df_eval_report *r, const df_dflash_metrics *m) {
-  r->loss_num += m->loss_num, r->loss_den += m->loss_den;
-  r->acc_num += m->acc_num, r->acc_den += m->acc_den;
-  r->num_blocks += m->num_blocks;
-  r->accept_len_sum += m->accept_len_sum;
-  for (int64_t k = 0; k < r->block_size && m->pos_acc_num; k++)
-    r->pos_acc_num[k] += m->pos_acc_num[k], r->pos_acc_den[k] += m->pos_acc_den[k];
 }
 
 static double ratio_or_nan(bool ran, double num, double den) { return ran && den > 0 ? num / den : NAN; }
@@ -168,85 +185,49 @@ static void eval_finish(df_eval_report *r) {
   r->tau_probabilistic = ratio_or_nan(t, r->tau_num, r->tau_den);
 }
 
-// ---- DSpark drafts (strategies/dspark.h) -----------------------------------------------------------------------
-
-// The loss weights and chunking of the objective; grad_scale 0 (no backward runs anyway).
-static df_dspark_loss_options dspark_loss(const df_eval_options *o) {
-  df_dspark_loss_options lo = {.ce_alpha = 0.1, .l1_alpha = 0.9, .conf_alpha = 1.0}; // SpecForge's defaults
-  if (o->dspark.set)
-    lo.ce_alpha = o->dspark.ce_alpha, lo.l1_alpha = o->dspark.l1_alpha, lo.conf_alpha = o->dspark.conf_alpha;
-  lo.chunk_blocks = o->chunk_blocks;
-  return lo;
-}
-
 // Whether the objective reads the teacher (target_last_hidden_states): the L1 term or an active confidence head,
 // as df_dspark_objective decides.
 static bool dspark_needs_teacher(df_dflash_model *m, const df_eval_options *o) {
   df_dspark_loss_options lo = dspark_loss(o);
-  return lo.l1_alpha > 0 || (df_dspark_heads_has_confidence(df_dflash_model_dspark_heads(m)) && lo.conf_alpha > 0);
+  return df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(m)).teacher;
 }
 
-// Forward-only on one batch with the DSpark labels, heads and objective (dhidden NULL: no gradient anywhere).
-// dm is zeroed (nothing to add) when no sample of the batch has an anchor candidate.
-static df_status eval_batch_dspark(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg,
-                                   const df_step_frozen *fz, const df_batch *bt, const df_eval_options *o,
-                                   df_dspark_metrics *dm, int64_t *skipped, df_error *err) {
-  memset(dm, 0, sizeof *dm);
-  if (bt->last_hidden && bt->hidden_size != fz->hidden)
-    return DF_FAIL(err, DF_ERR_INVALID, "target_last_hidden_states", "capture the eval data with this target",
-                   "the batch's last hidden states are %lld wide, the LM head reads %lld", (long long)bt->hidden_size,
-                   (long long)fz->hidden);
-  eval_fwd f = {0};
-  df_dspark_labels lab = {0};
-  df_status st = eval_forward(m, ctx, cfg, fz, bt, o, &f, skipped, err);
-  if (st == DF_OK && f.hidden)
-    st = df_dspark_build_labels(bt->input_ids, bt->loss_mask, bt->S, &f.a, cfg->block_size, o->loss_decay_gamma, &lab,
-                                err);
-  if (st == DF_OK && f.hidden) {
-    int64_t R = bt->B * f.a.N * cfg->block_size;
-    df_tensor h = df_f32((float *)f.hidden, R, fz->hidden), head = df_f32((float *)fz->lm_head, fz->vocab, fz->hidden);
-    df_dspark_loss_options lo = dspark_loss(o);
-    st = df_dspark_objective(ctx, &lo, df_dflash_model_dspark_heads(m), &h, &head, bt->last_hidden, bt->S, &lab, &f.a,
-                             NULL, dm, err);
+// The report's sums from the stats read back once at the end.
+static df_status eval_collect(df_ctx *ctx, df_dflash_model *m, const df_eval_options *o, const eval_state *ev,
+                              df_eval_report *r, df_error *err) {
+  const int64_t ns = df_numel(&ev->stats), bs = r->block_size;
+  double *st = malloc(sizeof(double) * (size_t)ns);
+  if (!st) return DF_FAIL(err, DF_ERR_NOMEM, "eval", NULL, "out of memory");
+  df_status rc = df_copy(ctx, st, DF_DEV_CPU, ev->stats.data, df_ctx_device(ctx), sizeof(double) * (size_t)ns, err);
+  r->loss_den = ev->loss_den;
+  if (rc == DF_OK && !r->dspark) {
+    r->loss_num = st[DF_BSTAT_LOSS_NUM], r->acc_num = st[DF_BSTAT_ACC_NUM], r->acc_den = st[DF_BSTAT_ACC_DEN];
+    r->accept_len_sum = st[DF_BSTAT_ACCEPT_SUM], r->num_blocks = (int64_t)st[DF_BSTAT_BLOCKS];
+    memcpy(r->pos_acc_num, st + DF_BSTAT_POS, sizeof(double) * (size_t)bs);
+    memcpy(r->pos_acc_den, st + DF_BSTAT_POS + bs, sizeof(double) * (size_t)bs);
   }
-  df_dspark_labels_free(&lab);
-  eval_fwd_free(&f);
-  return st;
-}
-
-static void eval_add_dspark(df_eval_report *r, const df_dspark_metrics *m) {
-  r->loss_num += m->loss_num, r->loss_den += m->loss_den;
-  r->acc_num += m->acc_num, r->acc_den += m->eval_den;
-  r->num_blocks += m->num_blocks;
-  r->accept_len_sum += m->greedy_accept_sum;
-  r->ce_num += m->ce_num, r->l1_num += m->l1_num, r->conf_num += m->conf_num, r->conf_err_num += m->conf_err_num;
-  r->teacher_agree_num += m->teacher_agree_num;
-  r->tau_num += m->tau_num, r->tau_den += m->tau_den;
-  r->has_teacher = r->has_teacher || m->has_teacher;
-  r->has_confidence = r->has_confidence || m->has_confidence;
-  for (int64_t k = 0; k < r->block_size && m->pos_acc_num; k++)
-    r->pos_acc_num[k] += m->pos_acc_num[k], r->pos_acc_den[k] += m->pos_den[k];
+  if (rc == DF_OK && r->dspark) {
+    df_dspark_loss_options lo = dspark_loss(o);
+    df_dspark_metrics m2;
+    rc = df_dspark_metrics_from_stats(st, bs, ev->loss_den, &lo,
+                                      df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(m)), &m2, err);
+    if (rc == DF_OK) {
+      r->loss_num = m2.loss_num;
+      r->acc_num = m2.acc_num, r->acc_den = m2.eval_den;
+      r->num_blocks = m2.num_blocks, r->accept_len_sum = m2.greedy_accept_sum;
+      r->ce_num = m2.ce_num, r->l1_num = m2.l1_num, r->conf_num = m2.conf_num, r->conf_err_num = m2.conf_err_num;
+      r->teacher_agree_num = m2.teacher_agree_num, r->tau_num = m2.tau_num, r->tau_den = m2.tau_den;
+      r->has_teacher = m2.has_teacher, r->has_confidence = m2.has_confidence;
+      memcpy(r->pos_acc_num, m2.pos_acc_num, sizeof(double) * (size_t)bs);
+      memcpy(r->pos_acc_den, m2.pos_den, sizeof(double) * (size_t)bs);
+      df_dspark_metrics_free(&m2);
+    }
+  }
+  free(st);
+  return rc;
 }
 
 // ---- the loop ----------------------------------------------------------------------------------------------------
-
-// One batch of either kind, its counts added to r.
-static df_status eval_one(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
-                          const df_batch *bt, const df_eval_options *o, df_eval_report *r, df_error *err) {
-  df_status st;
-  if (r->dspark) {
-    df_dspark_metrics dm;
-    st = eval_batch_dspark(ctx, m, cfg, fz, bt, o, &dm, &r->skipped_samples, err);
-    if (st == DF_OK) eval_add_dspark(r, &dm);
-    df_dspark_metrics_free(&dm);
-    return st;
-  }
-  df_dflash_metrics met;
-  st = eval_batch(ctx, m, cfg, fz, bt, o, &met, &r->skipped_samples, err);
-  if (st == DF_OK) eval_add(r, &met);
-  df_dflash_metrics_free(&met);
-  return st;
-}
 
 static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                            df_hs_dataset *ds, const df_eval_options *o, df_eval_report *r, df_error *err) {
@@ -255,7 +236,9 @@ static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_confi
   bool teacher = r->dspark && dspark_needs_teacher(m, o); // DSpark: read target_last_hidden_states too
   int64_t *index = malloc((size_t)o->batch_size * sizeof *index);
   if (!index) return DF_FAIL(err, DF_ERR_NOMEM, "eval", NULL, "out of memory");
-  df_status st = DF_OK;
+  eval_state ev;
+  df_status st = eval_state_open(ctx, m, cfg, fz, o, &ev, err);
+  // The stage packs each batch into its own page-locked slot, so the batch's memory can go as soon as it is staged.
   for (int64_t first = 0; first < n && st == DF_OK; first += o->batch_size) {
     int64_t B = n - first < o->batch_size ? n - first : o->batch_size;
     for (int64_t i = 0; i < B; i++) index[i] = first + i;
@@ -263,9 +246,11 @@ static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_confi
     st = df_batch_read_ex(ds, index, B, o->max_length, teacher, &bt, err);
     if (st != DF_OK) break;
     r->num_samples += B, r->num_batches++;
-    st = eval_one(ctx, m, cfg, fz, &bt, o, r, err);
+    st = eval_batch(ctx, m, cfg, fz, &bt, o, &ev, &r->skipped_samples, err);
     df_batch_free(&bt);
   }
+  if (st == DF_OK) st = eval_collect(ctx, m, o, &ev, r, err);
+  eval_state_close(ctx, &ev);
   free(index);
   return st;
 }

@@ -16,6 +16,7 @@
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
 #include "moe/layout.h"
+#include "train/device.h"
 
 // ---- checkpoint directories ------------------------------------------------------------------------------
 
@@ -256,9 +257,9 @@ static df_status write_export(const df_moe_config *moe, const df_params *p, cons
 
 static df_status load_model(const char *ckpt, const df_draft_config *cfg, int threads, df_ctx **ctx,
                             df_dflash_model **m, df_error *err) {
-  // DSpark drafts export too: the model carries their Markov / confidence heads under SpecForge's names.
-  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
-  DF_TRY(df_ctx_create(&co, ctx, err));
+  // DSpark drafts export too: the model carries their Markov / confidence heads under SpecForge's names. An export
+  // converts files and folds a few tensors on the host: it runs where the weights are read, the CPU, by design.
+  DF_TRY(df_device_open(DF_DEVICE_CPU, threads, NULL, ctx, err));
   DF_TRY(df_dflash_model_create(cfg, *ctx, m, err));
   return df_dflash_model_load(*m, ckpt, err);
 }

@@ -19,6 +19,9 @@ typedef enum { DF_STRATEGY_DFLASH = 0, DF_STRATEGY_DSPARK = 1 } df_strategy;
 
 typedef enum { DF_LR_COSINE = 0, DF_LR_CONSTANT = 1 } df_lr_kind; // training.lr_scheduler, in schema order
 
+// training.device, in schema order (train/device.h resolves it to a context).
+typedef enum { DF_DEVICE_AUTO = 0, DF_DEVICE_CPU = 1, DF_DEVICE_CUDA = 2 } df_device_choice;
+
 // What a recipe resolves to. Paths are absolute or relative to the working directory: a relative path in the
 // file is resolved against the recipe's own directory. Optional values absent from the file are NULL / flagged.
 typedef struct df_recipe {
@@ -54,6 +57,7 @@ typedef struct df_recipe {
     int64_t num_epochs, max_steps, total_steps, accumulation_steps;
     double learning_rate, warmup_ratio, max_grad_norm;
     df_lr_kind lr_scheduler;
+    df_device_choice device;
     double weight_decay, adam_beta1, adam_beta2, adam_eps;
     int64_t max_consecutive_skips;
     int64_t save_interval, eval_interval, log_interval, max_checkpoints; // intervals: 0 = off

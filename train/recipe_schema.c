@@ -30,6 +30,7 @@ static const char *const BACKENDS[] = {"sglang", "hf", "custom", NULL};
 static const char *const DTYPES[] = {"bfloat16", "float16", "float32", NULL};
 static const char *const REPORT_TO[] = {"none", "wandb", "tensorboard", "swanlab", "mlflow", NULL};
 static const char *const DEPLOY_MODES[] = {"local_colocated", "disaggregated", NULL};
+static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
 
 #define OFFLINE    "offline runs never start the target or its SGLang engine"
 #define PREP       "applies when the data is prepared; offline runs read captured hidden states"
@@ -125,7 +126,10 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "max_consecutive_skips", DF_RT_INT, .def = "5", GT(0), USED,
       .note = EXT ": optimizer steps skipped in a row for a NaN/Inf loss or gradient norm before the run stops"),
     K("training", "optimizer_cpu_offload", DF_RT_BOOL, .def = "false",
-      INERT("the fp32 masters and AdamW moments always live in host memory")),
+      INERT("the fp32 masters and AdamW moments live on the training device")),
+    K("training", "device", DF_RT_ENUM, .def = "auto", .choices = DEVICES, USED,
+      .note = EXT ": cpu, cuda, or auto (cuda when the build has it, a GPU is visible and its backend runs every op "
+                  "of the step; else cpu); --device overrides it"),
     K("training", "ttt_length", DF_RT_INT, .def = "7", GT(0), INERT(OTHER_ALGO)),
     K("training", "attention_backend", DF_RT_ENUM, .def = "flex_attention", .choices = ATTENTION,
       .supported = ATTENTION_OK, INERT("eager, sdpa and flex_attention compute the same masked attention")),

@@ -9,40 +9,28 @@
 #include "modeling/strict_load.h"
 #include "moe/ffn_moe.h"
 #include "moe/layout.h"
+#include "train/device.h"
 #include "train/fsutil.h"
 #include "train/recipe.h"
+#include "train/stage.h"
 #include "train/trainer_resources.h"
 
 // ---- the micro-step ------------------------------------------------------------------------------------------
 
-typedef struct {
-  df_dflash_anchors a;
-  df_dflash_blocks blk;
-  float *block_embed; // (B, N·bs, H)
-  float *dhidden;     // (B, N·bs, H)
-} micro_bufs;
-
-static void micro_free(micro_bufs *b) {
-  df_dflash_anchors_free(&b->a);
-  df_dflash_blocks_free(&b->blk);
-  free(b->block_embed), free(b->dhidden);
-}
-
-// Anchors, block rows and their frozen embeddings.
-static df_status micro_inputs(df_ctx *ctx, const df_draft_config *cfg, const df_step_frozen *fz, const df_batch *bt,
-                              df_dflash_sampler *s, const df_step_options *opt, micro_bufs *b, df_error *err) {
-  DF_TRY(df_dflash_sample_anchors(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, &b->a, err));
-  DF_TRY(df_dflash_build_blocks(bt->input_ids, bt->loss_mask, bt->S, &b->a, cfg->block_size, opt->mask_token_id,
-                                opt->loss_decay_gamma, &b->blk, err));
-  int64_t R = bt->B * b->a.N * cfg->block_size, H = fz->hidden;
-  b->block_embed = malloc((size_t)(R * H) * sizeof(float));
-  b->dhidden = malloc((size_t)(R * H) * sizeof(float));
-  if (!b->block_embed || !b->dhidden)
-    return DF_FAIL(err, DF_ERR_NOMEM, "block rows", "lower training.num_anchors or training.batch_size",
-                   "out of memory for %lld block rows of width %lld", (long long)R, (long long)H);
-  df_tensor table = df_f32((float *)fz->embed, fz->vocab, H), ids = df_i32(b->blk.input_ids, R);
-  df_tensor out = df_f32(b->block_embed, R, H);
-  return df_embedding_forward(ctx, &table, &ids, &out, err);
+// The stage of a run with these options (train/stage.h).
+df_stage_spec df_step_stage_spec(const df_draft_config *cfg, const df_step_frozen *fz, const df_step_options *opt,
+                                 df_dspark_heads *heads) {
+  df_dspark_loss_options lo = df_step_dspark_loss(opt);
+  df_dspark_terms t = df_dspark_objective_terms(&lo, heads);
+  return (df_stage_spec){.kind = cfg->kind,
+                         .block_size = cfg->block_size,
+                         .vocab = fz->vocab,
+                         .hidden = fz->hidden,
+                         .mask_token_id = opt->mask_token_id,
+                         .loss_decay_gamma = opt->loss_decay_gamma,
+                         .loss_type = opt->loss.type,
+                         .teacher = cfg->kind == DF_DRAFT_DSPARK && t.teacher,
+                         .markov_rank = t.rank};
 }
 
 // ---- the MoE aux loss (docs/training.md "MoE drafts") -------------------------------------------------------------
@@ -66,14 +54,7 @@ static double moe_aux_begin(df_dflash_model *m, const df_step_options *opt, doub
   return aux;
 }
 
-static void moe_aux_finish(double aux, df_dflash_metrics *out) {
-  out->aux_loss = aux;
-  out->loss_num += aux * out->loss_den;
-}
-
-// ---- the DSpark micro-step (docs/dflash-step.md §6) -------------------------------------------------------------
-
-static df_dspark_loss_options dspark_loss_options(const df_step_options *opt) {
+df_dspark_loss_options df_step_dspark_loss(const df_step_options *opt) {
   df_dspark_loss_options o = {.ce_alpha = 0.1, .l1_alpha = 0.9, .conf_alpha = 1.0}; // SpecForge's defaults
   if (opt->dspark.set)
     o.ce_alpha = opt->dspark.ce_alpha, o.l1_alpha = opt->dspark.l1_alpha, o.conf_alpha = opt->dspark.conf_alpha;
@@ -82,8 +63,57 @@ static df_dspark_loss_options dspark_loss_options(const df_step_options *opt) {
   return o;
 }
 
-// The shared view of the DSpark sums for callers that read df_dflash_metrics (the trainer's window).
-static df_status dspark_shared_metrics(const df_dspark_metrics *d, df_dflash_metrics *out, df_error *err) {
+static df_status check_options(const df_draft_config *cfg, const df_step_options *opt, df_error *err) {
+  if (cfg->kind == DF_DRAFT_DSPARK && opt->loss.type != DF_LOSS_DFLASH)
+    return DF_FAIL(err, DF_ERR_INVALID, "training.loss_type", "drop loss_type (DSpark has its own objective)",
+                   "loss_type %s does not apply to a DSpark draft (%s)", df_dflash_loss_type_name(opt->loss.type),
+                   cfg->source);
+  return DF_OK;
+}
+
+// The objective of the staged micro-batch into stats, with d(loss)/d(hidden) in st->dhidden: DFlash's (then
+// rescaled for the trainer: d(grad_scale·num) = grad_scale·den · d(num/den)), or DSpark's (which takes grad_scale
+// itself and adds the heads' gradients).
+static df_status objective(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+                           const df_step_options *opt, df_staged *st, const df_tensor *hidden, df_tensor *stats,
+                           df_error *err) {
+  df_tensor head = df_f32_on(df_ctx_device(ctx), fz->lm_head, fz->vocab, fz->hidden);
+  if (cfg->kind == DF_DRAFT_DSPARK) {
+    df_dspark_loss_options lo = df_step_dspark_loss(opt);
+    return df_dspark_objective_rows(ctx, &lo, df_dflash_model_dspark_heads(m), hidden, &head,
+                                    st->last_hidden.data ? &st->last_hidden : NULL, &st->dspark, &st->dspark_w,
+                                    &st->dhidden, stats, err);
+  }
+  DF_TRY(
+      df_dflash_objective_rows(ctx, &opt->loss, hidden, &head, &st->dflash, &st->dflash_w, &st->dhidden, stats, err));
+  if (!(opt->grad_scale > 0)) return DF_OK;
+  return df_scale(ctx, &st->dhidden, (float)(opt->grad_scale * st->loss_den), err);
+}
+
+// The sums read back from a step's own stats (the step command, tests, benches): the kind's metrics.
+static df_status read_metrics(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_options *opt,
+                              const df_staged *st, df_dflash_metrics *out, df_error *err) {
+  const int64_t ns = df_numel(&st->stats), bs = cfg->block_size;
+  double *host = malloc(sizeof(double) * (size_t)ns);
+  if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
+  df_status rc = df_copy(ctx, host, DF_DEV_CPU, st->stats.data, df_ctx_device(ctx), sizeof(double) * (size_t)ns, err);
+  if (rc == DF_OK && cfg->kind != DF_DRAFT_DSPARK) rc = df_dflash_metrics_from_stats(host, bs, st->loss_den, out, err);
+  if (rc == DF_OK && cfg->kind == DF_DRAFT_DSPARK) {
+    df_dspark_loss_options lo = df_step_dspark_loss(opt);
+    df_dspark_metrics dm;
+    rc = df_dspark_metrics_from_stats(host, bs, st->loss_den, &lo,
+                                      df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(m)), &dm, err);
+    if (rc == DF_OK) rc = df_step_dspark_shared(&dm, out, err);
+    if (rc == DF_OK && opt->dspark_metrics)
+      *opt->dspark_metrics = dm; // moved
+    else
+      df_dspark_metrics_free(&dm);
+  }
+  free(host);
+  return rc;
+}
+
+df_status df_step_dspark_shared(const df_dspark_metrics *d, df_dflash_metrics *out, df_error *err) {
   out->loss_num = d->loss_num, out->loss_den = d->loss_den;
   out->acc_num = d->acc_num, out->acc_den = d->eval_den;
   out->num_blocks = d->num_blocks, out->bs = d->bs, out->accept_len_sum = d->greedy_accept_sum;
@@ -98,96 +128,47 @@ static df_status dspark_shared_metrics(const df_dspark_metrics *d, df_dflash_met
   return DF_OK;
 }
 
-static df_status dspark_check(const df_draft_config *cfg, const df_step_frozen *fz, const df_batch *bt,
-                              const df_step_options *opt, df_error *err) {
-  if (opt->loss.type != DF_LOSS_DFLASH)
-    return DF_FAIL(err, DF_ERR_INVALID, "training.loss_type", "drop loss_type (DSpark has its own objective)",
-                   "loss_type %s does not apply to a DSpark draft (%s)", df_dflash_loss_type_name(opt->loss.type),
-                   cfg->source);
-  if (bt->last_hidden && bt->hidden_size != fz->hidden)
-    return DF_FAIL(err, DF_ERR_INVALID, "target_last_hidden_states", "capture the data with this target",
-                   "the batch's last hidden states are %lld wide, the LM head reads %lld", (long long)bt->hidden_size,
-                   (long long)fz->hidden);
-  return DF_OK;
-}
-
-// Anchors and block inputs as DFlash; DSpark labels; forward; the objective (the heads add their parameter
-// gradients during it, so the grads are zeroed first); the backbone's backward.
-static df_status dspark_passes(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
-                               const df_batch *bt, df_dflash_sampler *s, const df_step_options *opt, micro_bufs *b,
-                               df_dspark_labels *lab, df_dspark_metrics *dm, double *aux, df_error *err) {
-  DF_TRY(dspark_check(cfg, fz, bt, opt, err));
-  DF_TRY(micro_inputs(ctx, cfg, fz, bt, s, opt, b, err));
-  DF_TRY(df_dspark_build_labels(bt->input_ids, bt->loss_mask, bt->S, &b->a, cfg->block_size, opt->loss_decay_gamma, lab,
-                                err));
-  const float *hidden = NULL;
-  df_dflash_batch mb = {bt->B, bt->S, b->a.N, bt->hidden, b->block_embed, b->a.anchors, b->a.keep};
-  DF_TRY(df_dflash_model_forward(m, &mb, &hidden, err));
-  if (!opt->accumulate) df_dflash_model_zero_grads(m);
-  int64_t R = bt->B * b->a.N * cfg->block_size;
-  df_tensor h = df_f32((float *)hidden, R, fz->hidden), head = df_f32((float *)fz->lm_head, fz->vocab, fz->hidden);
-  df_dspark_loss_options lo = dspark_loss_options(opt);
-  DF_TRY(df_dspark_objective(ctx, &lo, df_dflash_model_dspark_heads(m), &h, &head, bt->last_hidden, bt->S, lab, &b->a,
-                             b->dhidden, dm, err));
-  *aux = moe_aux_begin(m, opt, dm->loss_den);
-  return df_dflash_model_backward(m, b->dhidden, err);
-}
-
-static df_status step_micro_dspark(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg,
-                                   const df_step_frozen *fz, const df_batch *bt, df_dflash_sampler *s,
-                                   const df_step_options *opt, int64_t *out_n, df_dflash_metrics *out, df_error *err) {
-  micro_bufs b = {0};
-  df_dspark_labels lab = {0};
-  df_dspark_metrics dm = {0};
-  double aux = 0.0;
-  df_status st = dspark_passes(ctx, m, cfg, fz, bt, s, opt, &b, &lab, &dm, &aux, err);
-  if (st == DF_OK) st = dspark_shared_metrics(&dm, out, err);
-  if (st == DF_OK) moe_aux_finish(aux, out);
-  if (out_n) *out_n = b.a.N;
-  if (st == DF_OK && opt->dspark_metrics)
-    *opt->dspark_metrics = dm; // moved
-  else
-    df_dspark_metrics_free(&dm);
-  df_dspark_labels_free(&lab);
-  micro_free(&b);
-  return st;
+// Anchors (host RNG), the stage (host build, one upload), forward, objective, MoE aux, backward.
+static df_status micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+                       const df_batch *bt, df_dflash_sampler *s, const df_step_options *opt, df_stage *stage,
+                       df_dflash_anchors *a, df_staged *st, double *aux, df_error *err) {
+  DF_TRY(check_options(cfg, opt, err));
+  DF_TRY(df_dflash_sample_anchors(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, a, err));
+  DF_TRY(df_stage_prepare(stage, bt, a, st, err));
+  df_tensor stats = opt->stats ? *opt->stats : st->stats;
+  if (!opt->stats) DF_TRY(df_fill(ctx, &stats, 0.0, err));
+  df_tensor hidden;
+  DF_TRY(df_stage_forward(ctx, m, fz->embed, fz->vocab, st, &hidden, err));
+  if (!opt->accumulate) df_dflash_model_zero_grads(m); // DSpark's heads add their gradients in the objective
+  DF_TRY(objective(ctx, m, cfg, fz, opt, st, &hidden, &stats, err));
+  *aux = moe_aux_begin(m, opt, st->loss_den);
+  return df_dflash_model_backward(m, st->dhidden.data, err);
 }
 
 df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                         const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
                         df_dflash_metrics *out, df_error *err) {
   memset(out, 0, sizeof *out);
-  if (cfg->kind == DF_DRAFT_DSPARK) return step_micro_dspark(ctx, m, cfg, frozen, batch, s, opt, out_n, out, err);
-  micro_bufs b = {0};
-  df_status st = micro_inputs(ctx, cfg, frozen, batch, s, opt, &b, err);
-  const float *hidden = NULL;
-  if (st == DF_OK) {
-    df_dflash_batch mb = {batch->B, batch->S, b.a.N, batch->hidden, b.block_embed, b.a.anchors, b.a.keep};
-    st = df_dflash_model_forward(m, &mb, &hidden, err);
+  df_stage *stage = opt->stage;
+  if (!stage) {
+    df_stage_spec spec = df_step_stage_spec(cfg, frozen, opt, df_dflash_model_dspark_heads(m));
+    DF_TRY(df_stage_create(ctx, &spec, &stage, err));
   }
-  if (st == DF_OK) {
-    int64_t R = batch->B * b.a.N * cfg->block_size;
-    df_tensor h = df_f32((float *)hidden, R, frozen->hidden);
-    df_tensor head = df_f32((float *)frozen->lm_head, frozen->vocab, frozen->hidden);
-    st = df_dflash_objective(ctx, &opt->loss, &h, &head, &b.blk, &b.a, b.dhidden, out, err);
-  }
-  if (st == DF_OK && opt->grad_scale > 0) {
-    // The objective wrote d(num/den); d(grad_scale·num) = grad_scale·den · that (den is Σw or B, > 0 here).
-    float k = (float)(opt->grad_scale * out->loss_den);
-    int64_t n = batch->B * b.a.N * cfg->block_size * frozen->hidden;
-    for (int64_t i = 0; i < n; i++) b.dhidden[i] *= k;
-  }
+  df_dflash_anchors a = {0};
+  df_staged st;
   double aux = 0.0;
-  if (st == DF_OK) {
-    aux = moe_aux_begin(m, opt, out->loss_den);
-    if (!opt->accumulate) df_dflash_model_zero_grads(m);
-    st = df_dflash_model_backward(m, b.dhidden, err);
+  df_status rc = micro(ctx, m, cfg, frozen, batch, s, opt, stage, &a, &st, &aux, err);
+  if (rc == DF_OK && !opt->stats) rc = read_metrics(ctx, m, cfg, opt, &st, out, err);
+  if (rc == DF_OK) {
+    out->bs = cfg->block_size, out->loss_den = st.loss_den, out->num_blocks = st.num_blocks;
+    out->aux_loss = aux;
+    out->loss_num += aux * st.loss_den; // with opt->stats, loss_num holds just this host part
   }
-  if (st == DF_OK) moe_aux_finish(aux, out);
-  if (out_n) *out_n = b.a.N;
-  if (st != DF_OK) df_dflash_metrics_free(out);
-  micro_free(&b);
-  return st;
+  if (out_n) *out_n = a.N;
+  if (rc != DF_OK) df_dflash_metrics_free(out);
+  df_dflash_anchors_free(&a);
+  if (!opt->stage) df_stage_free(stage);
+  return rc;
 }
 
 // ---- loading ---------------------------------------------------------------------------------------------------
@@ -204,14 +185,14 @@ typedef struct {
 static void run_free(step_run *r) {
   df_batch_free(&r->batch);
   df_dflash_model_free(r->model);
+  df_run_resources_free(&r->res); // before the context: the frozen pieces may live on its device
   df_ctx_destroy(r->ctx);
-  df_run_resources_free(&r->res);
   df_recipe_free(r->recipe);
 }
 
-static df_status load_model(step_run *r, int threads, df_error *err) {
-  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
-  DF_TRY(df_ctx_create(&co, &r->ctx, err));
+static df_status load_model(step_run *r, int threads, const df_device_choice *device, df_error *err) {
+  DF_TRY(df_device_open(device ? *device : r->recipe->training.device, threads, stderr, &r->ctx, err));
+  DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
   DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
   const df_recipe *rc = r->recipe;
   if (!rc->model.draft_checkpoint_path) return df_dflash_model_init(r->model, rc->training.seed, err);
@@ -222,12 +203,12 @@ static df_status load_model(step_run *r, int threads, df_error *err) {
 
 // Recipe; configs, strategy check, frozen pieces and mask token (df_run_resources_load, as the trainer); model;
 // the first batch.
-static df_status load_all(step_run *r, const char *recipe, int threads, df_error *err) {
+static df_status load_all(step_run *r, const char *recipe, int threads, const df_device_choice *device, df_error *err) {
   df_recipe_options ro = {.log = stderr};
   DF_TRY(df_recipe_load(recipe, &ro, &r->recipe, err));
   const df_recipe *rc = r->recipe;
   DF_TRY(df_run_resources_load(rc, &r->res, err));
-  DF_TRY(load_model(r, threads, err));
+  DF_TRY(load_model(r, threads, device, err));
   return df_batch_first(rc->data.hidden_states_path, rc->training.seed, rc->training.batch_size, rc->data.max_length,
                         r->res.draft, &r->batch, err);
 }
@@ -348,10 +329,11 @@ static void fill_result(const df_batch *bt, int64_t N, df_step_result *r) {
   r->mean_accept_len = m->num_blocks > 0 ? m->accept_len_sum / (double)m->num_blocks : 0.0;
 }
 
-df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_step_result *out, df_error *err) {
+df_status df_step_run(const char *recipe, const char *dump_dir, int threads, const df_device_choice *device,
+                      df_step_result *out, df_error *err) {
   memset(out, 0, sizeof *out);
   step_run r = {0};
-  df_status st = load_all(&r, recipe, threads, err);
+  df_status st = load_all(&r, recipe, threads, device, err);
   int64_t N = 0;
   if (st == DF_OK) {
     df_dflash_sampler s;

@@ -12,6 +12,8 @@
 #include "strategies/dflash.h"
 #include "strategies/dspark.h"
 #include "train/batch.h"
+#include "train/recipe.h"
+#include "train/stage.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,9 +38,17 @@ typedef struct {
     double ce_alpha, l1_alpha, conf_alpha; // training.dspark_{ce_loss,l1_loss,confidence_head}_alpha
   } dspark;
   df_dspark_metrics *dspark_metrics; // when not NULL, receives the DSpark metrics (df_dspark_metrics_free)
+  // Device residency (train/stage.h). stage: the caller's double-buffered stage, reused across micro-steps (NULL:
+  // a temporary one). stats: an f64 vector on the context's device that the step's metric sums are *added* to —
+  // DF_BLOCK_STATS(bs) for DFlash, DF_DSPARK_STATS(bs) for DSpark — and nothing is read back; the metrics then
+  // carry only what the host knows (loss_den, num_blocks, bs, aux_loss, and loss_num = aux_loss·loss_den). NULL:
+  // the step reads its own sums back once and fills the metrics in full.
+  df_stage *stage;
+  df_tensor *stats;
 } df_step_options;
 
-// The frozen target pieces as the step reads them: embedding (V, H) and LM head (V, H), CPU fp32.
+// The frozen target pieces as the step reads them: embedding (V, H) and LM head (V, H), fp32 on the context's
+// device (df_run_resources_place uploads them once).
 typedef struct {
   const float *embed, *lm_head;
   int64_t vocab, hidden;
@@ -58,6 +68,15 @@ df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *
                         const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
                         df_dflash_metrics *out, df_error *err);
 
+// What the stage of a run with these options builds (train/stage.h); heads: the model's DSpark heads or NULL.
+df_stage_spec df_step_stage_spec(const df_draft_config *cfg, const df_step_frozen *fz, const df_step_options *opt,
+                                 df_dspark_heads *heads);
+// The DSpark loss weights of the options (SpecForge's defaults unless opt->dspark.set), with the chunking and
+// grad_scale.
+df_dspark_loss_options df_step_dspark_loss(const df_step_options *opt);
+// The part of DSpark metrics callers that read df_dflash_metrics need (pos arrays allocated).
+df_status df_step_dspark_shared(const df_dspark_metrics *d, df_dflash_metrics *out, df_error *err);
+
 typedef struct {
   double loss_num, loss_den, loss, acc_num, acc_den;
   double aux_loss; // MoE: Σ_layers coefficient-scaled router aux loss; loss_num includes aux_loss·loss_den
@@ -75,14 +94,16 @@ typedef struct {
 // checkpoint layout, e.g. experts.{e}.gate_proj.weight for qwen) and dump_dir/step.json atomically. For an MoE
 // draft step.json's loss = CE ratio + aux_loss (the routers' summed aux loss) and the gradients include it. The draft
 // config decides the strategy (DFlash or DSpark); training.strategy must agree with it.
-df_status df_step_run(const char *recipe, const char *dump_dir, int threads, df_step_result *out, df_error *err);
+// device: where it runs (NULL: the recipe's training.device).
+df_status df_step_run(const char *recipe, const char *dump_dir, int threads, const df_device_choice *device,
+                      df_step_result *out, df_error *err);
 void df_step_result_free(df_step_result *r);
 
 // Writes r as step.json into dir (temp file + rename).
 df_status df_step_write_json(const df_step_result *r, const char *dir, df_error *err);
 
-// `draftforge step RECIPE.yaml --dump DIR [--threads N]`: argv holds the arguments after "step" (the
-// train/commands.h convention); returns the process exit code.
+// `draftforge step RECIPE.yaml --dump DIR [--threads N] [--device auto|cpu|cuda]`: argv holds the arguments after
+// "step" (the train/commands.h convention); returns the process exit code.
 int df_cmd_step(int argc, char **argv);
 
 #ifdef __cplusplus

@@ -52,9 +52,12 @@ static double now_s(void) {
 
 // ---- one accumulation window -------------------------------------------------------------------------------------
 
-// Sums over the window's micro-batches; ratios are taken only at the end (ratio metrics sum first).
+// Sums over the window's micro-batches; ratios are taken only at the end (ratio metrics sum first). The host knows
+// loss_den, the token count and the MoE part of loss_num as the window runs; the device sums (the objective's
+// loss_num, accuracy, τ, per-position counts) arrive with the one read at the optimizer boundary.
 typedef struct {
   double loss_num, loss_den, acc_num, acc_den, accept_len_sum;
+  double host_loss_num; // Σ aux_loss·loss_den (MoE drafts), the part of loss_num computed on the host
   int64_t num_blocks, tokens, epoch, bs;
   double *pos_num, *pos_den; // (bs)
   double data_wait_s;
@@ -73,6 +76,7 @@ typedef struct {
 
 static void window_reset(window *w) {
   w->loss_num = w->loss_den = w->acc_num = w->acc_den = w->accept_len_sum = w->data_wait_s = 0;
+  w->host_loss_num = 0;
   w->num_blocks = w->tokens = 0;
   w->numeric_fail = false;
   for (int64_t k = 0; k < w->bs; k++) w->pos_num[k] = w->pos_den[k] = 0;
@@ -94,23 +98,79 @@ static void window_add_moe(window *w, df_dflash_model *m) {
   w->moe_micro++;
 }
 
+// The host-known part of one micro-batch (df_step_micro with device stats: loss_den, and loss_num = aux·loss_den).
 static void window_add(window *w, const df_dflash_metrics *m, const df_batch *b) {
-  w->loss_num += m->loss_num, w->loss_den += m->loss_den;
-  w->acc_num += m->acc_num, w->acc_den += m->acc_den;
-  w->accept_len_sum += m->accept_len_sum, w->num_blocks += m->num_blocks;
-  for (int64_t k = 0; k < w->bs && k < m->bs; k++)
-    w->pos_num[k] += m->pos_acc_num[k], w->pos_den[k] += m->pos_acc_den[k];
+  w->loss_den += m->loss_den;
+  w->host_loss_num += m->loss_num;
   for (int64_t i = 0; i < b->B; i++) w->tokens += b->length[i];
 }
 
-// Zeroes the gradient, then adds d(loss_num) of every micro-batch of step `step` into it.
-static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *err) {
+// The device sums, once read back: DFlash's block stats or DSpark's (its loss_num from the α-weighted terms).
+static void window_finish(const df_trainer *t, window *w, const double *st) {
+  const int64_t bs = w->bs;
+  if (t->draft->kind != DF_DRAFT_DSPARK) {
+    w->loss_num = st[DF_BSTAT_LOSS_NUM] + w->host_loss_num;
+    w->acc_num = st[DF_BSTAT_ACC_NUM], w->acc_den = st[DF_BSTAT_ACC_DEN];
+    w->accept_len_sum = st[DF_BSTAT_ACCEPT_SUM], w->num_blocks = (int64_t)st[DF_BSTAT_BLOCKS];
+    memcpy(w->pos_num, st + DF_BSTAT_POS, sizeof(double) * (size_t)bs);
+    memcpy(w->pos_den, st + DF_BSTAT_POS + bs, sizeof(double) * (size_t)bs);
+    return;
+  }
+  df_dspark_loss_options lo = df_step_dspark_loss(&t->step_opt);
+  const double l1 = lo.l1_alpha > 0 ? st[DF_DSTAT_L1] : 0.0; // SpecForge logs the L1 term only in the loss
+  const bool conf = df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(t->model)).conf;
+  w->loss_num = lo.ce_alpha * st[DF_DSTAT_CE] + lo.l1_alpha * l1 + (conf ? lo.conf_alpha * st[DF_DSTAT_CONF] : 0.0) +
+                w->host_loss_num;
+  w->acc_num = st[DF_DSTAT_ACC_NUM], w->acc_den = st[DF_DSTAT_EVAL_DEN];
+  w->accept_len_sum = st[DF_DSTAT_GREEDY], w->num_blocks = (int64_t)st[DF_DSTAT_BLOCKS];
+  memcpy(w->pos_num, st + DF_DSTAT_POS + bs, sizeof(double) * (size_t)bs);
+  memcpy(w->pos_den, st + DF_DSTAT_POS + 2 * bs, sizeof(double) * (size_t)bs);
+}
+
+// Test hooks see host memory: on a device that is not host-addressable the buffer is staged down and back up
+// (only when a hook is installed, so a normal step moves nothing).
+typedef struct {
+  float *p;
+  bool staged;
+} host_view;
+
+static df_status view_down(df_trainer *t, float *dev, int64_t n, host_view *v, df_error *err) {
+  v->staged = !df_ctx_host_addressable(t->ctx);
+  v->p = v->staged ? malloc(sizeof(float) * (size_t)n) : dev;
+  if (!v->p) return DF_FAIL(err, DF_ERR_NOMEM, "hooks", NULL, "out of memory");
+  if (!v->staged) return DF_OK;
+  return df_copy(t->ctx, v->p, DF_DEV_CPU, dev, df_ctx_device(t->ctx), sizeof(float) * (size_t)n, err);
+}
+
+static df_status view_up(df_trainer *t, float *dev, int64_t n, host_view *v, bool write_back, df_error *err) {
+  df_status st = DF_OK;
+  if (v->staged && write_back)
+    st = df_copy(t->ctx, dev, df_ctx_device(t->ctx), v->p, DF_DEV_CPU, sizeof(float) * (size_t)n, err);
+  if (v->staged) free(v->p);
+  return st;
+}
+
+static df_status after_micro_hook(df_trainer *t, int64_t step, int64_t k, df_error *err) {
   const df_train_hooks *hooks = t->opt->hooks;
+  if (!hooks || !hooks->after_micro) return DF_OK;
+  const int64_t n = df_params_numel(t->table);
   float *g = df_dflash_model_grads(t->model);
-  int64_t n = df_params_numel(t->table);
+  host_view v;
+  DF_TRY(view_down(t, g, n, &v, err));
+  hooks->after_micro(hooks->ctx, step, k, v.p, n);
+  return view_up(t, g, n, &v, true, err);
+}
+
+// Zeroes the gradient and the window's device sums, then adds d(loss_num) and the sums of every micro-batch of
+// step `step`.
+static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *err) {
   df_dflash_model_zero_grads(t->model);
   df_dflash_model_set_training(t->model, true); // MoE: routing stashes, deferred updates and the aux loss
   window_reset(w);
+  df_tensor all = df_f64_on(df_ctx_device(t->ctx), t->stats_buf, t->nstats + DF_NORM_STATS);
+  DF_TRY(df_fill(t->ctx, &all, 0.0, err)); // the window's sums, and {norm, coef, ok} = 0 until the norm runs
+  df_step_options opt = t->step_opt;
+  opt.stage = t->stage, opt.stats = &t->win_stats;
   for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
     const df_batch *b;
     double wait = 0;
@@ -119,8 +179,7 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     df_dflash_metrics m;
     int64_t N;
     df_error micro_err = {0};
-    df_status st =
-        df_step_micro(t->ctx, t->model, t->draft, &t->frozen, b, &t->sampler, &t->step_opt, &N, &m, &micro_err);
+    df_status st = df_step_micro(t->ctx, t->model, t->draft, &t->frozen, b, &t->sampler, &opt, &N, &m, &micro_err);
     if (st == DF_ERR_NUMERIC) { // finish the window (the data stays aligned), then skip the step
       w->numeric_fail = true;
       continue;
@@ -132,7 +191,7 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
       fprintf(t->log, "  activations %.1f MiB for a batch of %lld x %lld (grows with longer batches)\n",
               (double)df_dflash_model_activation_bytes(t->model) / (1 << 20), (long long)b->B, (long long)b->S);
     df_dflash_metrics_free(&m);
-    if (hooks && hooks->after_micro) hooks->after_micro(hooks->ctx, step, k, g, n);
+    DF_TRY(after_micro_hook(t, step, k, err));
   }
   int64_t e, c;
   df_feed_position(t->feed, &e, &c);
@@ -146,52 +205,86 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
   return df_moe_apply_pending(ffns, nf, err);
 }
 
-// The boundary: grad /= Σ loss_den (the gradient of Σnum/Σden), global norm, clip, AdamW. A non-finite loss
-// or norm skips the update (r->skipped); the parameters and moments are then untouched.
-static df_status optimizer_step(df_trainer *t, int64_t step, const window *w, step_result *r, df_error *err) {
+// before_update sees the gradient as the update reads it: × 1/Σ loss_den, then × the clip coefficient (fp32
+// products in that order, as adamw_fused forms them). Test-only: it costs a read of the norm block and the grads.
+static df_status before_update_hook(df_trainer *t, int64_t step, float scale, step_result *r, df_error *err) {
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (!hooks || !hooks->before_update) return DF_OK;
+  double ns[DF_NORM_STATS];
+  DF_TRY(df_copy(t->ctx, ns, DF_DEV_CPU, t->norm_stats.data, df_ctx_device(t->ctx), sizeof ns, err));
+  if (ns[DF_NORM_OK] == 0.0) return DF_OK; // the step is skipped: no update to show
+  const int64_t n = df_params_numel(t->table);
+  host_view v;
+  DF_TRY(view_down(t, df_dflash_model_grads(t->model), n, &v, err));
+  float *g = malloc(sizeof(float) * (size_t)n);
+  if (!g) return view_up(t, NULL, n, &v, false, err), DF_FAIL(err, DF_ERR_NOMEM, "hooks", NULL, "out of memory");
+  const float cf = (float)ns[DF_NORM_COEF];
+  for (int64_t i = 0; i < n; i++) g[i] = ns[DF_NORM_COEF] < 1.0 ? v.p[i] * scale * cf : v.p[i] * scale;
+  (void)r;
+  hooks->before_update(hooks->ctx, step, g, n, ns[DF_NORM_VALUE], ns[DF_NORM_COEF]);
+  free(g);
+  return view_up(t, NULL, n, &v, false, err);
+}
+
+static df_status after_update_hook(df_trainer *t, int64_t step, df_error *err) {
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (!hooks || !hooks->after_update) return DF_OK;
+  const int64_t n = df_params_numel(t->table);
+  float *w = df_dflash_model_weights(t->model);
+  host_view v;
+  DF_TRY(view_down(t, w, n, &v, err));
+  hooks->after_update(hooks->ctx, step, v.p, n);
+  return view_up(t, w, n, &v, true, err);
+}
+
+// The boundary, queued without a host round trip: the norm of grad/Σ loss_den with the clip coefficient and the
+// go/no-go flag (a non-finite norm or window sum skips) on the device, one fused AdamW over the flat buffer that
+// reads them, then the ONE device→host read of the step: the window's sums and {norm, coef, ok}. A skipped step
+// leaves the parameters and moments untouched.
+static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_result *r, df_error *err) {
   const df_recipe *rc = t->recipe;
   r->lr = df_lr_at(&t->sched, step);
+  r->grad_norm = NAN, r->clip_coef = NAN;
+  // Known on the host before anything is queued: a micro-step that failed numerically, an empty window.
+  const bool host_skip = w->numeric_fail || !(w->loss_den > 0) || !isfinite(w->host_loss_num);
+  const float scale = w->loss_den > 0 ? (float)(1.0 / w->loss_den) : 0.0f;
+  if (!host_skip) {
+    df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
+    df_tensor g = df_f32_on(df_ctx_device(t->ctx), df_dflash_model_grads(t->model), df_params_numel(t->table));
+    df_tensor mk = df_u8_on(df_ctx_device(t->ctx), t->mask, df_params_numel(t->table));
+    DF_TRY(df_grad_norm_clip(t->ctx, &nd, &g, &mk, &t->win_stats, &t->norm_stats, err));
+    DF_TRY(before_update_hook(t, step, scale, r, err));
+    df_adamw_fused_desc ad = {.hp = {.lr = (float)r->lr,
+                                     .beta1 = (float)rc->training.adam_beta1,
+                                     .beta2 = (float)rc->training.adam_beta2,
+                                     .eps = (float)rc->training.adam_eps,
+                                     .weight_decay = (float)rc->training.weight_decay,
+                                     .step = t->prog.adam_step + 1},
+                              .grad_scale = scale};
+    const df_device dev = df_ctx_device(t->ctx);
+    const int64_t n = df_params_numel(t->table);
+    df_tensor p = df_f32_on(dev, df_dflash_model_weights(t->model), n), m = df_f32_on(dev, t->exp_avg, n);
+    df_tensor v = df_f32_on(dev, t->exp_avg_sq, n);
+    DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->norm_stats, NULL, err));
+  }
+  const size_t bytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
+  DF_TRY(df_copy(t->ctx, t->stats_host, DF_DEV_CPU, t->stats_buf, df_ctx_device(t->ctx), bytes, err));
+  window_finish(t, w, t->stats_host);
+  const double *ns = t->stats_host + t->nstats;
   r->loss = w->loss_den > 0 ? w->loss_num / w->loss_den : NAN;
   r->acc = w->acc_den > 0 ? w->acc_num / w->acc_den : 0.0;
-  r->grad_norm = NAN, r->clip_coef = NAN;
   if (w->numeric_fail) {
     r->skipped = true, r->skip_reason = "a micro-step reported a non-finite value";
-    return DF_OK;
-  }
-  if (!isfinite(r->loss)) {
+  } else if (!isfinite(r->loss)) {
     r->skipped = true, r->skip_reason = w->loss_den > 0 ? "non-finite loss" : "no supervised token in the window";
-    return DF_OK;
-  }
-  float inv = (float)(1.0 / w->loss_den);
-  for (int k = 0; k < t->ntrain; k++) {
-    float *g = t->gview[k].data;
-    for (int64_t i = 0, n = df_numel(&t->gview[k]); i < n; i++) g[i] *= inv;
-  }
-  DF_TRY(df_global_norm(t->ctx, t->gview, t->ntrain, &r->grad_norm, err));
-  df_error clip_err = {0};
-  df_status st =
-      df_clip_by_norm(t->ctx, t->gview, t->ntrain, r->grad_norm, rc->training.max_grad_norm, &r->clip_coef, &clip_err);
-  if (st == DF_ERR_NUMERIC) {
+  } else if (ns[DF_NORM_OK] == 0.0) {
     r->skipped = true, r->skip_reason = "non-finite gradient norm";
-    return DF_OK;
+    r->grad_norm = ns[DF_NORM_VALUE];
+  } else {
+    r->grad_norm = ns[DF_NORM_VALUE], r->clip_coef = ns[DF_NORM_COEF];
+    t->prog.adam_step++;
+    DF_TRY(after_update_hook(t, step, err));
   }
-  if (st != DF_OK) return *err = clip_err, st;
-  const df_train_hooks *hooks = t->opt->hooks;
-  if (hooks && hooks->before_update)
-    hooks->before_update(hooks->ctx, step, df_dflash_model_grads(t->model), df_params_numel(t->table), r->grad_norm,
-                         r->clip_coef);
-  df_adamw_hparams hp = {.lr = (float)r->lr,
-                         .beta1 = (float)rc->training.adam_beta1,
-                         .beta2 = (float)rc->training.adam_beta2,
-                         .eps = (float)rc->training.adam_eps,
-                         .step = t->prog.adam_step + 1};
-  for (int k = 0; k < t->ntrain; k++) {
-    hp.weight_decay = t->decay[k] ? (float)rc->training.weight_decay : 0.0f;
-    DF_TRY(df_adamw_step(t->ctx, &t->pview[k], &t->gview[k], &t->mview[k], &t->vview[k], &hp, err));
-  }
-  t->prog.adam_step++;
-  if (hooks && hooks->after_update)
-    hooks->after_update(hooks->ctx, step, df_dflash_model_weights(t->model), df_params_numel(t->table));
   return DF_OK;
 }
 
@@ -301,9 +394,9 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   return st;
 }
 
-// Never a NaN checkpoint: every trainable weight and moment must be finite; the error names the tensor.
-static df_status check_finite(const df_trainer *t, df_error *err) {
-  const float *bufs[3] = {df_dflash_model_weights(t->model), t->exp_avg, t->exp_avg_sq};
+// Never a NaN checkpoint: every trainable weight and moment must be finite; the error names the tensor. bufs are
+// host copies (params, exp_avg, exp_avg_sq).
+static df_status check_finite(const df_trainer *t, const float *const bufs[3], df_error *err) {
   static const char *const what[3] = {"weight", "AdamW exp_avg", "AdamW exp_avg_sq"};
   for (int i = 0; i < df_params_count(t->table); i++) {
     const df_param *e = df_params_at(t->table, i);
@@ -318,21 +411,44 @@ static df_status check_finite(const df_trainer *t, df_error *err) {
   return DF_OK;
 }
 
+// The state a checkpoint writes, on the host: the device buffers themselves when they are host memory, else one
+// staged copy of each (a checkpoint is the one place the trainer reads the whole state back).
+static df_status state_to_host(df_trainer *t, float *bufs[3], float **staged, df_error *err) {
+  float *dev[3] = {df_dflash_model_weights(t->model), t->exp_avg, t->exp_avg_sq};
+  *staged = NULL;
+  if (df_ctx_host_addressable(t->ctx)) {
+    for (int i = 0; i < 3; i++) bufs[i] = dev[i];
+    return DF_OK;
+  }
+  const int64_t n = df_params_numel(t->table);
+  if (!(*staged = malloc(3 * sizeof(float) * (size_t)n)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "checkpoint", NULL, "out of memory for %lld parameters", (long long)n);
+  for (int i = 0; i < 3; i++) {
+    bufs[i] = *staged + i * n;
+    DF_TRY(df_copy(t->ctx, bufs[i], DF_DEV_CPU, dev[i], df_ctx_device(t->ctx), sizeof(float) * (size_t)n, err));
+  }
+  return DF_OK;
+}
+
 df_status df_trainer_save(df_trainer *t, df_error *err) {
-  DF_TRY(check_finite(t, err)); // t->prog (feed position, anchor RNG) is current after every step
+  float *bufs[3], *staged;
+  df_status st = state_to_host(t, bufs, &staged, err);
+  if (st == DF_OK) st = check_finite(t, (const float *const *)bufs, err); // t->prog is current after every step
   df_ckpt_state s = {.table = t->table,
-                     .params = df_dflash_model_weights(t->model),
-                     .exp_avg = t->exp_avg,
-                     .exp_avg_sq = t->exp_avg_sq,
+                     .params = bufs[0],
+                     .exp_avg = bufs[1],
+                     .exp_avg_sq = bufs[2],
                      .contract = &t->contract,
                      .progress = &t->prog,
                      .draft_config = t->draft->json,
                      .recipe_yaml = t->recipe_yaml,
                      .moe = t->draft->moe};
-  DF_TRY(df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
-                       sizeof t->last_ckpt, err));
-  if (t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
-  return DF_OK;
+  if (st == DF_OK)
+    st = df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
+                       sizeof t->last_ckpt, err);
+  free(staged);
+  if (st == DF_OK && t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
+  return st;
 }
 
 // ---- the loop --------------------------------------------------------------------------------------------------
@@ -353,8 +469,11 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   int64_t step = t->prog.step + 1;
   double t0 = now_s();
   memset(r, 0, sizeof *r);
+  df_ctx_reset_transfer_stats(t->ctx);
   DF_TRY(run_window(t, step, w, err));
   DF_TRY(optimizer_step(t, step, w, r, err));
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (hooks && hooks->after_step) hooks->after_step(hooks->ctx, step, df_ctx_transfer_stats(t->ctx));
   df_ckpt_progress *p = &t->prog;
   p->step = step;
   p->tokens_seen += w->tokens;

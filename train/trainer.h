@@ -9,6 +9,8 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "kernels/ops.h"
+#include "train/recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +26,9 @@ typedef struct {
   void (*before_update)(void *ctx, int64_t step, const float *grads, int64_t n, double grad_norm, double clip_coef);
   // After AdamW updated the fp32 master weights (n elements) of step `step` (tests simulate an overflow here).
   void (*after_update)(void *ctx, int64_t step, float *params, int64_t n);
+  // After optimizer step `step` (its window and update, before eval and checkpoints): the host↔device traffic of
+  // that step alone (kernels/ops.h df_transfer_stats; the trainer resets the counters as each step begins).
+  void (*after_step)(void *ctx, int64_t step, df_transfer_stats transfers);
 } df_train_hooks;
 
 typedef struct {
@@ -36,6 +41,9 @@ typedef struct {
   bool handle_signals; // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
   bool no_prefetch;    // read batches on the training thread (the batches are the same)
   const df_train_hooks *hooks;
+  bool has_device;                   // --device given: it wins over training.device
+  df_device_choice device;           // auto | cpu | cuda (train/device.h)
+  const df_ctx_options *ctx_options; // when not NULL, the exact context to run on (tests: the fake device)
 } df_train_options;
 
 typedef struct {

@@ -28,12 +28,18 @@ typedef struct {
   df_feed *feed;
   df_step_options step_opt;
 
-  // optimizer state: the model's weights are the fp32 masters; m and v share the parameter table's layout
+  // optimizer state, all on the context's device: the model's fp32 weights are the masters; the AdamW moments and
+  // the per-element mask (DF_PARAM_TRAIN | DF_PARAM_DECAY, kernels/ops.h) share the parameter table's layout
   const df_params *table;
   float *exp_avg, *exp_avg_sq;
-  int ntrain;                               // trainable entries
-  df_tensor *gview, *pview, *mview, *vview; // (ntrain) views of grads, params, m, v
-  bool *decay;                              // (ntrain) the table's weight-decay flag
+  uint8_t *mask;
+  // device residency: the double-buffered micro-batch stage, and one f64 vector holding the window's metric sums
+  // (nstats) followed by the optimizer's {norm, coef, ok} — the one block read back per optimizer step
+  df_stage *stage;
+  void *stats_buf;
+  df_tensor win_stats, norm_stats;
+  int64_t nstats;
+  double *stats_host; // page-locked copy of stats_buf
 
   df_lr_schedule sched;
   df_dflash_sampler sampler;

@@ -84,7 +84,20 @@ df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config
   return st;
 }
 
+df_status df_run_resources_place(df_run_resources *r, df_ctx *ctx, df_error *err) {
+  if (df_ctx_host_addressable(ctx)) return DF_OK;
+  const size_t bytes = sizeof(float) * (size_t)(r->frozen.vocab * r->frozen.hidden);
+  r->placed = ctx;
+  DF_TRY(df_buffer_alloc(ctx, bytes, (void **)&r->dev_embed, err));
+  DF_TRY(df_buffer_alloc(ctx, bytes, (void **)&r->dev_head, err));
+  DF_TRY(df_copy(ctx, r->dev_embed, df_ctx_device(ctx), r->frozen.embed, DF_DEV_CPU, bytes, err));
+  DF_TRY(df_copy(ctx, r->dev_head, df_ctx_device(ctx), r->frozen.lm_head, DF_DEV_CPU, bytes, err));
+  r->frozen.embed = r->dev_embed, r->frozen.lm_head = r->dev_head;
+  return DF_OK;
+}
+
 void df_run_resources_free(df_run_resources *r) {
+  if (r->placed) df_buffer_free(r->placed, r->dev_embed), df_buffer_free(r->placed, r->dev_head);
   free(r->scaled_head);
   df_target_pieces_free(&r->pieces);
   df_draft_config_free(r->draft);

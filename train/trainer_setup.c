@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/device.h"
 #include "train/fsutil.h"
 #include "train/trainer_internal.h"
 
@@ -25,8 +26,13 @@ static df_status load_resources(df_trainer *t, df_error *err) {
                                              .l1_alpha = rc->training.dspark_l1_loss_alpha,
                                              .conf_alpha = rc->training.dspark_confidence_head_alpha}};
   bool dspark = t->draft->kind == DF_DRAFT_DSPARK;
-  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = t->opt->threads};
-  DF_TRY(df_ctx_create(&co, &t->ctx, err));
+  if (t->opt->ctx_options) // a caller-chosen backend (tests: the fake device)
+    DF_TRY(df_ctx_create(t->opt->ctx_options, &t->ctx, err));
+  else
+    DF_TRY(df_device_open(t->opt->has_device ? t->opt->device : rc->training.device, t->opt->threads, t->log, &t->ctx,
+                          err));
+  DF_TRY(df_run_resources_place(&t->res, t->ctx, err));
+  t->frozen = t->res.frozen;
   DF_TRY(df_dflash_model_create(t->draft, t->ctx, &t->model, err));
   t->table = df_dflash_model_params(t->model);
   df_feed_options fo = {.path = rc->data.hidden_states_path,
@@ -58,27 +64,34 @@ static df_status plan_schedule(df_trainer *t, df_error *err) {
                              rc->training.warmup_ratio, horizon, err);
 }
 
+// The AdamW moments (zero), the element mask and the stats block on the device; the stage for the micro-batches.
 static df_status alloc_optimizer(df_trainer *t, df_error *err) {
-  int64_t numel = df_params_numel(t->table);
-  int n = df_params_count(t->table);
-  t->exp_avg = calloc((size_t)numel, sizeof(float));
-  t->exp_avg_sq = calloc((size_t)numel, sizeof(float));
-  t->gview = calloc((size_t)n, sizeof(df_tensor)), t->pview = calloc((size_t)n, sizeof(df_tensor));
-  t->mview = calloc((size_t)n, sizeof(df_tensor)), t->vview = calloc((size_t)n, sizeof(df_tensor));
-  t->decay = calloc((size_t)n, sizeof(bool));
-  if (!t->exp_avg || !t->exp_avg_sq || !t->gview || !t->pview || !t->mview || !t->vview || !t->decay)
-    return DF_FAIL(err, DF_ERR_NOMEM, "optimizer", "a smaller draft or more memory",
-                   "out of memory for the AdamW moments (%lld parameters)", (long long)numel);
-  float *w = df_dflash_model_weights(t->model), *g = df_dflash_model_grads(t->model);
-  for (int i = 0; i < n; i++) {
+  const int64_t numel = df_params_numel(t->table), bs = t->draft->block_size;
+  const df_device dev = df_ctx_device(t->ctx);
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)numel, (void **)&t->exp_avg, err));
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)numel, (void **)&t->exp_avg_sq, err));
+  DF_TRY(df_buffer_alloc(t->ctx, (size_t)numel, (void **)&t->mask, err));
+  df_tensor m = df_f32_on(dev, t->exp_avg, numel), v = df_f32_on(dev, t->exp_avg_sq, numel);
+  DF_TRY(df_fill(t->ctx, &m, 0.0, err));
+  DF_TRY(df_fill(t->ctx, &v, 0.0, err));
+  uint8_t *mask = calloc((size_t)numel, 1); // padding and buffers stay 0: AdamW never touches them
+  if (!mask) return DF_FAIL(err, DF_ERR_NOMEM, "optimizer", NULL, "out of memory for the parameter mask");
+  for (int i = 0; i < df_params_count(t->table); i++) {
     const df_param *e = df_params_at(t->table, i);
-    if (!e->trainable) continue;
-    int k = t->ntrain++;
-    t->gview[k] = df_params_view(e, g), t->pview[k] = df_params_view(e, w);
-    t->mview[k] = df_params_view(e, t->exp_avg), t->vview[k] = df_params_view(e, t->exp_avg_sq);
-    t->decay[k] = e->weight_decay;
+    if (e->trainable)
+      memset(mask + e->offset, DF_PARAM_TRAIN | (e->weight_decay ? DF_PARAM_DECAY : 0), (size_t)e->numel);
   }
-  return DF_OK;
+  df_status st = df_copy(t->ctx, t->mask, dev, mask, DF_DEV_CPU, (size_t)numel, err);
+  free(mask);
+  DF_TRY(st);
+  t->nstats = t->draft->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  const size_t sbytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
+  DF_TRY(df_buffer_alloc(t->ctx, sbytes, &t->stats_buf, err));
+  DF_TRY(df_host_alloc(t->ctx, sbytes, (void **)&t->stats_host, err));
+  t->win_stats = df_f64_on(dev, t->stats_buf, t->nstats);
+  t->norm_stats = df_f64_on(dev, (double *)t->stats_buf + t->nstats, DF_NORM_STATS);
+  df_stage_spec spec = df_step_stage_spec(t->draft, &t->frozen, &t->step_opt, df_dflash_model_dspark_heads(t->model));
+  return df_stage_create(t->ctx, &spec, &t->stage, err);
 }
 
 static void fill_contract(df_trainer *t) {
@@ -147,13 +160,30 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   return df_metrics_open(&t->metrics, rc->output_dir, 0, err);
 }
 
+// state.h5 into the masters and moments: read in place on a host-addressable device, else through host staging.
+static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *have, df_error *err) {
+  float *w = df_dflash_model_weights(t->model);
+  if (df_ctx_host_addressable(t->ctx))
+    return df_ckpt_read(dir, t->table, w, t->exp_avg, t->exp_avg_sq, have, &t->prog, err);
+  const int64_t n = df_params_numel(t->table);
+  const size_t bytes = sizeof(float) * (size_t)n;
+  float *host = malloc(3 * bytes);
+  if (!host) return DF_FAIL(err, DF_ERR_NOMEM, dir, NULL, "out of memory for %lld parameters", (long long)n);
+  const df_device dev = df_ctx_device(t->ctx);
+  df_status st = df_ckpt_read(dir, t->table, host, host + n, host + 2 * n, have, &t->prog, err);
+  if (st == DF_OK) st = df_copy(t->ctx, w, dev, host, DF_DEV_CPU, bytes, err);
+  if (st == DF_OK) st = df_copy(t->ctx, t->exp_avg, dev, host + n, DF_DEV_CPU, bytes, err);
+  if (st == DF_OK) st = df_copy(t->ctx, t->exp_avg_sq, dev, host + 2 * n, DF_DEV_CPU, bytes, err);
+  free(host);
+  return st;
+}
+
 static df_status resume(df_trainer *t, const char *path, df_error *err) {
   const df_recipe *rc = t->recipe;
   char dir[4200];
   DF_TRY(df_ckpt_resolve(path, dir, sizeof dir, err));
   df_ckpt_contract have;
-  DF_TRY(
-      df_ckpt_read(dir, t->table, df_dflash_model_weights(t->model), t->exp_avg, t->exp_avg_sq, &have, &t->prog, err));
+  DF_TRY(read_state(t, dir, &have, err));
   DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
   DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
   t->sampler.rng = t->prog.anchor_rng;
@@ -177,6 +207,7 @@ static void print_plan(const df_trainer *t) {
           (long long)rc->training.batch_size, (long long)rc->training.accumulation_steps,
           rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
           (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
+  fprintf(t->log, "  device %s (%d CPU threads)\n", df_ctx_backend_name(t->ctx), df_ctx_num_threads(t->ctx));
 }
 
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err) {
@@ -201,12 +232,15 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
 void df_trainer_teardown(df_trainer *t) {
   df_metrics_close(&t->metrics);
   df_feed_close(t->feed);
+  df_stage_free(t->stage);
+  if (t->ctx) {
+    df_buffer_free(t->ctx, t->exp_avg), df_buffer_free(t->ctx, t->exp_avg_sq), df_buffer_free(t->ctx, t->mask);
+    df_buffer_free(t->ctx, t->stats_buf), df_host_free(t->ctx, t->stats_host);
+  }
   df_dflash_model_free(t->model);
-  df_ctx_destroy(t->ctx);
   df_run_resources_free(&t->res);
+  df_ctx_destroy(t->ctx);
   df_recipe_free(t->recipe);
-  free(t->exp_avg), free(t->exp_avg_sq);
-  free(t->gview), free(t->pview), free(t->mview), free(t->vview), free(t->decay);
   free(t->recipe_yaml);
   memset(t, 0, sizeof *t);
 }

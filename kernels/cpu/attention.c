@@ -209,10 +209,8 @@ df_status df_cpu_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc,
   attn_geom g = make_geom(desc, q, k, anchors);
   int nt = ctx->num_threads;
   size_t per = fwd_scratch_floats(&g);
-  float *scratch = aligned_alloc(64, sizeof(float) * per * (size_t)nt);
-  if (!scratch)
-    return DF_FAIL(err, DF_ERR_NOMEM, "block_attn_forward", "use fewer threads or smaller heads",
-                   "cannot allocate %zu bytes of attention scratch", sizeof(float) * per * (size_t)nt);
+  float *scratch;
+  DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * per * (size_t)nt, (void **)&scratch, err));
   const int32_t *an = anchors->data;
   const uint8_t *kp = keep->data;
   int64_t items = g.B * g.N * g.nKV;
@@ -228,7 +226,6 @@ df_status df_cpu_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc,
       fwd_tile(&g, &t, kp[b * g.N + n] != 0, q->data, k->data, v->data, &w, out->data, lse->data);
     }
   }
-  free(scratch);
   return DF_OK;
 }
 
@@ -339,8 +336,6 @@ typedef struct {
   float *part;
 } bwd_plan;
 
-static void plan_free(bwd_plan *pl) { free(pl->start), free(pl->lo), free(pl->hi), free(pl->off), free(pl->part); }
-
 // The cost of one block in the backward: keys it sees plus a per-block overhead; dropped blocks cost ~nothing.
 static int64_t block_cost(const attn_geom *g, const int32_t *an, const uint8_t *kp, int64_t b, int64_t n) {
   if (!kp[b * g->N + n]) return 1;
@@ -373,15 +368,17 @@ static void plan_rows(const attn_geom *g, const int32_t *an, const uint8_t *kp, 
   pl->lo[i] = lo, pl->hi[i] = hi > lo ? hi : lo;
 }
 
-static df_status plan_make(const attn_geom *g, const int32_t *an, const uint8_t *kp, bwd_plan *pl, df_error *err) {
+// The plan's index arrays live in workspace slot 0, its partial gradients in slot 1 (the thread tiles: slot 2).
+static df_status plan_make(df_ctx *ctx, const attn_geom *g, const int32_t *an, const uint8_t *kp, bwd_plan *pl,
+                           df_error *err) {
   int64_t units = g->B * g->nKV > 0 ? g->B * g->nKV : 1, per_sample = (BWD_ITEMS + units - 1) / units;
   pl->P = per_sample < g->N ? per_sample : (g->N > 0 ? g->N : 1);
-  pl->start = malloc(sizeof(int64_t) * (size_t)(g->B * (pl->P + 1)));
-  pl->lo = malloc(sizeof(int64_t) * (size_t)(g->B * pl->P));
-  pl->hi = malloc(sizeof(int64_t) * (size_t)(g->B * pl->P));
-  pl->off = malloc(sizeof(int64_t) * (size_t)(g->B * pl->P));
+  const size_t nb = (size_t)(g->B * pl->P);
+  int64_t *idx;
+  DF_TRY(df_ctx_workspace(ctx, 0, sizeof(int64_t) * (4 * nb + (size_t)g->B), (void **)&idx, err));
+  pl->start = idx, pl->lo = idx + nb + (size_t)g->B, pl->hi = pl->lo + nb, pl->off = pl->hi + nb;
   int64_t total = 0;
-  for (int64_t b = 0; pl->start && pl->lo && pl->hi && pl->off && b < g->B; b++) {
+  for (int64_t b = 0; b < g->B; b++) {
     plan_split(g, an, kp, b, pl);
     for (int64_t c = 0; c < pl->P; c++) {
       int64_t i = b * pl->P + c;
@@ -390,11 +387,7 @@ static df_status plan_make(const attn_geom *g, const int32_t *an, const uint8_t 
       if (c > 0) total += 2 * g->nKV * (pl->hi[i] - pl->lo[i]) * g->hd;
     }
   }
-  pl->part = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
-  if (pl->start && pl->lo && pl->hi && pl->off && pl->part) return DF_OK;
-  plan_free(pl);
-  return DF_FAIL(err, DF_ERR_NOMEM, "block_attn_backward", "reduce the batch or the number of anchors",
-                 "cannot allocate the attention backward's partial gradients");
+  return df_ctx_workspace(ctx, 1, sizeof(float) * (size_t)(total > 0 ? total : 1), (void **)&pl->part, err);
 }
 
 // Context gradient target of chunk c of (b, kv head kh).
@@ -447,15 +440,11 @@ df_status df_cpu_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc
   const int32_t *an = anchors->data;
   const uint8_t *kp = keep->data;
   bwd_plan pl = {0};
-  DF_TRY(plan_make(&g, an, kp, &pl, err));
+  DF_TRY(plan_make(ctx, &g, an, kp, &pl, err));
   int nt = ctx->num_threads;
   size_t per = bwd_scratch_floats(&g);
-  float *scratch = aligned_alloc(64, sizeof(float) * per * (size_t)nt);
-  if (!scratch) {
-    plan_free(&pl);
-    return DF_FAIL(err, DF_ERR_NOMEM, "block_attn_backward", "use fewer threads or smaller heads",
-                   "cannot allocate %zu bytes of attention scratch", sizeof(float) * per * (size_t)nt);
-  }
+  float *scratch;
+  DF_TRY(df_ctx_workspace(ctx, 2, sizeof(float) * per * (size_t)nt, (void **)&scratch, err));
   bwd_io io = {q->data, k->data, v->data, out->data, lse->data, dout->data, dq->data, dk->data, dv->data};
   int64_t nq = df_numel(q), nk = df_numel(k), items = g.B * g.nKV * pl.P;
   int64_t tiles = (g.S + REDUCE_ROWS - 1) / REDUCE_ROWS, nred = g.B * g.nKV * tiles;
@@ -476,7 +465,11 @@ df_status df_cpu_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc
       reduce_rows(&g, &pl, &io, i / (g.nKV * tiles), i / tiles % g.nKV, r0, r1);
     }
   }
-  free(scratch);
-  plan_free(&pl);
   return DF_OK;
+}
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_attention(df_backend *be) {
+  be->block_attn_forward = df_cpu_block_attn_forward;
+  be->block_attn_backward = df_cpu_block_attn_backward;
 }

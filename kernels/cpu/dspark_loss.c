@@ -125,3 +125,11 @@ df_status df_cpu_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_t
   for (int64_t i = 0; i < n; i++) dxd[i] = (float)((double)gd[i] * (sigmoid(xd[i]) - (double)td[i]));
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_dspark_loss(df_backend *be) {
+  be->softmax_l1_forward = df_cpu_softmax_l1_forward;
+  be->softmax_l1_backward = df_cpu_softmax_l1_backward;
+  be->bce_logits_forward = df_cpu_bce_logits_forward;
+  be->bce_logits_backward = df_cpu_bce_logits_backward;
+}

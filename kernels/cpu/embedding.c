@@ -54,3 +54,9 @@ df_status df_cpu_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df
   }
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_embedding(df_backend *be) {
+  be->embedding_forward = df_cpu_embedding_forward;
+  be->embedding_backward = df_cpu_embedding_backward;
+}

@@ -67,3 +67,11 @@ df_status df_cpu_axpy(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y
   for (int64_t i = 0; i < n; i++) yd[i] += alpha * xd[i];
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_linear(df_backend *be) {
+  be->matmul = df_cpu_matmul;
+  be->linear_forward = df_cpu_linear_forward;
+  be->linear_backward = df_cpu_linear_backward;
+  be->axpy = df_cpu_axpy;
+}

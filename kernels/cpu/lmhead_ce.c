@@ -168,3 +168,6 @@ df_status df_cpu_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_
   df_rt_plan_free(&jb.plan);
   return st;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_lmhead_ce(df_backend *be) { be->lmhead_ce = df_cpu_lmhead_ce; }

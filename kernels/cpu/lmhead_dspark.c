@@ -347,3 +347,6 @@ df_status df_cpu_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, c
   df_rt_plan_free(&jb.plan);
   return st;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_lmhead_dspark(df_backend *be) { be->lmhead_dspark = df_cpu_lmhead_dspark; }

@@ -76,9 +76,9 @@ static double block_sumsq(const float *x, int64_t n) {
 df_status df_cpu_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err) {
   int64_t total_blocks = 0, total = 0;
   for (int b = 0; b < nbufs; b++) total_blocks += norm_blocks(df_numel(&bufs[b])), total += df_numel(&bufs[b]);
-  double *partial = malloc(sizeof(double) * (size_t)(total_blocks > 0 ? total_blocks : 1));
-  if (!partial)
-    return DF_FAIL(err, DF_ERR_NOMEM, "bufs", NULL, "cannot allocate %lld block sums", (long long)total_blocks);
+  double *partial;
+  DF_TRY(
+      df_ctx_workspace(ctx, 0, sizeof(double) * (size_t)(total_blocks > 0 ? total_blocks : 1), (void **)&partial, err));
 #pragma omp parallel num_threads(ctx->num_threads) if (total > OPTIM_PAR_MIN)
   {
     int64_t first = 0; // index of buffer b's first block in `partial`
@@ -95,7 +95,6 @@ df_status df_cpu_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, doub
   }
   double s = 0.0;
   for (int64_t k = 0; k < total_blocks; k++) s += partial[k];
-  free(partial);
   *norm = sqrt(s);
   return DF_OK;
 }
@@ -117,4 +116,11 @@ df_status df_cpu_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double no
     for (int64_t i = 0; i < n; i++) x[i] *= cf;
   }
   return DF_OK;
+}
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_optim(df_backend *be) {
+  be->adamw_step = df_cpu_adamw_step;
+  be->global_norm = df_cpu_global_norm;
+  be->clip_by_norm = df_cpu_clip_by_norm;
 }

@@ -100,3 +100,9 @@ df_status df_cpu_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_ten
   free(part);
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_rmsnorm(df_backend *be) {
+  be->rmsnorm_forward = df_cpu_rmsnorm_forward;
+  be->rmsnorm_backward = df_cpu_rmsnorm_backward;
+}

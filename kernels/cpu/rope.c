@@ -62,3 +62,9 @@ df_status df_cpu_rope_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor
              dy->shape[2]);
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_rope(df_backend *be) {
+  be->rope_forward = df_cpu_rope_forward;
+  be->rope_backward = df_cpu_rope_backward;
+}

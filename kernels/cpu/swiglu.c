@@ -76,3 +76,9 @@ df_status df_cpu_swiglu_backward(df_ctx *ctx, const df_tensor *dh, const df_tens
   }
   return DF_OK;
 }
+
+// This file's slots of the CPU backend table (kernels/cpu/backend.c).
+void df_cpu_register_swiglu(df_backend *be) {
+  be->swiglu_forward = df_cpu_swiglu_forward;
+  be->swiglu_backward = df_cpu_swiglu_backward;
+}

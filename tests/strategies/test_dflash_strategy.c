@@ -194,6 +194,16 @@ Test(dflash_blocks, inputs_positions_labels_and_decayed_weights) {
 
 // ---- D-PACE weights --------------------------------------------------------------------------------------------
 
+// The df_dpace_weights op on a CPU context over host arrays (nblocks blocks of bs slots).
+static df_status dpace_weights(df_dflash_loss_type type, double alpha, const float *ce, const float *w, int64_t nb,
+                               int64_t bs, float *out, df_error *err) {
+  df_ctx *ctx = df_test_cpu_ctx(1);
+  df_tensor tc = df_f32(ce, nb * bs), tw = df_f32(w, nb * bs), to = df_f32(out, nb * bs);
+  df_status st = df_dpace_weights(ctx, df_dflash_dpace_mode(type), alpha, bs, &tc, &tw, &to, NULL, err);
+  df_ctx_destroy(ctx);
+  return st;
+}
+
 // One block, α = 0.5, w = [0, 1, 1, 0.5], q = exp(−CE) = [·, 0.5, 0.25, 1]:
 //   s = [1, 0.75, 0.625, 1], P = [1, 0.75, 0.46875, 0.46875],
 //   Σ_{j≥k} P_j·w_j = [1.453125, 1.453125, 0.703125, 0.234375].
@@ -204,13 +214,13 @@ Test(dpace, weights_on_a_hand_computed_block) {
   const float suffix[4] = {1.453125f, 1.453125f, 0.703125f, 0.234375f};
   float out[4];
   df_error err = {0};
-  DF_ASSERT_OK(df_dpace_weights(DF_LOSS_DPACE_CUMCONF, 0.5, ce, w, 1, 4, out, &err), &err);
+  DF_ASSERT_OK(dpace_weights(DF_LOSS_DPACE_CUMCONF, 0.5, ce, w, 1, 4, out, &err), &err);
   for (int k = 0; k < 4; k++) cr_expect_float_eq(out[k], P[k], 1e-6, "P[%d]", k);
-  DF_ASSERT_OK(df_dpace_weights(DF_LOSS_DPACE, 0.5, ce, w, 1, 4, out, &err), &err);
+  DF_ASSERT_OK(dpace_weights(DF_LOSS_DPACE, 0.5, ce, w, 1, 4, out, &err), &err);
   for (int k = 0; k < 4; k++) cr_expect_float_eq(out[k], suffix[k], 1e-6, "suffix[%d]", k);
-  DF_ASSERT_OK(df_dpace_weights(DF_LOSS_DPACE_CONTVALUE, 0.5, ce, w, 1, 4, out, &err), &err);
+  DF_ASSERT_OK(dpace_weights(DF_LOSS_DPACE_CONTVALUE, 0.5, ce, w, 1, 4, out, &err), &err);
   for (int k = 0; k < 4; k++) cr_expect_float_eq(out[k], suffix[k] / P[k], 1e-6, "suffix/P[%d]", k);
-  DF_ASSERT_OK(df_dpace_weights(DF_LOSS_DFLASH, 0.5, ce, w, 1, 4, out, &err), &err);
+  DF_ASSERT_OK(dpace_weights(DF_LOSS_DFLASH, 0.5, ce, w, 1, 4, out, &err), &err);
   for (int k = 0; k < 4; k++) cr_expect_eq(out[k], 1.0f);
 }
 
@@ -219,9 +229,9 @@ Test(dpace, blocks_reset_and_alpha_one_is_uniform_confidence) {
   const float w[8] = {0, 1, 1, 1, 0, 1, 1, 1};
   float out[8];
   df_error err = {0};
-  DF_ASSERT_OK(df_dpace_weights(DF_LOSS_DPACE, 0.3, ce, w, 2, 4, out, &err), &err);
+  DF_ASSERT_OK(dpace_weights(DF_LOSS_DPACE, 0.3, ce, w, 2, 4, out, &err), &err);
   for (int k = 0; k < 4; k++) cr_expect_eq(out[k], out[4 + k], "block 1 slot %d restarts the product", k);
-  DF_ASSERT_OK(df_dpace_weights(DF_LOSS_DPACE, 1.0, ce, w, 2, 4, out, &err), &err); // s = 1: P = 1
+  DF_ASSERT_OK(dpace_weights(DF_LOSS_DPACE, 1.0, ce, w, 2, 4, out, &err), &err); // s = 1: P = 1
   const float want[4] = {3, 3, 2, 1};
   for (int k = 0; k < 4; k++) cr_expect_float_eq(out[k], want[k], 1e-6, "slot %d", k);
 }
@@ -298,7 +308,7 @@ static void check_objective(df_dflash_loss_type type) {
   for (int r = 0; r < OR; r++) w[r] = dpace ? (float)c.blk.binary[r] : c.blk.weights[r];
   for (int r = 0; r < OR; r++) naive_row(&c, r, &ce[r], &am[r], dce[r]), cef[r] = (float)ce[r];
   df_error err = {0};
-  DF_ASSERT_OK(df_dpace_weights(type, 0.4, cef, w, OB * ON, OBS, wt, &err), &err);
+  DF_ASSERT_OK(dpace_weights(type, 0.4, cef, w, OB * ON, OBS, wt, &err), &err);
   for (int r = 0; r < OR; r++) {
     num += ce[r] * w[r] * wt[r];
     den += c.blk.weights[r];

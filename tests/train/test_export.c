@@ -123,7 +123,8 @@ static float *forward(loaded *l, int64_t *n) {
   uint8_t keep[2 * N] = {1, 1, 1, 1, 1, 0};
   float *embed = malloc((size_t)(R * H) * sizeof *embed);
   df_test_fill_uniform(embed, R * H, 17, -0.5f, 0.5f);
-  df_dflash_batch mb = {b.B, b.S, N, b.hidden, embed, anchors, keep};
+  df_dflash_batch mb = {
+      .B = b.B, .S = b.S, .N = N, .target_hidden = b.hidden, .block_embed = embed, .anchors = anchors, .keep = keep};
   const float *h;
   DF_ASSERT_OK(df_dflash_model_forward(l->m, &mb, &h, &err), &err);
   float *out = malloc((size_t)(R * H) * sizeof *out);

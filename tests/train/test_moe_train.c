@@ -217,8 +217,8 @@ Test(moe_train, step_adds_the_aux_loss_and_dumps_layout_names) {
   snprintf(dump_off, sizeof dump_off, "%s/dump_off", d.root);
   df_error err = {0};
   df_step_result a, b;
-  DF_ASSERT_OK(df_step_run(rec_on, dump_on, 1, &a, &err), &err);
-  DF_ASSERT_OK(df_step_run(rec_off, dump_off, 1, &b, &err), &err);
+  DF_ASSERT_OK(df_step_run(rec_on, dump_on, 1, NULL, &a, &err), &err);
+  DF_ASSERT_OK(df_step_run(rec_off, dump_off, 1, NULL, &b, &err), &err);
   // aux > 0 and finite; the CE part is the coefficient-0 run's (the aux loss does not change the forward)
   cr_expect(isfinite(a.aux_loss) && a.aux_loss > 0, "aux_loss %g", a.aux_loss);
   cr_expect_eq(b.aux_loss, 0.0);
@@ -262,7 +262,7 @@ Test(moe_train, step_adds_the_aux_loss_and_dumps_layout_names) {
   snprintf(rec_ds, sizeof rec_ds, "%s/ds.yaml", d.root);
   write_recipe(rec_ds, CFG_DS, NULL);
   snprintf(dump_ds, sizeof dump_ds, "%s/dump_ds", d.root);
-  DF_ASSERT_OK(df_step_run(rec_ds, dump_ds, 1, &a, &err), &err);
+  DF_ASSERT_OK(df_step_run(rec_ds, dump_ds, 1, NULL, &a, &err), &err);
   cr_expect_eq(a.aux_loss, 0.0); // deepseek_v4 balances without an aux loss
   df_step_result_free(&a);
   snprintf(p, sizeof p, "%s/grads.safetensors", dump_ds);

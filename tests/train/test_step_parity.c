@@ -248,7 +248,7 @@ static void run_case(const char *dir, const char *name, int *passed) {
   tmpdir_make(dump, sizeof dump);
   df_step_result r;
   df_error err = {0};
-  df_status st = df_step_run(recipe, dump, 2, &r, &err);
+  df_status st = df_step_run(recipe, dump, 2, NULL, &r, &err);
   cr_expect_eq(st, DF_OK, "%s: %s [%s]", name, err.msg, err.where);
   if (st == DF_OK) {
     bool ok = expect_terms(dir, name, &r);
@@ -340,7 +340,7 @@ Test(step_errors, mask_token_resolution) {
   fclose(fp);
   df_step_result r;
   df_error err = {0};
-  cr_expect_eq(df_step_run(path, NULL, 1, &r, &err), DF_ERR_INVALID);
+  cr_expect_eq(df_step_run(path, NULL, 1, NULL, &r, &err), DF_ERR_INVALID);
   cr_expect_str_eq(err.where, "model.mask_token_id");
   remove(path);
   for (int i = 0; i < n; i++) free(names[i]);
@@ -365,7 +365,7 @@ Test(step_errors, dspark_teacher_and_strategy) {
     fclose(fp);
     df_step_result r;
     df_error err = {0};
-    cr_expect_eq(df_step_run(path, NULL, 1, &r, &err), DF_ERR_INVALID, "case %zu", i);
+    cr_expect_eq(df_step_run(path, NULL, 1, NULL, &r, &err), DF_ERR_INVALID, "case %zu", i);
     cr_expect_str_eq(err.where, cases[i][2], "case %zu: %s", i, err.msg);
   }
   remove(path);

@@ -1,0 +1,162 @@
+// The CUDA backend table: context lifetime (device, stream, cuBLAS / cuBLASLt handles and workspace), device
+// and pinned host memory, stream-ordered copies, events, sync, the storage dtypes it takes, and the op slots the
+// files of kernels/cuda/ fill. An op with no file yet stays NULL: its dispatcher reports it as not implemented
+// by the cuda backend (kernels/backend.h lists the file each op goes to).
+#include <mutex>
+#include <stdlib.h>
+
+#include "kernels/cuda/backend.h"
+
+extern "C" df_status df_cuda_fail(df_error *err, cudaError_t e, const char *what) {
+  return DF_FAIL(err, DF_ERR_UNSUPPORTED, what, "check the driver and CUDA_VISIBLE_DEVICES", "%s: %s", what,
+                 cudaGetErrorString(e));
+}
+
+extern "C" df_status df_cuda_blas_fail(df_error *err, cublasStatus_t s, const char *what) {
+  return DF_FAIL(err, DF_ERR_INVALID, what, NULL, "%s failed with cuBLAS status %d", what, (int)s);
+}
+
+static int cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+enum { LT_WORKSPACE_BYTES = 32 << 20 }; // what cuBLASLt's heuristics want for large bf16 GEMMs on Hopper
+
+static void cuda_destroy(df_ctx *ctx) {
+  df_cuda_state *cs = df_cuda_of(ctx);
+  if (!cs) return;
+  if (cs->lt_workspace) cudaFree(cs->lt_workspace);
+  if (cs->blaslt) cublasLtDestroy(cs->blaslt);
+  if (cs->blas) cublasDestroy(cs->blas);
+  if (cs->stream) cudaStreamDestroy(cs->stream);
+  free(cs);
+  ctx->state = NULL;
+}
+
+static df_status cuda_init(df_ctx *ctx, const df_ctx_options *opt, df_error *err) {
+  const int n = cuda_device_count();
+  if (opt->cuda_device < 0 || opt->cuda_device >= n)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "device", "use the CPU backend (--device cpu) on a machine without a GPU",
+                   "CUDA device %d requested but %d device(s) are visible", opt->cuda_device, n);
+  df_cuda_state *cs = (df_cuda_state *)calloc(1, sizeof *cs);
+  if (!cs) return DF_FAIL(err, DF_ERR_NOMEM, NULL, NULL, "cannot allocate the CUDA backend state");
+  ctx->state = cs;
+  cs->device = opt->cuda_device;
+  cudaError_t e = cudaSetDevice(cs->device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMalloc(&cs->lt_workspace, LT_WORKSPACE_BYTES);
+  if (e != cudaSuccess) {
+    cuda_destroy(ctx);
+    return df_cuda_fail(err, e, "cudaSetDevice/cudaStreamCreate/cudaMalloc");
+  }
+  cs->lt_workspace_bytes = LT_WORKSPACE_BYTES;
+  cublasStatus_t s = cublasCreate(&cs->blas);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(cs->blas, cs->stream);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtCreate(&cs->blaslt);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    cuda_destroy(ctx);
+    return df_cuda_blas_fail(err, s, "cublasCreate");
+  }
+  return DF_OK;
+}
+
+// bf16 storage where a kernel takes it; everything else fp32 (the op files decide, op by op, as they land).
+static bool cuda_supports(const df_ctx *ctx, df_op op, df_dtype storage) {
+  (void)ctx, (void)op;
+  return storage == DF_F32;
+}
+
+static df_status cuda_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
+  (void)ctx;
+  cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+  return e == cudaSuccess ? DF_OK : df_cuda_fail(err, e, "cudaMalloc");
+}
+
+static void cuda_free(df_ctx *ctx, void *p) {
+  (void)ctx;
+  cudaFree(p);
+}
+
+static df_status cuda_host_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
+  (void)ctx;
+  cudaError_t e = cudaMallocHost(out, bytes ? bytes : 1);
+  return e == cudaSuccess ? DF_OK : df_cuda_fail(err, e, "cudaMallocHost");
+}
+
+static void cuda_host_free(df_ctx *ctx, void *p) {
+  (void)ctx;
+  cudaFreeHost(p);
+}
+
+static df_status cuda_copy(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df_device src_dev, size_t bytes,
+                           bool async, df_error *err) {
+  const cudaMemcpyKind kind = src_dev == DF_DEV_CPU
+                                  ? (dst_dev == DF_DEV_CPU ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
+                              : dst_dev == DF_DEV_CPU ? cudaMemcpyDeviceToHost
+                                                      : cudaMemcpyDeviceToDevice;
+  cudaStream_t st = df_cuda_stream(ctx);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, st);
+  if (e == cudaSuccess && !async) e = cudaStreamSynchronize(st);
+  return e == cudaSuccess ? DF_OK : df_cuda_fail(err, e, "cudaMemcpyAsync");
+}
+
+static df_status cuda_event_create(df_ctx *ctx, void **event, df_error *err) {
+  (void)ctx;
+  cudaEvent_t ev;
+  DF_CUDA_TRY(err, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  *event = (void *)ev;
+  return DF_OK;
+}
+
+static df_status cuda_event_record(df_ctx *ctx, void *event, df_error *err) {
+  DF_CUDA_TRY(err, cudaEventRecord((cudaEvent_t)event, df_cuda_stream(ctx)));
+  return DF_OK;
+}
+
+static df_status cuda_event_wait(df_ctx *ctx, void *event, df_error *err) {
+  (void)ctx;
+  DF_CUDA_TRY(err, cudaEventSynchronize((cudaEvent_t)event));
+  return DF_OK;
+}
+
+static void cuda_event_destroy(df_ctx *ctx, void *event) {
+  (void)ctx;
+  if (event) cudaEventDestroy((cudaEvent_t)event);
+}
+
+static df_status cuda_sync(df_ctx *ctx, df_error *err) {
+  cudaError_t e = cudaStreamSynchronize(df_cuda_stream(ctx));
+  if (e == cudaSuccess) e = cudaGetLastError();
+  return e == cudaSuccess ? DF_OK : df_cuda_fail(err, e, "cudaStreamSynchronize");
+}
+
+static df_backend cuda_table;
+
+static void cuda_build(void) {
+  cuda_table.name = "cuda";
+  cuda_table.device = DF_DEV_CUDA;
+  cuda_table.host_addressable = false;
+  cuda_table.device_count = cuda_device_count;
+  cuda_table.init = cuda_init;
+  cuda_table.destroy = cuda_destroy;
+  cuda_table.supports_op = cuda_supports;
+  cuda_table.alloc = cuda_alloc;
+  cuda_table.free = cuda_free;
+  cuda_table.host_alloc = cuda_host_alloc;
+  cuda_table.host_free = cuda_host_free;
+  cuda_table.copy = cuda_copy;
+  cuda_table.event_create = cuda_event_create;
+  cuda_table.event_record = cuda_event_record;
+  cuda_table.event_wait = cuda_event_wait;
+  cuda_table.event_destroy = cuda_event_destroy;
+  cuda_table.sync = cuda_sync;
+  df_cuda_register_linear(&cuda_table);
+}
+
+extern "C" const df_backend *df_cuda_backend(void) {
+  static std::once_flag once;
+  std::call_once(once, cuda_build);
+  return &cuda_table;
+}

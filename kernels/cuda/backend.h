@@ -1,0 +1,58 @@
+// State every CUDA op file shares (private to kernels/cuda/): the context's device, stream and cuBLAS /
+// cuBLASLt handles with the cuBLASLt workspace, plus the error helpers and the checked-launch macro. Each op
+// file kernels/cuda/<family>.cu includes this, defines its ops and a df_cuda_register_<family> that fills its
+// slots of the table; kernels/cuda/backend.cu lists the register functions.
+#ifndef DF_KERNELS_CUDA_BACKEND_H
+#define DF_KERNELS_CUDA_BACKEND_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/check.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int device;
+  cudaStream_t stream; // every op and copy of the context is queued here, in order
+  cublasHandle_t blas; // bound to stream
+  cublasLtHandle_t blaslt;
+  void *lt_workspace; // cuBLASLt's workspace on the device
+  size_t lt_workspace_bytes;
+} df_cuda_state;
+
+static inline df_cuda_state *df_cuda_of(const df_ctx *ctx) { return (df_cuda_state *)ctx->state; }
+static inline cudaStream_t df_cuda_stream(const df_ctx *ctx) { return df_cuda_of(ctx)->stream; }
+
+// An error naming the failed call and the CUDA / cuBLAS status.
+df_status df_cuda_fail(df_error *err, cudaError_t e, const char *what);
+df_status df_cuda_blas_fail(df_error *err, cublasStatus_t s, const char *what);
+
+// Grid size for n elements at `threads` per block.
+static inline unsigned df_cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+// After every kernel launch: a launch error (bad configuration, no device) fails the op, naming the kernel.
+#define DF_CUDA_CHECK_LAUNCH(err, kernel)                                                                              \
+  do {                                                                                                                 \
+    cudaError_t df_cuda_e_ = cudaGetLastError();                                                                       \
+    if (df_cuda_e_ != cudaSuccess) return df_cuda_fail((err), df_cuda_e_, (kernel));                                   \
+  } while (0)
+
+// A runtime call that must succeed.
+#define DF_CUDA_TRY(err, call)                                                                                         \
+  do {                                                                                                                 \
+    cudaError_t df_cuda_e_ = (call);                                                                                   \
+    if (df_cuda_e_ != cudaSuccess) return df_cuda_fail((err), df_cuda_e_, #call);                                      \
+  } while (0)
+
+// One registration function per op file (kernels/cuda/<family>.cu).
+void df_cuda_register_linear(df_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

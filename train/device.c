@@ -1,0 +1,29 @@
+// training.device / --device → a context (train/device.h).
+#include "train/device.h"
+
+#include <string.h>
+
+#include "kernels/backend.h"
+
+static const char *const NAMES[] = {"auto", "cpu", "cuda"};
+
+const char *df_device_choice_name(df_device_choice c) { return (unsigned)c < 3 ? NAMES[c] : "?"; }
+
+df_status df_device_choice_parse(const char *s, df_device_choice *out, df_error *err) {
+  for (int i = 0; i < 3; i++)
+    if (s && !strcmp(s, NAMES[i])) return *out = (df_device_choice)i, DF_OK;
+  return DF_FAIL(err, DF_ERR_INVALID, "--device", "use --device auto, cpu or cuda", "unknown device '%s'", s ? s : "");
+}
+
+df_status df_device_open(df_device_choice c, int threads, FILE *log, df_ctx **out, df_error *err) {
+  df_ctx_options o = {.device = DF_DEV_CPU, .num_threads = threads};
+  if (c == DF_DEVICE_CUDA) o.device = DF_DEV_CUDA;
+  if (c == DF_DEVICE_AUTO && df_cuda_available()) {
+    const char *missing = NULL;
+    if (df_backend_complete(df_cuda_backend(), &missing))
+      o.device = DF_DEV_CUDA;
+    else if (log)
+      fprintf(log, "device auto: cpu (the cuda backend has no %s kernel yet; --device cuda forces it)\n", missing);
+  }
+  return df_ctx_create(&o, out, err);
+}

@@ -1,0 +1,28 @@
+// Choosing the device a command runs on: training.device (train/recipe.h) or --device, resolved to a context.
+#ifndef DF_TRAIN_DEVICE_H
+#define DF_TRAIN_DEVICE_H
+
+#include <stdio.h>
+
+#include "base/error.h"
+#include "kernels/ops.h"
+#include "train/recipe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *df_device_choice_name(df_device_choice c); // "auto", "cpu", "cuda"
+// Parses a --device value; the error names the flag and lists the choices.
+df_status df_device_choice_parse(const char *s, df_device_choice *out, df_error *err);
+
+// The context for a choice: cpu; cuda (device 0; an error without a usable GPU); auto: cuda when the build has
+// the CUDA backend, a device is visible and the backend implements every op a training step calls, else cpu.
+// threads: CPU worker threads (0: OpenMP default). When log is not NULL, auto says what it picked and why.
+df_status df_device_open(df_device_choice c, int threads, FILE *log, df_ctx **out, df_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
