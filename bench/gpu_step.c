@@ -284,7 +284,7 @@ static void backward(bench *b) {
   int cur = 0;                                                        // dh[cur]: d(hf), then d(h_out) of each layer
   const void *h_last = b->a[L - 1].h_out;
   GPU_TRY(df_cu_rmsnorm_bwd(e->s, b->dh[0], DF_BF16, h_last, DF_BF16, P(b, b->lay.norm), DF_BF16, b->rstd_f, b->dh[1],
-                            DF_BF16, false, G(b, b->lay.norm), Q, H, b->ws_rms, &err_));
+                            DF_BF16, false, G(b, b->lay.norm), DF_F32, Q, H, b->ws_rms, &err_));
   cur = 1;
   for (int i = L - 1; i >= 0; i--) {
     layer_acts *a = &b->a[i];
@@ -299,7 +299,7 @@ static void backward(bench *b) {
     // dh_mid = dh_out + post_norm backward of dy.
     GPU_TRY(df_cu_cast(e->s, dh_mid, DF_BF16, dh_out, DF_BF16, Q * H, &err_));
     GPU_TRY(df_cu_rmsnorm_bwd(e->s, b->dy, DF_BF16, a->h_mid, DF_BF16, P(b, o->post_norm), DF_BF16, a->rstd_post,
-                              dh_mid, DF_BF16, true, G(b, o->post_norm), Q, H, b->ws_rms, &err_));
+                              dh_mid, DF_BF16, true, G(b, o->post_norm), DF_F32, Q, H, b->ws_rms, &err_));
     // Attention: dattn = dh_mid·wo; block attention backward; RoPE and q/k norm backward in place.
     linear_bwd(b, dh_mid, a->attn, Q, QD, P(b, o->o), H, b->dattn, DF_BF16, false, G(b, o->o));
     df_cu_attn_args aa = attn_args(b, a);
@@ -307,9 +307,9 @@ static void backward(bench *b) {
     GPU_TRY(df_cu_rope(e->s, b->dq, DF_BF16, b->pos_q, b->inv_freq, 1.0f, -1.0f, b->dq, DF_BF16, Q, NH, HD, &err_));
     GPU_TRY(df_cu_rope(e->s, b->dk, DF_BF16, b->pos_kv, b->inv_freq, 1.0f, -1.0f, b->dk, DF_BF16, KVn, NKV, HD, &err_));
     GPU_TRY(df_cu_rmsnorm_bwd(e->s, b->dq, DF_BF16, a->q_raw, DF_BF16, P(b, o->q_norm), DF_BF16, a->q_rstd, b->dq,
-                              DF_BF16, false, G(b, o->q_norm), Q * NH, HD, b->ws_rms, &err_));
+                              DF_BF16, false, G(b, o->q_norm), DF_F32, Q * NH, HD, b->ws_rms, &err_));
     GPU_TRY(df_cu_rmsnorm_bwd(e->s, b->dk, DF_BF16, a->k_raw, DF_BF16, P(b, o->k_norm), DF_BF16, a->k_rstd, b->dk,
-                              DF_BF16, false, G(b, o->k_norm), KVn * NKV, HD, b->ws_rms, &err_));
+                              DF_BF16, false, G(b, o->k_norm), DF_F32, KVn * NKV, HD, b->ws_rms, &err_));
     // Projections: dx (fp32) = dq·wq + dk_blk·wk + dv_blk·wv; dctx (fp32) += dk_ctx·wk + dv_ctx·wv; weight grads.
     const void *dk_blk = (uint16_t *)b->dk + S * KVD, *dv_blk = (uint16_t *)b->dv + S * KVD;
     linear_bwd(b, b->dq, a->x, Q, H, P(b, o->q), QD, b->dx_f, DF_F32, false, G(b, o->q));
@@ -320,11 +320,11 @@ static void backward(bench *b) {
     // dh_in = dh_mid + input_layernorm backward of dx (into dh_out's buffer, free now).
     GPU_TRY(df_cu_cast(e->s, dh_out, DF_BF16, dh_mid, DF_BF16, Q * H, &err_));
     GPU_TRY(df_cu_rmsnorm_bwd(e->s, b->dx_f, DF_F32, h_in, DF_BF16, P(b, o->in_norm), DF_BF16, a->rstd_in, dh_out,
-                              DF_BF16, true, G(b, o->in_norm), Q, H, b->ws_rms, &err_));
+                              DF_BF16, true, G(b, o->in_norm), DF_F32, Q, H, b->ws_rms, &err_));
   }
   // The context: hidden_norm backward, then the fc weight gradient (its input is data: no dgrad).
   GPU_TRY(df_cu_rmsnorm_bwd(e->s, b->dctx, DF_F32, b->ctx_raw, DF_BF16, P(b, b->lay.hidden_norm), DF_BF16, b->rstd_ctx,
-                            b->dctx_raw, DF_BF16, false, G(b, b->lay.hidden_norm), S, H, b->ws_rms, &err_));
+                            b->dctx_raw, DF_BF16, false, G(b, b->lay.hidden_norm), DF_F32, S, H, b->ws_rms, &err_));
   linear_bwd(b, b->dctx_raw, b->target, S, KT * H, P(b, b->lay.fc), H, NULL, DF_BF16, false, G(b, b->lay.fc));
   nvtxRangePop();
 }

@@ -13,6 +13,7 @@
 
 #include "kernels/attn_tiles.h"
 #include "kernels/cuda/attention_f32.cuh"
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/cu_common.cuh"
 
 using namespace nvcuda;
@@ -585,4 +586,42 @@ extern "C" df_status df_cu_block_attn_bwd(df_cu_stream s, const df_cu_attn_args 
   DF_CU_SWITCH_DT(
       a->in_dt, TI, err, "block_attn.q",
       DF_CU_SWITCH_DT(a->grad_dt, TG, err, "block_attn.dq", return bwd_tc<TI, TG>((cudaStream_t)s, g, a, D, err)));
+}
+
+// ---- the backend table's slots: fp32 storage runs the fp32 kernels, bf16 the tensor cores ---------------------
+
+static df_cu_attn_args args_of(const df_block_attn_desc *d, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                               const df_tensor *anchors, const df_tensor *keep) {
+  df_cu_attn_args a = {};
+  a.B = q->shape[0], a.N = anchors->shape[1], a.bs = d->block_size, a.S = d->context_len, a.nH = q->shape[2];
+  a.nKV = k->shape[2], a.hd = q->shape[3], a.window = d->window, a.scale = d->scale;
+  a.q = q->data, a.k = k->data, a.v = v->data, a.in_dt = q->dtype;
+  a.anchors = (const int32_t *)anchors->data, a.keep = (const uint8_t *)keep->data, a.path = DF_CU_ATTN_AUTO;
+  return a;
+}
+
+static df_status cuda_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
+                                         const df_tensor *k, const df_tensor *v, const df_tensor *anchors,
+                                         const df_tensor *keep, df_tensor *out, df_tensor *lse, df_error *err) {
+  df_cu_attn_args a = args_of(desc, q, k, v, anchors, keep);
+  a.out = out->data, a.out_dt = out->dtype, a.lse = (float *)lse->data;
+  return df_cu_block_attn_fwd(df_cuda_cu_stream(ctx), &a, err);
+}
+
+static df_status cuda_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
+                                          const df_tensor *k, const df_tensor *v, const df_tensor *anchors,
+                                          const df_tensor *keep, const df_tensor *out, const df_tensor *lse,
+                                          const df_tensor *dout, df_tensor *dq, df_tensor *dk, df_tensor *dv,
+                                          df_error *err) {
+  df_cu_attn_args a = args_of(desc, q, k, v, anchors, keep);
+  a.out = out->data, a.out_dt = out->dtype, a.lse = (float *)lse->data;
+  a.dout = dout->data, a.dq = dq->data, a.dk = dk->data, a.dv = dv->data, a.grad_dt = dq->dtype;
+  void *ws = NULL;
+  DF_TRY(df_ctx_workspace(ctx, 0, df_cu_block_attn_bwd_workspace(&a), &ws, err));
+  return df_cu_block_attn_bwd(df_cuda_cu_stream(ctx), &a, ws, err);
+}
+
+extern "C" void df_cuda_register_attention(df_backend *be) {
+  be->block_attn_forward = cuda_block_attn_forward;
+  be->block_attn_backward = cuda_block_attn_backward;
 }

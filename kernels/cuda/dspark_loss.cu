@@ -1,6 +1,7 @@
 // CUDA DSpark loss pieces outside the fused head (the CPU twin: kernels/cpu/dspark_loss.c): the softmax L1 distance
 // between draft and teacher logit rows (a thread block per row; sums in double, fixed reduction trees), and BCE
 // with logits elementwise, in double like the CPU.
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/lmhead_rows.cuh"
 
 namespace {
@@ -85,4 +86,36 @@ extern "C" df_status df_cu_bce_logits_bwd(df_cu_stream s, const float *x, const 
   bce_kernel<<<grid, 256, 0, s>>>(x, t, dloss, dx, n);
   DF_CU_CHECK_LAUNCH(err, "bce_logits_bwd");
   return DF_OK;
+}
+
+// ---- the backend table's slots (fp32 logits) ---------------------------------------------------------------------
+
+static df_status cuda_softmax_l1_forward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_tensor *l1,
+                                         df_error *err) {
+  return df_cu_softmax_l1_fwd(df_cuda_cu_stream(ctx), (const float *)p->data, (const float *)q->data, (float *)l1->data,
+                              df_rows(p), df_last_dim(p), err);
+}
+
+static df_status cuda_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, const df_tensor *dl1,
+                                          df_tensor *dp, df_error *err) {
+  return df_cu_softmax_l1_bwd(df_cuda_cu_stream(ctx), (const float *)p->data, (const float *)q->data,
+                              (const float *)dl1->data, (float *)dp->data, df_rows(p), df_last_dim(p), err);
+}
+
+static df_status cuda_bce_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, df_tensor *loss, df_error *err) {
+  return df_cu_bce_logits_fwd(df_cuda_cu_stream(ctx), (const float *)x->data, (const float *)t->data,
+                              (float *)loss->data, df_numel(x), err);
+}
+
+static df_status cuda_bce_backward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, const df_tensor *dloss,
+                                   df_tensor *dx, df_error *err) {
+  return df_cu_bce_logits_bwd(df_cuda_cu_stream(ctx), (const float *)x->data, (const float *)t->data,
+                              (const float *)dloss->data, (float *)dx->data, df_numel(x), err);
+}
+
+extern "C" void df_cuda_register_dspark_loss(df_backend *be) {
+  be->softmax_l1_forward = cuda_softmax_l1_forward;
+  be->softmax_l1_backward = cuda_softmax_l1_backward;
+  be->bce_logits_forward = cuda_bce_forward;
+  be->bce_logits_backward = cuda_bce_backward;
 }

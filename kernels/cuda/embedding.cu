@@ -3,6 +3,7 @@
 // id's dout rows in token order into dtable: no atomics, the same bits on every run, the CPU's per-id order.
 #include <cub/device/device_radix_sort.cuh>
 
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/cu_common.cuh"
 
 namespace {
@@ -24,8 +25,8 @@ __global__ void iota_kernel(int32_t *v, int64_t n) {
 
 // Block p starts work only where a run of equal ids begins; its threads own columns and add the run's rows in
 // sorted (= token) order.
-template <typename G>
-__global__ void segment_add_kernel(const int32_t *keys, const int32_t *tokens, const G *dout, float *dtable, int64_t T,
+template <typename G, typename D>
+__global__ void segment_add_kernel(const int32_t *keys, const int32_t *tokens, const G *dout, D *dtable, int64_t T,
                                    int64_t V, int64_t H) {
   const int64_t p = blockIdx.x;
   if (p >= T || (p > 0 && keys[p] == keys[p - 1])) return;
@@ -34,9 +35,9 @@ __global__ void segment_add_kernel(const int32_t *keys, const int32_t *tokens, c
   int64_t q1 = p + 1;
   while (q1 < T && keys[q1] == id) q1++;
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
-    float acc = dtable[(int64_t)id * H + c];
+    float acc = df_ld(dtable + (int64_t)id * H + c);
     for (int64_t q = p; q < q1; q++) acc += df_ld(dout + (int64_t)tokens[q] * H + c);
-    dtable[(int64_t)id * H + c] = acc;
+    df_st(dtable + (int64_t)id * H + c, acc);
   }
 }
 
@@ -77,7 +78,7 @@ extern "C" size_t df_cu_embedding_bwd_workspace(int64_t T, int64_t V) {
 }
 
 extern "C" df_status df_cu_embedding_bwd(df_cu_stream s, const void *dout, df_dtype dout_dt, const int32_t *ids,
-                                         float *dtable, int64_t T, int64_t V, int64_t H, void *workspace,
+                                         void *dtable, df_dtype dt_dt, int64_t T, int64_t V, int64_t H, void *workspace,
                                          df_error *err) {
   if (T <= 0 || H <= 0) return DF_OK;
   if (T > 2147483647) return DF_FAIL(err, DF_ERR_UNSUPPORTED, "embedding_bwd", NULL, "T = %lld > 2^31", (long long)T);
@@ -93,8 +94,31 @@ extern "C" df_status df_cu_embedding_bwd(df_cu_stream s, const void *dout, df_dt
   if (e != cudaSuccess)
     return DF_FAIL(err, DF_ERR_INVALID, "embedding_bwd", NULL, "cub radix sort failed: %s", cudaGetErrorString(e));
   DF_CU_SWITCH_DT(dout_dt, G, err, "embedding.dout",
-                  segment_add_kernel<G>
-                  <<<(unsigned)T, 128, 0, s>>>(keys_out, tok_out, (const G *)dout, dtable, T, V, H));
+                  DF_CU_SWITCH_DT(dt_dt, D, err, "embedding.dtable",
+                                  segment_add_kernel<G, D><<<(unsigned)T, 128, 0, s>>>(
+                                      keys_out, tok_out, (const G *)dout, (D *)dtable, T, V, H)));
   DF_CU_CHECK_LAUNCH(err, "embedding_bwd.segment_add");
   return DF_OK;
+}
+
+// ---- the backend table's slots ---------------------------------------------------------------------------------
+
+static df_status cuda_embedding_forward(df_ctx *ctx, const df_tensor *table, const df_tensor *ids, df_tensor *out,
+                                        df_error *err) {
+  return df_cu_embedding_fwd(df_cuda_cu_stream(ctx), table->data, table->dtype, (const int32_t *)ids->data, out->data,
+                             out->dtype, df_numel(ids), table->shape[0], table->shape[1], err);
+}
+
+static df_status cuda_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_tensor *ids, df_tensor *dtable,
+                                         df_error *err) {
+  const int64_t T = df_numel(ids), V = dtable->shape[0], H = dtable->shape[1];
+  void *ws = NULL;
+  DF_TRY(df_ctx_workspace(ctx, 0, df_cu_embedding_bwd_workspace(T, V), &ws, err));
+  return df_cu_embedding_bwd(df_cuda_cu_stream(ctx), dout->data, dout->dtype, (const int32_t *)ids->data, dtable->data,
+                             dtable->dtype, T, V, H, ws, err);
+}
+
+extern "C" void df_cuda_register_embedding(df_backend *be) {
+  be->embedding_forward = cuda_embedding_forward;
+  be->embedding_backward = cuda_embedding_backward;
 }

@@ -21,7 +21,7 @@ extern "C" {
 
 typedef struct CUstream_st *df_cu_stream; // cudaStream_t without the CUDA headers
 
-// ---- cast.cu: casts, fill, scale, residual adds -----------------------------------------------------------
+// ---- elementwise.cu: casts, fill, scale, residual adds ----------------------------------------------------
 
 // dst[i] = src[i] converted (fp32 → bf16 rounds to nearest even; NaN stays NaN).
 df_status df_cu_cast(df_cu_stream s, void *dst, df_dtype dst_dt, const void *src, df_dtype src_dt, int64_t n,
@@ -121,11 +121,12 @@ df_status df_cu_gemm_grouped_wgrad(df_cu_gemm_ctx *g, df_cu_stream s, const df_c
 // y = x · rstd · w over rows of D; rstd [R] fp32 saved for the backward. x, y: [R, D]; w: [D].
 df_status df_cu_rmsnorm_fwd(df_cu_stream s, const void *x, df_dtype x_dt, const void *w, df_dtype w_dt, float eps,
                             void *y, df_dtype y_dt, float *rstd, int64_t R, int64_t D, df_error *err);
-// dx (= or +=) ∂/∂x; dw [D] fp32 += ∂/∂w (may be NULL), summed over a fixed row partition (deterministic).
+// dx (= or +=) ∂/∂x; dw [D] += ∂/∂w (may be NULL; summed in double over a fixed row partition, deterministic,
+// then added in dw_dt). dx may alias dy.
 size_t df_cu_rmsnorm_bwd_workspace(int64_t R, int64_t D);
 df_status df_cu_rmsnorm_bwd(df_cu_stream s, const void *dy, df_dtype dy_dt, const void *x, df_dtype x_dt, const void *w,
-                            df_dtype w_dt, const float *rstd, void *dx, df_dtype dx_dt, bool accumulate_dx, float *dw,
-                            int64_t R, int64_t D, void *workspace, df_error *err);
+                            df_dtype w_dt, const float *rstd, void *dx, df_dtype dx_dt, bool accumulate_dx, void *dw,
+                            df_dtype dw_dt, int64_t R, int64_t D, void *workspace, df_error *err);
 
 // ---- rope.cu ---------------------------------------------------------------------------------------------------
 
@@ -158,11 +159,11 @@ df_status df_cu_swiglu_bwd(df_cu_stream s, const df_cu_swiglu_in *in, const void
 // out[t, :] = table[ids[t], :] (a row gather; an id outside [0, V) gives a zero row).
 df_status df_cu_embedding_fwd(df_cu_stream s, const void *table, df_dtype tab_dt, const int32_t *ids, void *out,
                               df_dtype out_dt, int64_t T, int64_t V, int64_t H, df_error *err);
-// dtable[V, H] (fp32) += scatter of dout by ids, deterministic: the (id, t) pairs are sorted stably by id and each
-// id's rows are added in t order, with no atomics.
+// dtable[V, H] (dtype dt_dt) += scatter of dout by ids, deterministic: the (id, t) pairs are sorted stably by id and
+// each id's rows are added in t order (fp32 sums), with no atomics.
 size_t df_cu_embedding_bwd_workspace(int64_t T, int64_t V);
-df_status df_cu_embedding_bwd(df_cu_stream s, const void *dout, df_dtype dout_dt, const int32_t *ids, float *dtable,
-                              int64_t T, int64_t V, int64_t H, void *workspace, df_error *err);
+df_status df_cu_embedding_bwd(df_cu_stream s, const void *dout, df_dtype dout_dt, const int32_t *ids, void *dtable,
+                              df_dtype dt_dt, int64_t T, int64_t V, int64_t H, void *workspace, df_error *err);
 
 // ---- attention.cu (bf16 tensor cores) and attention_f32.cu (fp32 CUDA cores) ------------------------------------
 
@@ -245,7 +246,7 @@ df_status df_cu_lmhead_ce(df_cu_gemm_ctx *g, df_cu_stream s, const df_cu_lmhead_
 
 // df_lmhead_dspark semantics (kernels/ops.h, kernels/cpu/lmhead_dspark.c): draft logits z = hidden·headᵀ
 // (+ u·w2ᵀ), teacher logits t = teacher·headᵀ, per row CE / L1 / BCE and metrics, the logit gradient in place,
-// then dhidden = G·head, du = G·w2 (written), dw2 += Gᵀ·u (fp32, β = 1), dconf written.
+// then dhidden = G·head, du = G·w2 (written), dw2 += Gᵀ·u (β = 1), dconf written.
 typedef struct {
   int64_t R, H, V, r, chunk_rows;                             // r: Markov rank (0: no Markov latent)
   const void *hidden, *head, *teacher, *markov_u, *markov_w2; // teacher, u, w2 may be NULL
@@ -258,8 +259,8 @@ typedef struct {
   float *draft_top1, *l1, *teacher_top1, *bce, *dconf; // NULL when not wanted
   uint8_t *agree;
   void *dhidden, *du; // dh_dt, NULL: forward only
-  float *dw2;         // [V, r] fp32
-  df_dtype dh_dt;
+  void *dw2;          // [V, r], dw2_dt (the default DF_F32: fp32 accumulation across chunks and micro-batches)
+  df_dtype dh_dt, dw2_dt;
 } df_cu_lmhead_dspark_args;
 
 size_t df_cu_lmhead_dspark_workspace(const df_cu_lmhead_dspark_args *a);

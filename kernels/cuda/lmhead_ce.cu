@@ -3,6 +3,7 @@
 // d(logits), then one GEMM gives dhidden = d(logits)·head. With fp32 storage d(logits) overwrites the logits in
 // place; with bf16 it goes to a bf16 buffer beside them (the dhidden GEMM then runs on bf16 tensor cores). Memory:
 // chunk · ldz · (4 or 6) bytes, never [R, V].
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/lmhead_rows.cuh"
 
 namespace {
@@ -103,3 +104,21 @@ extern "C" df_status df_cu_lmhead_ce(df_cu_gemm_ctx *g, df_cu_stream s, const df
   }
   return DF_OK;
 }
+
+// ---- the backend table's slot ------------------------------------------------------------------------------------
+
+static df_status cuda_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden,
+                                const df_tensor *head, const df_tensor *labels, const df_tensor *weights,
+                                df_tensor *loss, df_tensor *correct, df_tensor *dhidden, df_error *err) {
+  df_cu_lmhead_ce_args a = {};
+  a.R = df_rows(hidden), a.H = head->shape[1], a.V = head->shape[0], a.chunk_rows = desc->chunk_rows;
+  a.hidden = hidden->data, a.head = head->data, a.dt = head->dtype, a.labels = (const int32_t *)labels->data;
+  a.weights = weights ? (const float *)weights->data : NULL, a.grad_scale = desc->grad_scale;
+  a.loss = (float *)loss->data, a.correct = (uint8_t *)correct->data;
+  a.dhidden = dhidden ? dhidden->data : NULL, a.dh_dt = dhidden ? dhidden->dtype : head->dtype;
+  void *ws = NULL;
+  DF_TRY(df_ctx_workspace(ctx, 0, df_cu_lmhead_ce_workspace(&a), &ws, err));
+  return df_cu_lmhead_ce(df_cuda_gemm(ctx), df_cuda_cu_stream(ctx), &a, ws, err);
+}
+
+extern "C" void df_cuda_register_lmhead_ce(df_backend *be) { be->lmhead_ce = cuda_lmhead_ce; }

@@ -3,6 +3,7 @@
 // t = teacher·headᵀ into reused fp32 buffers; one kernel per row for CE, L1, agreement, top-1s, the confidence
 // BCE and the logit gradient G (in place over z for fp32 storage, into a bf16 buffer for bf16); then GEMMs for
 // dhidden = G·head, du = G·w2 and dw2 += Gᵀ·u. dw2 is deterministic for a given chunk size (fixed GEMM order).
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/lmhead_rows.cuh"
 
 namespace {
@@ -186,3 +187,33 @@ extern "C" df_status df_cu_lmhead_dspark(df_cu_gemm_ctx *g, df_cu_stream s, cons
   }
   return DF_OK;
 }
+
+// ---- the backend table's slot ------------------------------------------------------------------------------------
+
+static const void *data_of(const df_tensor *t) { return t ? t->data : NULL; }
+
+static df_status cuda_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,
+                                    const df_lmhead_dspark_out *out, df_error *err) {
+  df_cu_lmhead_dspark_args a = {};
+  a.R = df_rows(in->hidden), a.H = in->head->shape[1], a.V = in->head->shape[0];
+  a.r = in->markov_u ? in->markov_w2->shape[1] : 0, a.chunk_rows = desc->chunk_rows;
+  a.hidden = in->hidden->data, a.head = in->head->data, a.teacher = data_of(in->teacher);
+  a.markov_u = data_of(in->markov_u), a.markov_w2 = data_of(in->markov_w2), a.dt = in->head->dtype;
+  a.labels = (const int32_t *)in->labels->data, a.weights = (const float *)data_of(in->weights);
+  a.conf = (const float *)data_of(in->conf);
+  a.grad_scale = desc->grad_scale, a.alpha_ce = desc->alpha_ce, a.alpha_l1 = desc->alpha_l1;
+  a.alpha_conf = desc->alpha_conf;
+  a.ce = (float *)out->ce->data, a.correct = (uint8_t *)out->correct->data;
+  a.draft_top1 = (float *)data_of(out->draft_top1), a.l1 = (float *)data_of(out->l1);
+  a.teacher_top1 = (float *)data_of(out->teacher_top1), a.bce = (float *)data_of(out->bce);
+  a.agree = (uint8_t *)data_of(out->agree);
+  if (out->dhidden) {
+    a.dhidden = out->dhidden->data, a.dh_dt = out->dhidden->dtype, a.dconf = (float *)data_of(out->dconf);
+    if (in->markov_u) a.du = out->du->data, a.dw2 = out->dw2->data, a.dw2_dt = out->dw2->dtype;
+  }
+  void *ws = NULL;
+  DF_TRY(df_ctx_workspace(ctx, 0, df_cu_lmhead_dspark_workspace(&a), &ws, err));
+  return df_cu_lmhead_dspark(df_cuda_gemm(ctx), df_cuda_cu_stream(ctx), &a, ws, err);
+}
+
+extern "C" void df_cuda_register_lmhead_dspark(df_backend *be) { be->lmhead_dspark = cuda_lmhead_dspark; }

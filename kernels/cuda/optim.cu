@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/cu_common.cuh"
 
 namespace {
@@ -203,4 +204,86 @@ extern "C" df_status df_cu_sumsq(df_cu_stream s, const float *x, int64_t n, doub
   reduce_partials<<<1, kReduceThreads, 0, s>>>(partial, k, d_out, false);
   DF_CU_CHECK_LAUNCH(err, "sumsq.reduce");
   return DF_OK;
+}
+
+// ---- the backend table's slots (the unfused, per-buffer op-interface pieces; fp32) -------------------------------
+
+namespace {
+
+constexpr int kNormBlock = 1 << 14, kNormLanes = 16; // kernels/cpu/optim.c's partition and lanes
+
+// partial[first + k] = Σ x² of block k of x (kNormBlock elements, kNormLanes interleaved double accumulators, then
+// the lanes in order): the CPU's arithmetic exactly (x² of an fp32 value is exact in double, so a fused
+// multiply-add rounds the same), hence the same bits.
+__global__ void cpu_order_sumsq(const float *x, int64_t n, double *partial) {
+  __shared__ double lane_sum[kNormLanes];
+  const int64_t lo = (int64_t)blockIdx.x * kNormBlock, len = n - lo < kNormBlock ? n - lo : kNormBlock;
+  const int j = threadIdx.x;
+  if (j < kNormLanes) {
+    double acc = 0.0;
+    for (int64_t i = j; i < len; i += kNormLanes) acc += (double)x[lo + i] * (double)x[lo + i];
+    lane_sum[j] = acc;
+  }
+  __syncthreads();
+  if (j == 0) {
+    double s = 0.0;
+    for (int l = 0; l < kNormLanes; l++) s += lane_sum[l];
+    partial[blockIdx.x] = s;
+  }
+}
+
+__global__ void sum_in_order(const double *partial, int64_t n, double *out) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0.0;
+  for (int64_t k = 0; k < n; k++) s += partial[k];
+  *out = s;
+}
+
+} // namespace
+
+static df_status cuda_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df_tensor *m, df_tensor *v,
+                                 const df_adamw_hparams *hp, df_error *err) {
+  const df_cu_adamw_coefs c = df_cu_adamw_coefs_of(hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, hp->step);
+  return df_cu_adamw_plain(df_cuda_cu_stream(ctx), (float *)param->data, (const float *)grad->data, (float *)m->data,
+                           (float *)v->data, df_numel(param), &c, err);
+}
+
+// The norm is returned on the host (the op's contract), so this op synchronises once.
+static df_status cuda_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err) {
+  int64_t total = 0;
+  for (int b = 0; b < nbufs; b++) total += (df_numel(&bufs[b]) + kNormBlock - 1) / kNormBlock;
+  double *partial = NULL;
+  DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * (size_t)(total + 1), (void **)&partial, err));
+  const cudaStream_t s = df_cuda_stream(ctx);
+  int64_t first = 0;
+  for (int b = 0; b < nbufs; b++) {
+    const int64_t n = df_numel(&bufs[b]), nb = (n + kNormBlock - 1) / kNormBlock;
+    if (nb == 0) continue;
+    cpu_order_sumsq<<<(unsigned)nb, 32, 0, s>>>((const float *)bufs[b].data, n, partial + first);
+    DF_CU_CHECK_LAUNCH(err, "global_norm.blocks");
+    first += nb;
+  }
+  sum_in_order<<<1, 32, 0, s>>>(partial, total, partial + total);
+  DF_CU_CHECK_LAUNCH(err, "global_norm.sum");
+  double sum = 0.0;
+  DF_CU_TRY(err, cudaMemcpyAsync(&sum, partial + total, sizeof sum, cudaMemcpyDeviceToHost, s), "global_norm (read)");
+  DF_CU_TRY(err, cudaStreamSynchronize(s), "global_norm (sync)");
+  *norm = sqrt(sum);
+  return DF_OK;
+}
+
+static df_status cuda_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm, double *coef,
+                                   df_error *err) {
+  const double c = max_norm / (norm + 1e-6);
+  *coef = c < 1.0 ? c : 1.0;
+  if (c >= 1.0) return DF_OK;
+  for (int b = 0; b < nbufs; b++)
+    DF_TRY(df_cu_scale(df_cuda_cu_stream(ctx), bufs[b].data, DF_F32, df_numel(&bufs[b]), (float)c, NULL, err));
+  return DF_OK;
+}
+
+extern "C" void df_cuda_register_optim(df_backend *be) {
+  be->adamw_step = cuda_adamw_step;
+  be->global_norm = cuda_global_norm;
+  be->clip_by_norm = cuda_clip_by_norm;
 }

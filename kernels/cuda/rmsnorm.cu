@@ -2,6 +2,7 @@
 // y = (x·rstd)·w with rstd = 1/sqrt(mean(x²) + eps), reductions in double. One warp per row. The dw of the
 // backward sums over a fixed partition of the rows (chunk size from R alone), each chunk's column partials in
 // double, then the chunks in order: the same bits on every run and every GPU.
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/cu_common.cuh"
 
 namespace {
@@ -75,12 +76,12 @@ __global__ void rmsnorm_dw_partial_kernel(const G *dy, const X *x, const float *
   }
 }
 
-__global__ void rmsnorm_dw_reduce_kernel(const double *partial, int64_t P, int64_t D, float *dw) {
+template <typename W> __global__ void rmsnorm_dw_reduce_kernel(const double *partial, int64_t P, int64_t D, W *dw) {
   const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (j >= D) return;
   double t = 0.0;
   for (int64_t p = 0; p < P; p++) t += partial[p * D + j];
-  dw[j] += (float)t;
+  df_st(dw + j, df_ld(dw + j) + (float)t);
 }
 
 } // namespace
@@ -107,8 +108,8 @@ extern "C" size_t df_cu_rmsnorm_bwd_workspace(int64_t R, int64_t D) {
 
 extern "C" df_status df_cu_rmsnorm_bwd(df_cu_stream s, const void *dy, df_dtype dy_dt, const void *x, df_dtype x_dt,
                                        const void *w, df_dtype w_dt, const float *rstd, void *dx, df_dtype dx_dt,
-                                       bool accumulate_dx, float *dw, int64_t R, int64_t D, void *workspace,
-                                       df_error *err) {
+                                       bool accumulate_dx, void *dw, df_dtype dw_dt, int64_t R, int64_t D,
+                                       void *workspace, df_error *err) {
   if (R <= 0) return DF_OK;
   // dw first: dx may alias dy.
   if (dw) {
@@ -119,7 +120,9 @@ extern "C" df_status df_cu_rmsnorm_bwd(df_cu_stream s, const void *dy, df_dtype 
                                     rmsnorm_dw_partial_kernel<G, X><<<grid, block, 0, s>>>(
                                         (const G *)dy, (const X *)x, rstd, (double *)workspace, R, D, rc)));
     DF_CU_CHECK_LAUNCH(err, "rmsnorm_dw_partial");
-    rmsnorm_dw_reduce_kernel<<<df_cu_blocks(D, 256), 256, 0, s>>>((const double *)workspace, P, D, dw);
+    DF_CU_SWITCH_DT(dw_dt, W, err, "rmsnorm.dw",
+                    rmsnorm_dw_reduce_kernel<W>
+                    <<<df_cu_blocks(D, 256), 256, 0, s>>>((const double *)workspace, P, D, (W *)dw));
     DF_CU_CHECK_LAUNCH(err, "rmsnorm_dw_reduce");
   }
   const unsigned blocks = df_cu_blocks(R, kRowsPerBlock);
@@ -133,4 +136,29 @@ extern "C" df_status df_cu_rmsnorm_bwd(df_cu_stream s, const void *dy, df_dtype 
                                                                       (O *)dx, accumulate_dx, R, D)))));
   DF_CU_CHECK_LAUNCH(err, "rmsnorm_bwd_dx");
   return DF_OK;
+}
+
+// ---- the backend table's slots ---------------------------------------------------------------------------------
+
+static df_status cuda_rmsnorm_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
+                                      df_tensor *rstd, df_error *err) {
+  const int64_t D = w->shape[0], R = df_numel(x) / D;
+  return df_cu_rmsnorm_fwd(df_cuda_cu_stream(ctx), x->data, x->dtype, w->data, w->dtype, eps, y->data, y->dtype,
+                           (float *)rstd->data, R, D, err);
+}
+
+static df_status cuda_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
+                                       const df_tensor *rstd, df_tensor *dx, bool accumulate_dx, df_tensor *dw,
+                                       df_error *err) {
+  const int64_t D = w->shape[0], R = df_numel(x) / D;
+  void *ws = NULL;
+  if (dw) DF_TRY(df_ctx_workspace(ctx, 0, df_cu_rmsnorm_bwd_workspace(R, D), &ws, err));
+  return df_cu_rmsnorm_bwd(df_cuda_cu_stream(ctx), dy->data, dy->dtype, x->data, x->dtype, w->data, w->dtype,
+                           (const float *)rstd->data, dx->data, dx->dtype, accumulate_dx, dw ? dw->data : NULL,
+                           dw ? dw->dtype : DF_F32, R, D, ws, err);
+}
+
+extern "C" void df_cuda_register_rmsnorm(df_backend *be) {
+  be->rmsnorm_forward = cuda_rmsnorm_forward;
+  be->rmsnorm_backward = cuda_rmsnorm_backward;
 }

@@ -2,6 +2,7 @@
 // c = cosf(angle)·mscale, s = sign·(sinf(angle)·mscale) (full-precision cosf/sinf, not the fast intrinsics), then
 // y1 = x1·c − x2·s, y2 = x2·c + x1·s. One thread per (token, head, frequency) pair reads both halves before
 // writing either, so y may be x.
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/cu_common.cuh"
 
 namespace {
@@ -36,4 +37,28 @@ extern "C" df_status df_cu_rope(df_cu_stream s, const void *x, df_dtype x_dt, co
                                                                            (Y *)y, T, nh, hd)));
   DF_CU_CHECK_LAUNCH(err, "rope");
   return DF_OK;
+}
+
+// ---- the backend table's slots ---------------------------------------------------------------------------------
+
+static df_status cuda_rope(df_ctx *ctx, const df_tensor *x, const df_tensor *pos, const df_tensor *inv_freq,
+                           float mscale, float sign, df_tensor *y, df_error *err) {
+  return df_cu_rope(df_cuda_cu_stream(ctx), x->data, x->dtype, (const int32_t *)pos->data,
+                    (const float *)inv_freq->data, mscale, sign, y->data, y->dtype, x->shape[0], x->shape[1],
+                    x->shape[2], err);
+}
+
+static df_status cuda_rope_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *pos, const df_tensor *inv_freq,
+                                   float mscale, df_tensor *y, df_error *err) {
+  return cuda_rope(ctx, x, pos, inv_freq, mscale, 1.0f, y, err);
+}
+
+static df_status cuda_rope_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *pos, const df_tensor *inv_freq,
+                                    float mscale, df_tensor *dx, df_error *err) {
+  return cuda_rope(ctx, dy, pos, inv_freq, mscale, -1.0f, dx, err);
+}
+
+extern "C" void df_cuda_register_rope(df_backend *be) {
+  be->rope_forward = cuda_rope_forward;
+  be->rope_backward = cuda_rope_backward;
 }

@@ -1,6 +1,7 @@
 // CUDA SwiGLU with the optional clamp, the CPU twin's arithmetic (sigmoid = 1/(1 + expf(−a)); the clamp
 // written as a ternary so NaN stays NaN; a clipped element passes no gradient, torch.clamp's inclusive rule).
 // Rows with strides, so g and u can be the two halves of one fused gate/up GEMM output.
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/cu_common.cuh"
 
 namespace {
@@ -73,4 +74,26 @@ extern "C" df_status df_cu_swiglu_bwd(df_cu_stream s, const df_cu_swiglu_in *in,
                                           (const G *)dh, lddh, (O *)dg, (O *)du, ldd, in->rows, in->cols))));
   DF_CU_CHECK_LAUNCH(err, "swiglu_bwd");
   return DF_OK;
+}
+
+// ---- the backend table's slots: g, u, h of one shape, one contiguous row of n elements -------------------------
+
+static df_status cuda_swiglu_forward(df_ctx *ctx, const df_tensor *g, const df_tensor *u, float limit, df_tensor *h,
+                                     df_error *err) {
+  const int64_t n = df_numel(g);
+  df_cu_swiglu_in in = {1, n, g->data, u->data, n, n, g->dtype, limit};
+  return df_cu_swiglu_fwd(df_cuda_cu_stream(ctx), &in, h->data, h->dtype, n, err);
+}
+
+static df_status cuda_swiglu_backward(df_ctx *ctx, const df_tensor *dh, const df_tensor *g, const df_tensor *u,
+                                      float limit, df_tensor *dg, df_tensor *du, df_error *err) {
+  const int64_t n = df_numel(g);
+  df_cu_swiglu_in in = {1, n, g->data, u->data, n, n, g->dtype, limit};
+  if (dg->dtype != du->dtype) return df_cu_bad_dtype(err, "swiglu.du", du->dtype);
+  return df_cu_swiglu_bwd(df_cuda_cu_stream(ctx), &in, dh->data, dh->dtype, n, dg->data, du->data, dg->dtype, n, err);
+}
+
+extern "C" void df_cuda_register_swiglu(df_backend *be) {
+  be->swiglu_forward = cuda_swiglu_forward;
+  be->swiglu_backward = cuda_swiglu_backward;
 }

@@ -32,7 +32,7 @@ static void rmsnorm_case(cu_env *e, int64_t R, int64_t D, df_dtype dt, double rt
   void *gr = cu_alloc(4 * (size_t)R), *gdw = cu_upload(zeros, D, DF_F32);
   void *ws = cu_alloc(df_cu_rmsnorm_bwd_workspace(R, D));
   DF_ASSERT_OK(df_cu_rmsnorm_fwd(e->s, gx, dt, gw, dt, 1e-6f, gy, dt, gr, R, D, &err), &err);
-  DF_ASSERT_OK(df_cu_rmsnorm_bwd(e->s, gdy, dt, gx, dt, gw, dt, gr, gdx, dt, false, gdw, R, D, ws, &err), &err);
+  DF_ASSERT_OK(df_cu_rmsnorm_bwd(e->s, gdy, dt, gx, dt, gw, dt, gr, gdx, dt, false, gdw, DF_F32, R, D, ws, &err), &err);
   float *hy = cu_download(e, gy, R * D, dt), *hr = cu_download(e, gr, R, DF_F32);
   float *hdx = cu_download(e, gdx, R * D, dt), *hdw = cu_download(e, gdw, D, DF_F32);
   df_expect_close("rmsnorm y", hy, y, R * D, rtol, 0.0);
@@ -40,7 +40,7 @@ static void rmsnorm_case(cu_env *e, int64_t R, int64_t D, df_dtype dt, double rt
   df_expect_close("rmsnorm dx", hdx, dx, R * D, rtol, 0.0);
   df_expect_close("rmsnorm dw", hdw, dw, D, 1e-5, 0.0); // dw is fp32 from the same inputs
   // Deterministic: a second backward adds exactly the same dw again.
-  DF_ASSERT_OK(df_cu_rmsnorm_bwd(e->s, gdy, dt, gx, dt, gw, dt, gr, gdx, dt, false, gdw, R, D, ws, &err), &err);
+  DF_ASSERT_OK(df_cu_rmsnorm_bwd(e->s, gdy, dt, gx, dt, gw, dt, gr, gdx, dt, false, gdw, DF_F32, R, D, ws, &err), &err);
   float *hdw2 = cu_download(e, gdw, D, DF_F32);
   for (int64_t j = 0; j < D; j++) cr_expect_eq(hdw2[j], hdw[j] + hdw[j], "dw not deterministic at %lld", (long long)j);
   free(hy), free(hr), free(hdx), free(hdw), free(hdw2), free(zeros);
@@ -162,7 +162,7 @@ Test(cuda_elementwise, embedding_gather_and_deterministic_scatter) {
   void *gd = cu_upload(dout, T * H, DF_F32), *gdt = cu_upload(tab, V * H, DF_F32);
   void *ws = cu_alloc(df_cu_embedding_bwd_workspace(T, V));
   DF_ASSERT_OK(df_cu_embedding_fwd(e.s, gt, DF_F32, gi, go, DF_F32, T, V, H, &err), &err);
-  DF_ASSERT_OK(df_cu_embedding_bwd(e.s, gd, DF_F32, gi, gdt, T, V, H, ws, &err), &err);
+  DF_ASSERT_OK(df_cu_embedding_bwd(e.s, gd, DF_F32, gi, gdt, DF_F32, T, V, H, ws, &err), &err);
   float *ho = cu_download(&e, go, T * H, DF_F32), *hdt = cu_download(&e, gdt, V * H, DF_F32);
   for (int k = 0; k < T * H; k++) cr_assert_eq(ho[k], out[k], "gather is a copy: bit-exact");
   // Both sides add each id's rows in token order onto the same start values: bit-exact.

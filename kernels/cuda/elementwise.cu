@@ -1,5 +1,7 @@
-// CUDA elementwise kernels: dtype casts (fp32 → bf16 rounds to nearest even), fill, scale, y += alpha·x and
-// out = a + b. Grid-stride loops, fp32 arithmetic, any mix of f32 / bf16 storage.
+// CUDA elementwise kernels (twin of kernels/cpu/elementwise.c): dtype casts (fp32 → bf16 rounds to nearest even),
+// fill of any dtype, scale, y += alpha·x and out = a + b. Grid-stride loops, fp32 arithmetic, any mix of f32 /
+// bf16 storage; the backend table's fill / scale / cast.
+#include "kernels/cuda/backend.h"
 #include "kernels/cuda/cu_common.cuh"
 
 namespace {
@@ -20,6 +22,11 @@ template <typename D, typename S> __global__ void cast_kernel(D *dst, const S *s
 template <typename T> __global__ void fill_kernel(T *dst, int64_t n, float value) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     df_st(dst + i, value);
+}
+
+template <typename T> __global__ void fill_raw_kernel(T *dst, int64_t n, T value) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = value;
 }
 
 template <typename T> __global__ void scale_kernel(T *x, int64_t n, float alpha, const float *d_alpha) {
@@ -55,6 +62,55 @@ extern "C" df_status df_cu_fill(df_cu_stream s, void *dst, df_dtype dt, int64_t 
   DF_CU_SWITCH_DT(dt, T, err, "fill", fill_kernel<T><<<blocks_for(n), kThreads, 0, s>>>((T *)dst, n, value));
   DF_CU_CHECK_LAUNCH(err, "fill");
   return DF_OK;
+}
+
+// ---- the backend table's slots ---------------------------------------------------------------------------------
+
+static df_status cuda_fill(df_ctx *ctx, df_tensor *t, double value, df_error *err) {
+  const cudaStream_t s = df_cuda_stream(ctx);
+  const int64_t n = df_numel(t);
+  if (n <= 0) return DF_OK;
+  if (value == 0.0 && !signbit(value)) { // every dtype's zero is all-zero bytes
+    DF_CU_TRY(err, cudaMemsetAsync(t->data, 0, (size_t)n * df_dtype_size(t->dtype), s), "fill (memset)");
+    return DF_OK;
+  }
+  const unsigned b = blocks_for(n);
+  switch (t->dtype) {
+  case DF_F32:
+  case DF_BF16: return df_cu_fill((df_cu_stream)s, t->data, t->dtype, n, (float)value, err);
+  case DF_F64: fill_raw_kernel<double><<<b, kThreads, 0, s>>>((double *)t->data, n, value); break;
+  case DF_I64: fill_raw_kernel<int64_t><<<b, kThreads, 0, s>>>((int64_t *)t->data, n, (int64_t)value); break;
+  case DF_I32: fill_raw_kernel<int32_t><<<b, kThreads, 0, s>>>((int32_t *)t->data, n, (int32_t)value); break;
+  case DF_U8:
+  case DF_BOOL:
+    DF_CU_TRY(err, cudaMemsetAsync(t->data, (int)(uint8_t)value, (size_t)n, s), "fill (memset)");
+    return DF_OK;
+  default: return df_cu_bad_dtype(err, "fill", t->dtype);
+  }
+  DF_CU_CHECK_LAUNCH(err, "fill");
+  return DF_OK;
+}
+
+static df_status cuda_scale(df_ctx *ctx, df_tensor *t, float alpha, df_error *err) {
+  return df_cu_scale(df_cuda_cu_stream(ctx), t->data, t->dtype, df_numel(t), alpha, NULL, err);
+}
+
+static df_status cuda_cast(df_ctx *ctx, const df_tensor *src, df_tensor *dst, df_error *err) {
+  const int64_t n = df_numel(src);
+  if (src->dtype == dst->dtype) {
+    DF_CU_TRY(err,
+              cudaMemcpyAsync(dst->data, src->data, (size_t)n * df_dtype_size(src->dtype), cudaMemcpyDeviceToDevice,
+                              df_cuda_stream(ctx)),
+              "cast (copy)");
+    return DF_OK;
+  }
+  return df_cu_cast(df_cuda_cu_stream(ctx), dst->data, dst->dtype, src->data, src->dtype, n, err);
+}
+
+extern "C" void df_cuda_register_elementwise(df_backend *be) {
+  be->fill = cuda_fill;
+  be->scale = cuda_scale;
+  be->cast = cuda_cast;
 }
 
 extern "C" df_status df_cu_scale(df_cu_stream s, void *x, df_dtype dt, int64_t n, float alpha, const float *d_alpha,
