@@ -224,6 +224,8 @@ typedef struct df_backend {
 const df_backend *df_cpu_backend(void);
 const df_backend *df_cuda_backend(void);
 const df_backend *df_fake_backend(void);
+// The fake device with untouchable memory (kernels/fake/strict.c): any host dereference of its buffers faults.
+const df_backend *df_fake_strict_backend(void);
 
 // A context on an explicit table (tests: a table with a slot removed, a counting wrapper). The table must
 // outlive the context; opt->device is ignored (the table's device is used).

@@ -29,8 +29,8 @@ static df_status backend_for(df_device dev, const df_backend **out, df_error *er
 
 df_status df_ctx_create(const df_ctx_options *opt, df_ctx **out, df_error *err) {
   *out = NULL;
-  const df_backend *be;
-  DF_TRY(backend_for(opt ? opt->device : DF_DEV_CPU, &be, err));
+  const df_backend *be = opt ? opt->backend : NULL;
+  if (!be) DF_TRY(backend_for(opt ? opt->device : DF_DEV_CPU, &be, err));
   return df_ctx_create_with(be, opt, out, err);
 }
 

@@ -29,10 +29,14 @@ extern "C" {
 // to every op; never global.
 typedef struct df_ctx df_ctx;
 
+struct df_backend;
+
 typedef struct {
   df_device device;
   int num_threads; // CPU worker threads; 0 = OpenMP default
   int cuda_device; // CUDA ordinal when device == DF_DEV_CUDA
+  // An explicit backend table (kernels/backend.h), e.g. the strict fake device for tests; NULL: device's table.
+  const struct df_backend *backend;
 } df_ctx_options;
 
 df_status df_ctx_create(const df_ctx_options *opt, df_ctx **out, df_error *err);

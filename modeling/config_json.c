@@ -84,6 +84,26 @@ df_status df_cj_load_file(const char *path, json_t **out, df_error *err) {
   return st;
 }
 
+df_status df_cj_finish(const df_cj_kind *k, json_t *root, df_status st, const char *source, void **out, df_error *err) {
+  *out = NULL;
+  if (st != DF_OK) return st;
+  char *owner = calloc(1, k->size), *src = strdup(source);
+  if (!owner || !src) {
+    free(owner), free(src), json_decref(root);
+    return DF_FAIL(err, DF_ERR_NOMEM, source, NULL, "%s: out of memory", source);
+  }
+  df_cj_doc *doc = (df_cj_doc *)(owner + k->doc_offset);
+  doc->root = root, doc->source = src;
+  df_cj c = {.source = src, .err = err};
+  st = k->build(&c, root, owner);
+  if (st != DF_OK) {
+    k->free(owner);
+    return st;
+  }
+  *out = owner;
+  return DF_OK;
+}
+
 json_t *df_cj_get(const json_t *obj, const char *key) {
   json_t *v = json_object_get(obj, key);
   return json_is_null(v) ? NULL : v;

@@ -38,6 +38,25 @@ df_status df_cj_fail_at(const df_cj *c, df_status st, const char *src_file, int 
 df_status df_cj_load_file(const char *path, json_t **out, df_error *err);
 df_status df_cj_load_buffer(const char *text, size_t len, const char *name, json_t **out, df_error *err);
 
+// The document and source name a parsed config owns (its strings borrow from them).
+typedef struct {
+  json_t *root;
+  char *source;
+} df_cj_doc;
+
+// One config kind for df_cj_finish: its owner (the public struct first, a df_cj_doc at doc_offset), the parse
+// that fills the public fields (source included, from the doc), and the kind's free, which must accept a
+// half-built owner.
+typedef struct {
+  size_t size, doc_offset;
+  df_status (*build)(const df_cj *c, json_t *root, void *owner);
+  void (*free)(void *owner);
+} df_cj_kind;
+
+// The tail every config loader shares: takes ownership of root (NULL when loading failed with st), allocates the
+// owner, keeps root and a copy of source in its doc, builds, and frees everything when that fails. *out: the owner.
+df_status df_cj_finish(const df_cj_kind *k, json_t *root, df_status st, const char *source, void **out, df_error *err);
+
 // The value of key, or NULL when it is absent or JSON null (null means "not set" for optional keys).
 json_t *df_cj_get(const json_t *obj, const char *key);
 // v's JSON type with its article ("an integer"), for messages.

@@ -3,6 +3,7 @@
 #include "modeling/draft_config.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,7 +190,7 @@ static df_status parse_layers(const df_cj *c, const json_t *root, df_draft_confi
   return DF_OK;
 }
 
-static df_status build(df_cj *c, json_t *root, df_draft_config_owned *o) {
+static df_status build(const df_cj *c, json_t *root, df_draft_config_owned *o) {
   df_draft_config *cfg = &o->pub;
   cfg->json = root;
   DF_TRY(parse_architecture(c, root, cfg));
@@ -202,26 +203,24 @@ static df_status build(df_cj *c, json_t *root, df_draft_config_owned *o) {
   return df_draft_parse_moe(c, root, o);
 }
 
+static df_status build_owner(const df_cj *c, json_t *root, void *owner) {
+  df_draft_config_owned *o = owner;
+  o->pub.source = o->doc.source;
+  return build(c, root, o);
+}
+
+static void free_owner(void *owner) { df_draft_config_free(owner); }
+
+static const df_cj_kind DRAFT = {.size = sizeof(df_draft_config_owned),
+                                 .doc_offset = offsetof(df_draft_config_owned, doc),
+                                 .build = build_owner,
+                                 .free = free_owner};
+
 // Takes ownership of root (NULL when loading failed with st).
 static df_status finish(json_t *root, df_status st, const char *source, const df_draft_config **out, df_error *err) {
-  *out = NULL;
-  if (st != DF_OK) return st;
-  df_draft_config_owned *o = calloc(1, sizeof *o);
-  char *src = strdup(source);
-  if (!o || !src) {
-    free(o), free(src), json_decref(root);
-    return DF_FAIL(err, DF_ERR_NOMEM, source, NULL, "%s: out of memory", source);
-  }
-  o->root = root;
-  o->source = src;
-  o->pub.source = src;
-  df_cj c = {.source = src, .err = err};
-  st = build(&c, root, o);
-  if (st != DF_OK) {
-    df_draft_config_free(&o->pub);
-    return st;
-  }
-  *out = &o->pub;
+  void *o;
+  DF_TRY(df_cj_finish(&DRAFT, root, st, source, &o, err));
+  *out = &((df_draft_config_owned *)o)->pub;
   return DF_OK;
 }
 
@@ -243,8 +242,8 @@ df_status df_draft_config_from_json(const char *text, size_t len, const char *na
 void df_draft_config_free(const df_draft_config *cfg) {
   if (!cfg) return;
   df_draft_config_owned *o = (df_draft_config_owned *)cfg; // the public struct is the owner's first member
-  json_decref(o->root);
-  free(o->source);
+  json_decref(o->doc.root);
+  free(o->doc.source);
   free(o->layer_types);
   free(o->target_layer_ids);
   free(o);

@@ -10,8 +10,7 @@
 // The allocation behind a df_draft_config: the public struct first, so the two pointers coincide.
 typedef struct {
   df_draft_config pub;
-  json_t *root;
-  char *source;
+  df_cj_doc doc; // the parsed document and the source name (pub.source)
   df_layer_type *layer_types;
   int *target_layer_ids;
   df_moe_config moe; // pub.moe points here for an MoE draft

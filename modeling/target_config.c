@@ -3,6 +3,7 @@
 #include "modeling/target_config.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,8 +15,7 @@
 
 typedef struct {
   df_target_config pub; // first, so the public pointer is the owner's
-  json_t *root;
-  char *source;
+  df_cj_doc doc;        // the parsed document and the source name (pub.source)
 } target_owned;
 
 // The text model's keys: text_config when the target is multimodal (Qwen3.5/3.6), else the top level.
@@ -108,25 +108,21 @@ static df_status parse(const df_cj *c, json_t *root, df_target_config *t) {
   return parse_lm_head(c, root, m, px, t);
 }
 
+static df_status build_owner(const df_cj *c, json_t *root, void *owner) {
+  target_owned *o = owner;
+  o->pub.source = o->doc.source;
+  return parse(c, root, &o->pub);
+}
+
+static void free_owner(void *owner) { df_target_config_free(owner); }
+
+static const df_cj_kind TARGET = {
+    .size = sizeof(target_owned), .doc_offset = offsetof(target_owned, doc), .build = build_owner, .free = free_owner};
+
 static df_status finish(json_t *root, df_status st, const char *source, const df_target_config **out, df_error *err) {
-  *out = NULL;
-  if (st != DF_OK) return st;
-  target_owned *o = calloc(1, sizeof *o);
-  char *src = strdup(source);
-  if (!o || !src) {
-    free(o), free(src), json_decref(root);
-    return DF_FAIL(err, DF_ERR_NOMEM, source, NULL, "%s: out of memory", source);
-  }
-  o->root = root;
-  o->source = src;
-  o->pub.source = src;
-  df_cj c = {.source = src, .err = err};
-  st = parse(&c, root, &o->pub);
-  if (st != DF_OK) {
-    df_target_config_free(&o->pub);
-    return st;
-  }
-  *out = &o->pub;
+  void *o;
+  DF_TRY(df_cj_finish(&TARGET, root, st, source, &o, err));
+  *out = &((target_owned *)o)->pub;
   return DF_OK;
 }
 
@@ -158,8 +154,8 @@ df_status df_target_config_from_json(const char *text, size_t len, const char *n
 void df_target_config_free(const df_target_config *cfg) {
   if (!cfg) return;
   target_owned *o = (target_owned *)cfg;
-  json_decref(o->root);
-  free(o->source);
+  json_decref(o->doc.root);
+  free(o->doc.source);
   free(o);
 }
 

@@ -178,3 +178,23 @@ int df_moe_collect_metrics(df_ffn *const *ffns, int n, df_moe_metric out[DF_MOE_
   if (noaux) out[c++] = (df_moe_metric){"moe/bias_abs_max", sum.bias_abs_max / layers};
   return c;
 }
+
+int64_t df_moe_num_experts(df_ffn *const *ffns, int n) {
+  for (int i = 0; i < n; i++)
+    if (df_ffn_is_moe(ffns[i])) return df_ffn_moe_layer(ffns[i])->router.E;
+  return 0;
+}
+
+int df_moe_collect_load(df_ffn *const *ffns, int n, int max_layers, int64_t *layer_ids, double *load) {
+  const int64_t E = df_moe_num_experts(ffns, n);
+  int j = 0;
+  for (int i = 0; i < n && j < max_layers; i++) {
+    df_moe_layer *L = df_ffn_moe_layer(ffns[i]);
+    const double *l = L && L->router.E == E ? df_moe_layer_load(L) : NULL;
+    if (!l) continue;
+    layer_ids[j] = L->layer;
+    memcpy(load + (size_t)j * (size_t)E, l, (size_t)E * sizeof(double));
+    j++;
+  }
+  return j;
+}

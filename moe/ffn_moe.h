@@ -53,6 +53,12 @@ enum { DF_MOE_MAX_METRICS = 8 };
 // moe/experts_unused_frac, moe/aux_loss, and moe/bias_abs_max when a layer uses noaux_tc. Returns the count
 // written to out (0 for dense models).
 int df_moe_collect_metrics(df_ffn *const *ffns, int n, df_moe_metric out[DF_MOE_MAX_METRICS]);
+// The expert count of the model's MoE layers (0 for dense models).
+int64_t df_moe_num_experts(df_ffn *const *ffns, int n);
+// Per MoE layer (at most max_layers), the share of routed slots each expert took in its last training
+// forward: layer_ids[j] is the decoder layer, load[j*E .. j*E + E) its E shares (E = df_moe_num_experts).
+// Returns the number of layers written (0 before the first training forward or for dense models).
+int df_moe_collect_load(df_ffn *const *ffns, int n, int max_layers, int64_t *layer_ids, double *load);
 
 #ifdef __cplusplus
 }

@@ -109,13 +109,15 @@ df_status df_moe_layer_init(df_moe_layer *L, const df_moe_config *m, int64_t H, 
     L->center_stash = calloc((size_t)H, sizeof(float));
     if (!L->center_stash) return DF_FAIL(err, DF_ERR_NOMEM, "gate.input_mean", NULL, "cannot allocate the mean stash");
   }
+  L->last_load = calloc((size_t)L->router.E, sizeof(double));
+  if (!L->last_load) return DF_FAIL(err, DF_ERR_NOMEM, "router", NULL, "cannot allocate the expert-load record");
   return df_moe_balance_init(&L->balance, m->balance, L->router.E, m->bias_update_rate, err);
 }
 
 void df_moe_layer_free(df_moe_layer *L) {
   df_moe_balance_free(&L->balance);
-  free(L->center_stash);
-  L->center_stash = NULL;
+  free(L->center_stash), free(L->last_load);
+  L->center_stash = NULL, L->last_load = NULL;
 }
 
 // ---- training state ------------------------------------------------------------------------------------
@@ -128,6 +130,8 @@ void df_moe_layer_set_collective(df_moe_layer *L, const df_moe_collective *c) {
 }
 
 double df_moe_layer_aux_loss(const df_moe_layer *L) { return L->last_aux; }
+
+const double *df_moe_layer_load(const df_moe_layer *L) { return L->has_metrics ? L->last_load : NULL; }
 
 bool df_moe_layer_metrics(const df_moe_layer *L, df_moe_metrics *out) {
   if (!L->has_metrics) return false;
@@ -253,6 +257,7 @@ df_status df_moe_layer_forward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x,
                                        .experts_unused_frac = st.experts_unused_frac,
                                        .aux_loss = L->last_aux,
                                        .bias_abs_max = df_moe_balance_bias_abs_max(&L->balance)};
+    for (int64_t e = 0; e < E; e++) L->last_load[e] = T * k > 0 ? (double)r.counts[e] / (double)(T * k) : 0.0;
     L->has_metrics = true;
   } else {
     L->last_aux = 0.0;

@@ -65,6 +65,7 @@ typedef struct {
   bool center_pending;
   double last_aux;
   df_moe_metrics last_metrics;
+  double *last_load; // (E) each expert's share of the last training forward's T·k routed slots (owned)
   bool has_metrics;
 } df_moe_layer;
 
@@ -99,6 +100,8 @@ df_status df_moe_layer_apply_pending(df_moe_layer *L, df_error *err);
 double df_moe_layer_aux_loss(const df_moe_layer *L);
 // The metrics of the last training forward; false (and *out untouched) before the first one.
 bool df_moe_layer_metrics(const df_moe_layer *L, df_moe_metrics *out);
+// The per-expert load of the last training forward (E values summing to 1); NULL before the first one.
+const double *df_moe_layer_load(const df_moe_layer *L);
 
 #ifdef __cplusplus
 }

@@ -10,8 +10,10 @@ packages=(
   libyaml-dev              # recipes
   libjansson-dev           # JSON: configs, safetensors headers
   libcriterion-dev         # the C test suite
+  libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event records (train/proto/tb_event.proto)
   clang libomp-dev libclang-rt-14-dev  # libFuzzer targets (clang + its sanitizer runtimes)
   python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and their tests
+  python3-matplotlib python3-venv  # draftforge plot (tools/plot_run.py); the tools venv below
 )
 
 missing=()
@@ -28,3 +30,18 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 echo "setup: all packages present"
+
+# The tools venv (.venv-tools/, ignored by git): PyPI packages the tests read run outputs with —
+# tensorboard's event reader, wandb's offline mode, pytest to run tests/observe. Pinned; rebuilt when a pin
+# changes.
+tools_pins=("tensorboard==2.21.0" "wandb==0.31.0" "pytest==9.2.0")
+venv=.venv-tools
+cd "$(dirname "$0")/.."
+if [ "$(cat "$venv/pins.txt" 2>/dev/null)" != "${tools_pins[*]}" ]; then
+  echo "setup: creating $venv (${tools_pins[*]})"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${tools_pins[@]}"
+  echo "${tools_pins[*]}" >"$venv/pins.txt"
+fi
+echo "setup: $venv ready"

@@ -178,15 +178,18 @@ static df_status write_files(const char *dir, const df_ckpt_state *s, df_error *
   return fsync_path(dir, true, err);
 }
 
-// A resumed run that saves step N discards the old run's checkpoints at steps >= N (and a best link to them).
-static df_status rewind_from(const char *ckdir, int64_t step, df_error *err) {
+// Which checkpoints a prune removes, given the steps ascending (i of n) and the step `best` points at (-1: none).
+typedef bool (*prune_rule)(int64_t step, int i, int n, int64_t best, int64_t arg);
+
+// Removes the checkpoints drop selects; one that `best` pointed at takes the best link and best.json with it.
+static df_status prune(const char *ckdir, prune_rule drop, int64_t arg, df_error *err) {
   int64_t *steps;
   int n;
   DF_TRY(list_steps(ckdir, false, &steps, &n, err));
   int64_t best = link_step(ckdir, "best");
   df_status st = DF_OK;
   for (int i = 0; i < n && st == DF_OK; i++) {
-    if (steps[i] < step) continue;
+    if (!drop(steps[i], i, n, best, arg)) continue;
     char path[4200];
     join_step(path, sizeof path, ckdir, steps[i]);
     if (rm_tree(path) != 0) st = DF_FAIL(err, DF_ERR_IO, path, NULL, "cannot remove %s: %s", path, strerror(errno));
@@ -201,21 +204,15 @@ static df_status rewind_from(const char *ckdir, int64_t step, df_error *err) {
   return st;
 }
 
-// Keeps the newest `keep` checkpoints, plus the one `best` points at.
-static df_status rotate(const char *ckdir, int64_t keep, df_error *err) {
-  int64_t *steps;
-  int n;
-  DF_TRY(list_steps(ckdir, false, &steps, &n, err));
-  int64_t best = link_step(ckdir, "best");
-  df_status st = DF_OK;
-  for (int i = 0; i + keep < n && st == DF_OK; i++) {
-    if (steps[i] == best) continue;
-    char path[4200];
-    join_step(path, sizeof path, ckdir, steps[i]);
-    if (rm_tree(path) != 0) st = DF_FAIL(err, DF_ERR_IO, path, NULL, "cannot remove %s: %s", path, strerror(errno));
-  }
-  free(steps);
-  return st;
+// A resumed run that saves step N discards the old run's checkpoints at steps >= N (and a best link to them).
+static bool at_or_after(int64_t step, int i, int n, int64_t best, int64_t from) {
+  (void)i, (void)n, (void)best;
+  return step >= from;
+}
+
+// Rotation keeps the newest `keep` checkpoints, plus the one `best` points at.
+static bool older_than_newest(int64_t step, int i, int n, int64_t best, int64_t keep) {
+  return i + keep < n && step != best;
 }
 
 df_status df_ckpt_write(const char *output_dir, const df_ckpt_state *s, int64_t max_checkpoints, char *out, size_t n,
@@ -232,7 +229,7 @@ df_status df_ckpt_write(const char *output_dir, const df_ckpt_state *s, int64_t 
   if (mkdir(tmp, 0777) != 0)
     return DF_FAIL(err, DF_ERR_IO, tmp, "check the output directory", "cannot create %s: %s", tmp, strerror(errno));
   df_status st = write_files(tmp, s, err);
-  if (st == DF_OK) st = rewind_from(ckdir, step, err);
+  if (st == DF_OK) st = prune(ckdir, at_or_after, step, err);
   if (st == DF_OK && rename(tmp, final) != 0)
     st = DF_FAIL(err, DF_ERR_IO, final, NULL, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
   if (st != DF_OK) {
@@ -241,7 +238,7 @@ df_status df_ckpt_write(const char *output_dir, const df_ckpt_state *s, int64_t 
   }
   DF_TRY(fsync_path(ckdir, true, err));
   DF_TRY(set_link(ckdir, "latest", step, err));
-  if (max_checkpoints > 0) DF_TRY(rotate(ckdir, max_checkpoints, err));
+  if (max_checkpoints > 0) DF_TRY(prune(ckdir, older_than_newest, max_checkpoints, err));
   if (out) snprintf(out, n, "%s", final);
   return DF_OK;
 }

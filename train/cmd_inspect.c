@@ -11,6 +11,7 @@
 #include "modeling/target_config.h"
 #include "train/commands.h"
 #include "train/hidden_states.h"
+#include "train/inspect_ckpt.h"
 
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
@@ -50,6 +51,8 @@ static df_status inspect_path(const char *path, df_error *err) {
   struct stat st;
   if (stat(path, &st) != 0) return DF_FAIL(err, DF_ERR_IO, path, "check the path", "cannot open '%s'", path);
   if (S_ISDIR(st.st_mode)) {
+    char ckpt[4300]; // a checkpoint, or a run directory's latest one (train/inspect_ckpt.c)
+    if (df_inspect_checkpoint_dir(path, ckpt, sizeof ckpt)) return df_inspect_checkpoint(ckpt, stdout, err);
     if (dir_has_suffix(path, ".h5")) return df_hs_print(path, stdout, err);
     char sub[4096];
     snprintf(sub, sizeof sub, "%s/config.json", path);

@@ -8,6 +8,7 @@
 
 #include "train/commands.h"
 #include "train/device.h"
+#include "train/progress.h"
 #include "train/trainer.h"
 
 static const char *train_usage =
@@ -78,19 +79,23 @@ int df_cmd_train(int argc, char **argv) {
     return rc == 1 ? 0 : rc;
   }
   if (a.threads > 0) omp_set_num_threads(a.threads);
+  df_progress_term *term = NULL; // a terminal gets the refreshing progress line (train/progress.h)
+  df_error err = {0};
+  if (df_progress_is_terminal(stdout) && df_progress_term_open(stdout, 0, &term, &err) != DF_OK) term = NULL;
   df_train_options o = {.recipe_path = a.recipe,
                         .overrides = a.sets,
                         .n_overrides = a.n_sets,
                         .resume = a.resume,
                         .threads = a.threads,
-                        .log = stdout,
+                        .log = term ? df_progress_term_log(term) : stdout,
+                        .progress = term,
                         .handle_signals = true,
                         .no_prefetch = a.no_prefetch,
                         .has_device = a.has_device,
                         .device = a.device};
   df_train_summary s;
-  df_error err = {0};
   df_status st = df_train(&o, &s, &err);
+  df_progress_term_close(term);
   free(a.sets);
   if (st != DF_OK) {
     fflush(stdout);

@@ -7,5 +7,6 @@ int df_cmd_inspect(int argc, char **argv);
 int df_cmd_train(int argc, char **argv);
 int df_cmd_export(int argc, char **argv); // train/cmd_export.c
 int df_cmd_eval(int argc, char **argv);   // train/cmd_eval.c
+int df_cmd_plot(int argc, char **argv);   // train/cmd_plot.c: `draftforge plot RUN_DIR [--out DIR]`
 
 #endif

@@ -1,9 +1,11 @@
 // draftforge: the command-line entry point. Only main decides to exit; subcommands return a status.
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "kernels/ops.h"
 #include "train/commands.h"
+#include "train/recipe.h"
 #include "train/step.h"
 
 static const char *usage = "usage: draftforge <command> [args]\n"
@@ -14,7 +16,9 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
                            "  capture ...         capture target hidden states             (not implemented yet)\n"
-                           "  inspect FILE...     print a safetensors file, a config, or HDF5 shards\n"
+                           "  inspect FILE...     print a safetensors file, a config, HDF5 shards, or a checkpoint\n"
+                           "  plot RUN_DIR        PNG charts of a run's metrics.jsonl          (see plot --help)\n"
+                           "  schema [--markdown] every recipe key: type, default, status (docs/recipe-reference.md)\n"
                            "  --version           print the version and the backends built in\n";
 
 static int print_version(void) {
@@ -39,6 +43,13 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "step")) return df_cmd_step(argc - 2, argv + 2);
   if (!strcmp(argv[1], "export")) return df_cmd_export(argc - 2, argv + 2);
   if (!strcmp(argv[1], "eval")) return df_cmd_eval(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "plot")) return df_cmd_plot(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "schema")) {
+    bool md = argc > 2 && !strcmp(argv[2], "--markdown");
+    if (argc > 2 + md) return fprintf(stderr, "usage: draftforge schema [--markdown]\n"), 2;
+    md ? df_recipe_print_reference(stdout) : df_recipe_print_schema(stdout);
+    return 0;
+  }
   static const char *planned[] = {"capture"};
   for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
     if (!strcmp(argv[1], planned[i])) {

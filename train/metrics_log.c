@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "train/tb_writer.h"
+
 static const char *const TIMING_KEYS[] = {"tokens_per_s", "step_time_s", "data_wait_s", "eval_time_s",
                                           "elapsed_s",    "eta_s",       NULL};
 
@@ -67,12 +69,14 @@ df_status df_metrics_append(df_metrics_log *l, const json_t *obj, df_error *err)
   char *text = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(17));
   bool ok = text && fputs(text, l->fp) != EOF && fputc('\n', l->fp) != EOF && fflush(l->fp) == 0;
   free(text);
-  return ok ? DF_OK : DF_FAIL(err, DF_ERR_IO, l->path, "check the disk", "cannot append to %s", l->path);
+  if (!ok) return DF_FAIL(err, DF_ERR_IO, l->path, "check the disk", "cannot append to %s", l->path);
+  return l->tb ? df_tb_metrics_line(l->tb, obj, err) : DF_OK;
 }
 
 void df_metrics_close(df_metrics_log *l) {
   if (l->fp) fclose(l->fp);
-  l->fp = NULL;
+  df_tb_close(l->tb);
+  l->fp = NULL, l->tb = NULL;
 }
 
 static void human_rate(double x, char *buf, size_t n) {
@@ -98,7 +102,8 @@ void df_progress_format(const df_progress *p, char *buf, size_t n) {
              (long long)p->step, (long long)p->stop, (long long)p->epoch, p->lr, eta);
     return;
   }
-  snprintf(buf, n, "step %lld/%lld | ep %lld | loss %.4f | acc %.4f | lr %.2e | gnorm %.3f | %s tok/s | ETA %s",
-           (long long)p->step, (long long)p->stop, (long long)p->epoch, p->loss, p->acc, p->lr, p->grad_norm, rate,
-           eta);
+  snprintf(buf, n,
+           "step %lld/%lld | ep %lld | loss %.4f | acc %.4f | tau %.2f | lr %.2e | gnorm %.3f | %s tok/s | ETA %s",
+           (long long)p->step, (long long)p->stop, (long long)p->epoch, p->loss, p->acc, p->tau, p->lr, p->grad_norm,
+           rate, eta);
 }

@@ -18,14 +18,16 @@ extern "C" {
 typedef struct {
   char path[4200];
   FILE *fp;
+  struct df_tb_writer *tb; // tracking.report_to: tensorboard: every line is mirrored there (owned; NULL: off)
 } df_metrics_log;
 
 // Opens <output_dir>/metrics.jsonl for appending after dropping every line whose "step" is greater than
 // keep_through (0: a fresh run keeps nothing). The rewrite is atomic (temporary file + rename).
 df_status df_metrics_open(df_metrics_log *l, const char *output_dir, int64_t keep_through, df_error *err);
-// Appends obj as one compact line (doubles with 17 significant digits, so equal bits print equal) and flushes.
+// Appends obj as one compact line (doubles with 17 significant digits, so equal bits print equal) and flushes;
+// with l->tb set, also writes it to the TensorBoard event file (train/tb_writer.h).
 df_status df_metrics_append(df_metrics_log *l, const json_t *obj, df_error *err);
-void df_metrics_close(df_metrics_log *l);
+void df_metrics_close(df_metrics_log *l); // closes l->tb too
 
 // Wall-clock fields (they differ between otherwise identical runs): every line keeps them under these keys,
 // and df_metrics_strip_timing removes them before comparing lines.
@@ -37,12 +39,12 @@ json_t *df_metrics_real(double x);
 
 typedef struct {
   int64_t step, stop, epoch;
-  double loss, acc, lr, grad_norm;
+  double loss, acc, tau, lr, grad_norm; // tau: the window's simulated acceptance length
   double tokens_per_s, eta_s;
   bool skipped;
 } df_progress;
 
-// "step 12/100 | ep 0 | loss 5.4321 | acc 0.1234 | lr 6.00e-04 | gnorm 1.234 | 12.3k tok/s | ETA 0:01:05"
+// "step 12/100 | ep 0 | loss 5.4321 | acc 0.1234 | tau 1.92 | lr 6.00e-04 | gnorm 1.234 | 12.3k tok/s | ETA 0:01:05"
 void df_progress_format(const df_progress *p, char *buf, size_t n);
 
 #ifdef __cplusplus

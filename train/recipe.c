@@ -312,6 +312,21 @@ static void build_trainer(const recipe_impl *r, df_recipe *p) {
   p->training.resume_from = str_or_null(val(r, "training", "resume_from"));
 }
 
+static void build_tracking(const recipe_impl *r, df_recipe *p) {
+  p->tracking.report_to = (df_report_to)val(r, "tracking", "report_to")->choice;
+  p->tracking.wandb_project = str_or_null(val(r, "tracking", "wandb_project"));
+  p->tracking.wandb_name = str_or_null(val(r, "tracking", "wandb_name"));
+  p->tracking.wandb_key = str_or_null(val(r, "tracking", "wandb_key"));
+  p->tracking.wandb_dir = str_or_null(val(r, "tracking", "wandb_dir"));
+  p->tracking.wandb_offline = val(r, "tracking", "wandb_offline")->b;
+  p->tracking.swanlab_project = str_or_null(val(r, "tracking", "swanlab_project"));
+  p->tracking.swanlab_name = str_or_null(val(r, "tracking", "swanlab_name"));
+  p->tracking.swanlab_key = str_or_null(val(r, "tracking", "swanlab_key"));
+  p->tracking.mlflow_tracking_uri = str_or_null(val(r, "tracking", "mlflow_tracking_uri"));
+  p->tracking.mlflow_experiment_name = str_or_null(val(r, "tracking", "mlflow_experiment_name"));
+  p->tracking.mlflow_run_name = str_or_null(val(r, "tracking", "mlflow_run_name"));
+}
+
 static void build_public(recipe_impl *r, const char *name) {
   df_recipe *p = &r->pub;
   p->path = name;
@@ -341,6 +356,7 @@ static void build_public(recipe_impl *r, const char *name) {
   p->training.dspark_l1_loss_alpha = val(r, "training", "dspark_l1_loss_alpha")->f;
   p->training.dspark_confidence_head_alpha = val(r, "training", "dspark_confidence_head_alpha")->f;
   build_trainer(r, p);
+  build_tracking(r, p);
 }
 
 // The trainer's rules between keys: the schedule horizon bounds the stop, and eval needs an eval set.

@@ -22,6 +22,15 @@ typedef enum { DF_LR_COSINE = 0, DF_LR_CONSTANT = 1 } df_lr_kind; // training.lr
 // training.device, in schema order (train/device.h resolves it to a context).
 typedef enum { DF_DEVICE_AUTO = 0, DF_DEVICE_CPU = 1, DF_DEVICE_CUDA = 2 } df_device_choice;
 
+// tracking.report_to, in schema order
+typedef enum {
+  DF_REPORT_NONE = 0,
+  DF_REPORT_WANDB,
+  DF_REPORT_TENSORBOARD,
+  DF_REPORT_SWANLAB,
+  DF_REPORT_MLFLOW
+} df_report_to;
+
 // What a recipe resolves to. Paths are absolute or relative to the working directory: a relative path in the
 // file is resolved against the recipe's own directory. Optional values absent from the file are NULL / flagged.
 typedef struct df_recipe {
@@ -63,6 +72,13 @@ typedef struct df_recipe {
     int64_t save_interval, eval_interval, log_interval, max_checkpoints; // intervals: 0 = off
     const char *resume_from;                                             // NULL: a fresh run
   } training;
+  struct { // experiment tracking (train/tracker.h, train/tb_writer.h); NULL: not given
+    df_report_to report_to;
+    const char *wandb_project, *wandb_name, *wandb_key, *wandb_dir;
+    bool wandb_offline;
+    const char *swanlab_project, *swanlab_name, *swanlab_key;
+    const char *mlflow_tracking_uri, *mlflow_experiment_name, *mlflow_run_name;
+  } tracking;
 } df_recipe;
 
 typedef struct {
@@ -91,6 +107,8 @@ df_status df_recipe_write_resolved(const df_recipe *r, FILE *fp, df_error *err);
 // Every key of the schema with its type, default, range and whether draftforge implements it (the table
 // train/recipe_schema.c holds), for `draftforge step --help` and the docs.
 void df_recipe_print_schema(FILE *fp);
+// The same as the Markdown page docs/recipe-reference.md (train/recipe_doc.c; `draftforge schema --markdown`).
+void df_recipe_print_reference(FILE *fp);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 
 #include "moe/ffn_moe.h"
 #include "train/evaluate.h"
+#include "train/progress.h"
 #include "train/trainer_internal.h"
 
 // The one process-wide variable: set by the SIGINT/SIGTERM handler, read at optimizer-step boundaries.
@@ -65,6 +66,10 @@ typedef struct {
   // MoE drafts: the moe/* metrics (layer averages, moe/ffn_moe.h) summed over the window's micro-batches
   int moe_n, moe_micro;
   df_moe_metric moe[DF_MOE_MAX_METRICS];
+  // MoE: per MoE layer (moe_ids) the experts' shares of routed slots (moe_layers, moe_E), summed likewise
+  int moe_layers;
+  int64_t moe_E, *moe_ids;
+  double *moe_load, *moe_cur;
 } window;
 
 typedef struct {
@@ -96,6 +101,27 @@ static void window_add_moe(window *w, df_dflash_model *m) {
   }
   for (int i = 0; i < c && i < w->moe_n; i++) w->moe[i].value += cur[i].value;
   w->moe_micro++;
+  if (!w->moe_load) return;
+  int got = df_moe_collect_load(ffns, n, n, w->moe_ids, w->moe_cur);
+  if (w->moe_micro == 1) {
+    w->moe_layers = got;
+    memset(w->moe_load, 0, (size_t)(got * w->moe_E) * sizeof(double));
+  }
+  for (int64_t i = 0; got == w->moe_layers && i < got * w->moe_E; i++) w->moe_load[i] += w->moe_cur[i];
+}
+
+// {"<decoder layer>": [share of expert 0, ...], ...}: the window's mean expert load per MoE layer.
+static json_t *moe_load_json(const window *w) {
+  json_t *o = json_object();
+  for (int j = 0; j < w->moe_layers; j++) {
+    json_t *a = json_array();
+    for (int64_t e = 0; e < w->moe_E; e++)
+      json_array_append_new(a, json_real(w->moe_load[j * w->moe_E + e] / (double)w->moe_micro));
+    char key[32];
+    snprintf(key, sizeof key, "%lld", (long long)w->moe_ids[j]);
+    json_object_set_new(o, key, a);
+  }
+  return o;
 }
 
 // The host-known part of one micro-batch (df_step_micro with device stats: loss_den, and loss_num = aux·loss_den).
@@ -316,6 +342,7 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
   // noaux_tc): layer averages, averaged over the window's micro-batches
   for (int i = 0; w->moe_micro > 0 && i < w->moe_n; i++)
     json_object_set_new(o, w->moe[i].name, df_metrics_real(w->moe[i].value / (double)w->moe_micro));
+  if (w->moe_micro > 0 && w->moe_layers > 0) json_object_set_new(o, "moe/expert_load", moe_load_json(w));
   // timing (df_metrics_is_timing_key): differs between identical runs
   json_object_set_new(o, "tokens_per_s", json_real(r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : 0.0));
   json_object_set_new(o, "step_time_s", json_real(r->step_time_s));
@@ -333,13 +360,15 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
     json_decref(o);
     DF_TRY(st);
   }
-  if (!t->log || !(line || step == t->stop_step || g_stop_signal)) return DF_OK;
+  struct df_progress_term *term = t->opt->progress; // a terminal: redrawn every step
+  if (!t->log || !(line || term || step == t->stop_step || g_stop_signal)) return DF_OK;
   int64_t done = step - t->start_step;
   df_progress p = {.step = step,
                    .stop = t->stop_step,
                    .epoch = w->epoch,
                    .loss = r->loss,
                    .acc = r->acc,
+                   .tau = w->num_blocks ? w->accept_len_sum / (double)w->num_blocks : NAN,
                    .lr = r->lr,
                    .grad_norm = r->grad_norm,
                    .tokens_per_s = r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : NAN,
@@ -347,6 +376,10 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
                    .skipped = r->skipped};
   char buf[512];
   df_progress_format(&p, buf, sizeof buf);
+  if (term) {
+    df_progress_term_update(term, buf, line || step == t->stop_step);
+    return DF_OK;
+  }
   fprintf(t->log, "%s\n", buf);
   fflush(t->log);
   return DF_OK;
@@ -497,8 +530,18 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
   window w = {.bs = t->draft->block_size};
   w.pos_num = calloc((size_t)w.bs, sizeof(double));
   w.pos_den = calloc((size_t)w.bs, sizeof(double));
-  if (!w.pos_num || !w.pos_den) {
-    free(w.pos_num), free(w.pos_den);
+  int nffn = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nffn);
+  w.moe_E = df_moe_num_experts(ffns, nffn);
+  bool moe_ok = true;
+  if (w.moe_E > 0) {
+    w.moe_ids = calloc((size_t)nffn, sizeof(int64_t));
+    w.moe_load = calloc((size_t)(nffn * w.moe_E), sizeof(double));
+    w.moe_cur = calloc((size_t)(nffn * w.moe_E), sizeof(double));
+    moe_ok = w.moe_ids && w.moe_load && w.moe_cur;
+  }
+  if (!w.pos_num || !w.pos_den || !moe_ok) {
+    free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load), free(w.moe_cur);
     return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
   }
   if (t->prog.step >= t->stop_step && t->log)
@@ -515,7 +558,7 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
       break;
     }
   }
-  free(w.pos_num), free(w.pos_den);
+  free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load), free(w.moe_cur);
   return st;
 }
 

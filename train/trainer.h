@@ -35,9 +35,12 @@ typedef struct {
   const char *recipe_path;
   const char *const *overrides; // --set section.key=value (train/recipe.h)
   int n_overrides;
-  const char *resume;  // --resume PATH: a run directory or a checkpoint directory (wins over training.resume_from)
-  int threads;         // CPU threads (0: OpenMP's default)
-  FILE *log;           // progress lines and notes (NULL: quiet)
+  const char *resume; // --resume PATH: a run directory or a checkpoint directory (wins over training.resume_from)
+  int threads;        // CPU threads (0: OpenMP's default)
+  FILE *log;          // progress lines and notes (NULL: quiet)
+  // A terminal (train/progress.h): the progress line is redrawn there every step, and log should be its log
+  // stream. NULL: a plain progress line on log at each log step.
+  struct df_progress_term *progress;
   bool handle_signals; // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
   bool no_prefetch;    // read batches on the training thread (the batches are the same)
   const df_train_hooks *hooks;

@@ -48,8 +48,9 @@ typedef struct {
   int64_t stop_step;
   int64_t start_step;
 
-  char *recipe_yaml; // the resolved recipe text
-  df_metrics_log metrics;
+  char *recipe_yaml;          // the resolved recipe text
+  df_metrics_log metrics;     // with its TensorBoard mirror (tracking.report_to: tensorboard)
+  struct df_tracker *tracker; // tracking.report_to: wandb | swanlab | mlflow (train/tracker.h)
   char last_ckpt[4200];
 } df_trainer;
 
@@ -58,6 +59,13 @@ typedef struct {
 // checkpoint (resume); writes recipe.resolved.yaml and opens metrics.jsonl.
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err);
 void df_trainer_teardown(df_trainer *t);
+
+// tracking.report_to (train/trainer_observe.c): prepare checks the tracker's package right after the recipe
+// is read; open starts the TensorBoard mirror of metrics.jsonl or the tracker process; close waits for the
+// tracker after metrics.jsonl is closed.
+df_status df_trainer_observe_prepare(df_trainer *t, df_error *err);
+df_status df_trainer_observe_open(df_trainer *t, df_error *err);
+void df_trainer_observe_close(df_trainer *t);
 
 // Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).
 df_status df_trainer_save(df_trainer *t, df_error *err);

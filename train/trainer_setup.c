@@ -216,6 +216,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   df_recipe_options ro = {
       .log = opt->log ? stderr : NULL, .overrides = opt->overrides, .n_overrides = opt->n_overrides};
   DF_TRY(df_recipe_load(opt->recipe_path, &ro, &t->recipe, err));
+  DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
   DF_TRY(plan_schedule(t, err));
   DF_TRY(alloc_optimizer(t, err));
@@ -224,6 +225,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   const char *from = opt->resume ? opt->resume : t->recipe->training.resume_from;
   DF_TRY(from ? resume(t, from, err) : fresh_start(t, err));
   DF_TRY(write_resolved(t, err));
+  DF_TRY(df_trainer_observe_open(t, err));
   t->start_step = t->prog.step;
   print_plan(t);
   return DF_OK;
@@ -231,6 +233,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
 
 void df_trainer_teardown(df_trainer *t) {
   df_metrics_close(&t->metrics);
+  df_trainer_observe_close(t); // after the close: the tracker forwards metrics.jsonl to its end
   df_feed_close(t->feed);
   df_stage_free(t->stage);
   if (t->ctx) {

@@ -1,0 +1,342 @@
+// The strict fake device: like kernels/fake/backend.c, but its buffers are handed out as addresses the host
+// cannot dereference (host address + 2^62: non-canonical on x86-64, so any load or store faults). Only the table
+// turns them back: its copies and its ops (the CPU kernels, called on an inner CPU context) remove the tag. A
+// training step that runs on it touches device memory only through the backend — a host loop over device data
+// crashes instead of passing silently. Code that still loops on the host (the DSpark heads, the MoE routing)
+// cannot run on it until those loops become ops.
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/context.h"
+
+#define TAG ((uintptr_t)1 << 62)
+
+static void *untag(const void *p) { return p ? (void *)((uintptr_t)p - TAG) : NULL; }
+
+static df_tensor u(const df_tensor *t) {
+  df_tensor x = *t;
+  x.data = untag(t->data);
+  return x;
+}
+
+// The untagged copy of an optional tensor in *x, or NULL.
+static df_tensor *opt(const df_tensor *t, df_tensor *x) {
+  if (!t) return NULL;
+  *x = u(t);
+  return x;
+}
+
+// ---- memory ---------------------------------------------------------------------------------------------------
+
+static df_status strict_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
+  (void)ctx;
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void *p = aligned_alloc(64, rounded ? rounded : 64);
+  if (!p) return DF_FAIL(err, DF_ERR_NOMEM, NULL, NULL, "strict fake device: cannot allocate %zu bytes", bytes);
+  *out = (void *)((uintptr_t)p + TAG);
+  return DF_OK;
+}
+
+static void strict_free(df_ctx *ctx, void *p) {
+  (void)ctx;
+  free(untag(p));
+}
+
+static df_status strict_copy(df_ctx *ctx, void *dst, df_device dst_dev, const void *src, df_device src_dev,
+                             size_t bytes, bool async, df_error *err) {
+  (void)ctx, (void)async, (void)err;
+  memmove(dst_dev == DF_DEV_CPU ? dst : untag(dst), src_dev == DF_DEV_CPU ? src : untag(src), bytes);
+  return DF_OK;
+}
+
+// The inner CPU context the ops run on (its workspace is host memory).
+static df_status strict_init(df_ctx *ctx, const df_ctx_options *o, df_error *err) {
+  df_ctx_options inner = {.device = DF_DEV_CPU, .num_threads = o->num_threads};
+  return df_ctx_create(&inner, (df_ctx **)&ctx->state, err);
+}
+
+static void strict_destroy(df_ctx *ctx) { df_ctx_destroy(ctx->state); }
+
+static df_ctx *in(df_ctx *ctx) { return ctx->state; }
+static const df_backend *cpu(void) { return df_cpu_backend(); }
+
+// ---- ops: untag, then the CPU kernel ---------------------------------------------------------------------------
+
+static df_status s_matmul(df_ctx *ctx, const df_tensor *a, bool ta, const df_tensor *b, bool tb, float alpha,
+                          float beta, df_tensor *c, df_error *err) {
+  df_tensor A = u(a), B = u(b), C = u(c);
+  return cpu()->matmul(in(ctx), &A, ta, &B, tb, alpha, beta, &C, err);
+}
+
+static df_status s_linear_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *b, df_tensor *y,
+                                  df_error *err) {
+  df_tensor X = u(x), W = u(w), Bb, Y = u(y);
+  return cpu()->linear_forward(in(ctx), &X, &W, opt(b, &Bb), &Y, err);
+}
+
+static df_status s_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
+                                   df_tensor *dx, bool acc, df_tensor *dw, df_tensor *db, df_error *err) {
+  df_tensor DY = u(dy), X = u(x), W = u(w), DX, DW, DB;
+  return cpu()->linear_backward(in(ctx), &DY, &X, &W, opt(dx, &DX), acc, opt(dw, &DW), opt(db, &DB), err);
+}
+
+static df_status s_axpy(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y, df_error *err) {
+  df_tensor X = u(x), Y = u(y);
+  return cpu()->axpy(in(ctx), alpha, &X, &Y, err);
+}
+
+static df_status s_fill(df_ctx *ctx, df_tensor *t, double value, df_error *err) {
+  df_tensor T = u(t);
+  return cpu()->fill(in(ctx), &T, value, err);
+}
+
+static df_status s_scale(df_ctx *ctx, df_tensor *t, float alpha, df_error *err) {
+  df_tensor T = u(t);
+  return cpu()->scale(in(ctx), &T, alpha, err);
+}
+
+static df_status s_cast(df_ctx *ctx, const df_tensor *src, df_tensor *dst, df_error *err) {
+  df_tensor S = u(src), D = u(dst);
+  return cpu()->cast(in(ctx), &S, &D, err);
+}
+
+static df_status s_rmsnorm_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
+                                   df_tensor *rstd, df_error *err) {
+  df_tensor X = u(x), W = u(w), Y = u(y), R = u(rstd);
+  return cpu()->rmsnorm_forward(in(ctx), &X, &W, eps, &Y, &R, err);
+}
+
+static df_status s_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
+                                    const df_tensor *rstd, df_tensor *dx, bool acc, df_tensor *dw, df_error *err) {
+  df_tensor DY = u(dy), X = u(x), W = u(w), R = u(rstd), DX = u(dx), DW;
+  return cpu()->rmsnorm_backward(in(ctx), &DY, &X, &W, &R, &DX, acc, opt(dw, &DW), err);
+}
+
+static df_status s_rope_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *pos, const df_tensor *inv_freq,
+                                float mscale, df_tensor *y, df_error *err) {
+  df_tensor X = u(x), P = u(pos), F = u(inv_freq), Y = u(y);
+  return cpu()->rope_forward(in(ctx), &X, &P, &F, mscale, &Y, err);
+}
+
+static df_status s_rope_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *pos, const df_tensor *inv_freq,
+                                 float mscale, df_tensor *dx, df_error *err) {
+  df_tensor DY = u(dy), P = u(pos), F = u(inv_freq), DX = u(dx);
+  return cpu()->rope_backward(in(ctx), &DY, &P, &F, mscale, &DX, err);
+}
+
+static df_status s_swiglu_forward(df_ctx *ctx, const df_tensor *g, const df_tensor *uu, float limit, df_tensor *h,
+                                  df_error *err) {
+  df_tensor G = u(g), U = u(uu), H = u(h);
+  return cpu()->swiglu_forward(in(ctx), &G, &U, limit, &H, err);
+}
+
+static df_status s_swiglu_backward(df_ctx *ctx, const df_tensor *dh, const df_tensor *g, const df_tensor *uu,
+                                   float limit, df_tensor *dg, df_tensor *du, df_error *err) {
+  df_tensor DH = u(dh), G = u(g), U = u(uu), DG = u(dg), DU = u(du);
+  return cpu()->swiglu_backward(in(ctx), &DH, &G, &U, limit, &DG, &DU, err);
+}
+
+static df_status s_embedding_forward(df_ctx *ctx, const df_tensor *table, const df_tensor *ids, df_tensor *out,
+                                     df_error *err) {
+  df_tensor T = u(table), I = u(ids), O = u(out);
+  return cpu()->embedding_forward(in(ctx), &T, &I, &O, err);
+}
+
+static df_status s_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_tensor *ids, df_tensor *dtable,
+                                      df_error *err) {
+  df_tensor D = u(dout), I = u(ids), T = u(dtable);
+  return cpu()->embedding_backward(in(ctx), &D, &I, &T, err);
+}
+
+static df_status s_gather_rows(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out, df_error *err) {
+  df_tensor S = u(src), I = u(idx), O = u(out);
+  return cpu()->gather_rows(in(ctx), &S, &I, &O, err);
+}
+
+static df_status s_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
+                                      const df_tensor *k, const df_tensor *v, const df_tensor *anchors,
+                                      const df_tensor *keep, df_tensor *out, df_tensor *lse, df_error *err) {
+  df_tensor Q = u(q), K = u(k), V = u(v), A = u(anchors), P = u(keep), O = u(out), L = u(lse);
+  return cpu()->block_attn_forward(in(ctx), desc, &Q, &K, &V, &A, &P, &O, &L, err);
+}
+
+static df_status s_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
+                                       const df_tensor *k, const df_tensor *v, const df_tensor *anchors,
+                                       const df_tensor *keep, const df_tensor *out, const df_tensor *lse,
+                                       const df_tensor *dout, df_tensor *dq, df_tensor *dk, df_tensor *dv,
+                                       df_error *err) {
+  df_tensor Q = u(q), K = u(k), V = u(v), A = u(anchors), P = u(keep), O = u(out), L = u(lse), DO = u(dout);
+  df_tensor DQ = u(dq), DK = u(dk), DV = u(dv);
+  return cpu()->block_attn_backward(in(ctx), desc, &Q, &K, &V, &A, &P, &O, &L, &DO, &DQ, &DK, &DV, err);
+}
+
+static df_status s_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden, const df_tensor *head,
+                             const df_tensor *labels, const df_tensor *weights, df_tensor *loss, df_tensor *correct,
+                             df_tensor *dhidden, df_error *err) {
+  df_tensor H = u(hidden), W = u(head), L = u(labels), R, LO = u(loss), C = u(correct), D;
+  return cpu()->lmhead_ce(in(ctx), desc, &H, &W, &L, opt(weights, &R), &LO, &C, opt(dhidden, &D), err);
+}
+
+static df_status s_softmax_l1_forward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, df_tensor *l1,
+                                      df_error *err) {
+  df_tensor P = u(p), Q = u(q), L = u(l1);
+  return cpu()->softmax_l1_forward(in(ctx), &P, &Q, &L, err);
+}
+
+static df_status s_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tensor *q, const df_tensor *dl1,
+                                       df_tensor *dp, df_error *err) {
+  df_tensor P = u(p), Q = u(q), L = u(dl1), D = u(dp);
+  return cpu()->softmax_l1_backward(in(ctx), &P, &Q, &L, &D, err);
+}
+
+static df_status s_bce_logits_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, df_tensor *loss,
+                                      df_error *err) {
+  df_tensor X = u(x), T = u(t), L = u(loss);
+  return cpu()->bce_logits_forward(in(ctx), &X, &T, &L, err);
+}
+
+static df_status s_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tensor *t, const df_tensor *dloss,
+                                       df_tensor *dx, df_error *err) {
+  df_tensor X = u(x), T = u(t), L = u(dloss), D = u(dx);
+  return cpu()->bce_logits_backward(in(ctx), &X, &T, &L, &D, err);
+}
+
+static df_status s_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in_,
+                                 const df_lmhead_dspark_out *out, df_error *err) {
+  df_tensor t[8], o[11];
+  df_lmhead_dspark_in i = {.hidden = opt(in_->hidden, &t[0]),
+                           .head = opt(in_->head, &t[1]),
+                           .markov_u = opt(in_->markov_u, &t[2]),
+                           .markov_w2 = opt(in_->markov_w2, &t[3]),
+                           .teacher = opt(in_->teacher, &t[4]),
+                           .labels = opt(in_->labels, &t[5]),
+                           .weights = opt(in_->weights, &t[6]),
+                           .conf = opt(in_->conf, &t[7])};
+  df_lmhead_dspark_out w = {.ce = opt(out->ce, &o[0]),
+                            .correct = opt(out->correct, &o[1]),
+                            .draft_top1 = opt(out->draft_top1, &o[2]),
+                            .l1 = opt(out->l1, &o[3]),
+                            .agree = opt(out->agree, &o[4]),
+                            .teacher_top1 = opt(out->teacher_top1, &o[5]),
+                            .bce = opt(out->bce, &o[6]),
+                            .dhidden = opt(out->dhidden, &o[7]),
+                            .du = opt(out->du, &o[8]),
+                            .dw2 = opt(out->dw2, &o[9]),
+                            .dconf = opt(out->dconf, &o[10])};
+  return cpu()->lmhead_dspark(in(ctx), desc, &i, &w, err);
+}
+
+static df_status s_dpace_weights(df_ctx *ctx, df_dpace_mode mode, double alpha, int64_t bs, const df_tensor *ce,
+                                 const df_tensor *w, df_tensor *out, df_tensor *row_w, df_error *err) {
+  df_tensor C = u(ce), W = u(w), O = u(out), R;
+  return cpu()->dpace_weights(in(ctx), mode, alpha, bs, &C, &W, &O, opt(row_w, &R), err);
+}
+
+static df_status s_block_metrics(df_ctx *ctx, int64_t bs, const df_tensor *ce, const df_tensor *correct,
+                                 const df_tensor *lw, const df_tensor *valid, const df_tensor *keep, df_tensor *stats,
+                                 df_error *err) {
+  df_tensor C = u(ce), K = u(correct), L = u(lw), V = u(valid), P = u(keep), S = u(stats);
+  return cpu()->block_metrics(in(ctx), bs, &C, &K, &L, &V, &P, &S, err);
+}
+
+static df_status s_dspark_block_metrics(df_ctx *ctx, int64_t bs, const df_dspark_metrics_in *m, df_tensor *stats,
+                                        df_error *err) {
+  df_tensor t[11], S = u(stats);
+  df_dspark_metrics_in i = {.ce = opt(m->ce, &t[0]),
+                            .correct = opt(m->correct, &t[1]),
+                            .draft_top1 = opt(m->draft_top1, &t[2]),
+                            .l1 = opt(m->l1, &t[3]),
+                            .agree = opt(m->agree, &t[4]),
+                            .teacher_top1 = opt(m->teacher_top1, &t[5]),
+                            .bce = opt(m->bce, &t[6]),
+                            .conf = opt(m->conf, &t[7]),
+                            .valid = opt(m->valid, &t[8]),
+                            .weights = opt(m->weights, &t[9]),
+                            .keep = opt(m->keep, &t[10])};
+  return cpu()->dspark_block_metrics(in(ctx), bs, &i, &S, err);
+}
+
+static df_status s_adamw_step(df_ctx *ctx, df_tensor *param, const df_tensor *grad, df_tensor *m, df_tensor *v,
+                              const df_adamw_hparams *hp, df_error *err) {
+  df_tensor P = u(param), G = u(grad), M = u(m), V = u(v);
+  return cpu()->adamw_step(in(ctx), &P, &G, &M, &V, hp, err);
+}
+
+// The untagged copy of a tensor list (freed by the caller).
+static df_tensor *untag_list(const df_tensor *bufs, int n, df_error *err) {
+  df_tensor *x = malloc(sizeof *x * (size_t)(n > 0 ? n : 1));
+  if (!x) return DF_FAIL(err, DF_ERR_NOMEM, "bufs", NULL, "out of memory"), NULL;
+  for (int i = 0; i < n; i++) x[i] = u(&bufs[i]);
+  return x;
+}
+
+static df_status s_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, double *norm, df_error *err) {
+  df_tensor *x = untag_list(bufs, nbufs, err);
+  if (!x) return DF_ERR_NOMEM;
+  df_status st = cpu()->global_norm(in(ctx), x, nbufs, norm, err);
+  free(x);
+  return st;
+}
+
+static df_status s_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double norm, double max_norm, double *coef,
+                                df_error *err) {
+  df_tensor *x = untag_list(bufs, nbufs, err);
+  if (!x) return DF_ERR_NOMEM;
+  df_status st = cpu()->clip_by_norm(in(ctx), x, nbufs, norm, max_norm, coef, err);
+  free(x);
+  return st;
+}
+
+static df_status s_grad_norm_clip(df_ctx *ctx, const df_grad_norm_desc *desc, const df_tensor *grad,
+                                  const df_tensor *mask, const df_tensor *guard, df_tensor *out, df_error *err) {
+  df_tensor G = u(grad), M = u(mask), GU, O = u(out);
+  return cpu()->grad_norm_clip(in(ctx), desc, &G, &M, opt(guard, &GU), &O, err);
+}
+
+static df_status s_adamw_fused(df_ctx *ctx, const df_adamw_fused_desc *desc, df_tensor *master, const df_tensor *grad,
+                               df_tensor *m, df_tensor *v, const df_tensor *mask, const df_tensor *norm_stats,
+                               df_tensor *params, df_error *err) {
+  df_tensor P = u(master), G = u(grad), M = u(m), V = u(v), K = u(mask), N, Q;
+  return cpu()->adamw_fused(in(ctx), desc, &P, &G, &M, &V, &K, opt(norm_stats, &N), opt(params, &Q), err);
+}
+
+// ---- the table -------------------------------------------------------------------------------------------------
+
+static df_backend strict_table;
+static pthread_once_t strict_once = PTHREAD_ONCE_INIT;
+
+static void strict_build(void) {
+  strict_table = *df_cpu_backend(); // events, sync, supports_op
+  strict_table.name = "fake-strict";
+  strict_table.device = DF_DEV_FAKE;
+  strict_table.host_addressable = false;
+  strict_table.init = strict_init;
+  strict_table.destroy = strict_destroy;
+  strict_table.alloc = strict_alloc;
+  strict_table.free = strict_free;
+  strict_table.copy = strict_copy;
+  df_backend *t = &strict_table;
+  memset(t->slot, 0, sizeof t->slot); // an op without a wrapper below is "not implemented", never a raw CPU call
+  t->matmul = s_matmul, t->linear_forward = s_linear_forward, t->linear_backward = s_linear_backward;
+  t->axpy = s_axpy, t->fill = s_fill, t->scale = s_scale, t->cast = s_cast;
+  t->rmsnorm_forward = s_rmsnorm_forward, t->rmsnorm_backward = s_rmsnorm_backward;
+  t->rope_forward = s_rope_forward, t->rope_backward = s_rope_backward;
+  t->swiglu_forward = s_swiglu_forward, t->swiglu_backward = s_swiglu_backward;
+  t->embedding_forward = s_embedding_forward, t->embedding_backward = s_embedding_backward;
+  t->gather_rows = s_gather_rows;
+  t->block_attn_forward = s_block_attn_forward, t->block_attn_backward = s_block_attn_backward;
+  t->lmhead_ce = s_lmhead_ce;
+  t->softmax_l1_forward = s_softmax_l1_forward, t->softmax_l1_backward = s_softmax_l1_backward;
+  t->bce_logits_forward = s_bce_logits_forward, t->bce_logits_backward = s_bce_logits_backward;
+  t->lmhead_dspark = s_lmhead_dspark;
+  t->dpace_weights = s_dpace_weights, t->block_metrics = s_block_metrics;
+  t->dspark_block_metrics = s_dspark_block_metrics;
+  t->adamw_step = s_adamw_step, t->global_norm = s_global_norm, t->clip_by_norm = s_clip_by_norm;
+  t->grad_norm_clip = s_grad_norm_clip, t->adamw_fused = s_adamw_fused;
+}
+
+const df_backend *df_fake_strict_backend(void) {
+  pthread_once(&strict_once, strict_build);
+  return &strict_table;
+}

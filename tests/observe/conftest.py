@@ -1,0 +1,41 @@
+"""Shared helpers for the tests of what a run shows: the draftforge program under test, a short training on
+the bundled demo data, and metrics.jsonl. CTest runs these files with the tools venv (scripts/setup.sh)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SOURCE = os.environ.get("DF_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+BIN = os.environ.get("DRAFTFORGE_BIN", os.path.join(SOURCE, "build", "draftforge"))
+
+
+def run_df(*args, env=None, check=True, timeout=600):
+    """Runs draftforge; returns the CompletedProcess (text). check: the exit code must be 0."""
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, env=e, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"draftforge {' '.join(map(str, args))} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def train(out_dir, *sets, recipe="recipes/demo-dflash.yaml", env=None, check=True, extra=()):
+    """A short demo training into out_dir with --set overrides ("section.key=value")."""
+    args = ["train", os.path.join(SOURCE, recipe), "--set", f"output_dir={out_dir}"]
+    for s in sets:
+        args += ["--set", s]
+    return run_df(*args, *extra, env=env, check=check)
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture
+def venv_python():
+    """The interpreter running these tests (the tools venv): it has tensorboard and wandb."""
+    return sys.executable
