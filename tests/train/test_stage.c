@@ -1,6 +1,7 @@
 // The micro-batch stage (train/stage.c): what it uploads equals what the host builders produce, in one copy per
 // micro-batch; two slots alternate; ids outside the vocabulary are refused on the host, naming sample and row.
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
