@@ -88,26 +88,34 @@ fi
 export DF_FIXTURE_DIR=$ROOT/tests/fixtures DF_SOURCE_DIR=$ROOT DF_DRAFTFORGE_BIN=$BIN/draftforge
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 
-echo "== tests ($(since) s) =="
+echo "== kernel tests ($(since) s) =="
 timeout 60 "$BIN/test_kernels_attn_tiles" >"$LOGS/test_attn_tiles.log" 2>&1
 tiles_rc=$?
-timeout 420 "$BIN/test_cuda_gpu" --jobs 1 --verbose >"$LOGS/test_cuda_gpu.log" 2>&1
+# The op and table tests first, the end-to-end step tests (train / step through the CLI) after the benches.
+timeout 240 "$BIN/test_cuda_gpu" --jobs 1 --verbose --filter 'cuda_[!s]*/*' >"$LOGS/test_cuda_ops.log" 2>&1
 suite_rc=$?
-grep -E "^\[(FAIL|----)\]|Synthesis" "$LOGS/test_cuda_gpu.log" | head -60
+grep -E "^\[(FAIL|----)\]|Synthesis" "$LOGS/test_cuda_ops.log" | head -60
 
 echo "== benches ($(since) s) =="
-timeout 150 "$BIN/bench_gpu_step" --steps 3 >"$LOGS/bench_gpu_step.log" 2>&1
+timeout 120 "$BIN/bench_gpu_step" --steps 3 >"$LOGS/bench_gpu_step.log" 2>&1
 step_rc=$?
-timeout 120 "$BIN/bench_gpu_moe" --reps 5 >"$LOGS/bench_gpu_moe.log" 2>&1
+timeout 90 "$BIN/bench_gpu_moe" --reps 5 >"$LOGS/bench_gpu_moe.log" 2>&1
 moe_rc=$?
 cat "$LOGS/bench_gpu_step.log" "$LOGS/bench_gpu_moe.log" | grep -vE "^GPU_(STEP|MOE)_SUMMARY" | tail -40
 
-synth=$(grep -o "Synthesis: .*" "$LOGS/test_cuda_gpu.log" | tail -1)
+echo "== step tests ($(since) s) =="
+timeout 150 "$BIN/test_cuda_gpu" --jobs 1 --verbose --filter 'cuda_step/*' >"$LOGS/test_cuda_step.log" 2>&1
+e2e_rc=$?
+grep -E "^\[(FAIL|----)\]|Synthesis" "$LOGS/test_cuda_step.log" | head -30
+
+synth=$(grep -o "Synthesis: .*" "$LOGS/test_cuda_ops.log" | tail -1)
+synth2=$(grep -o "Synthesis: .*" "$LOGS/test_cuda_step.log" | tail -1)
 echo
 echo "== gpu-check summary ($(since) s, $gpu) =="
 echo "tile schedule test (CPU): exit $tiles_rc"
-echo "GPU suite: exit $suite_rc ${synth:-(no synthesis line: crashed or timed out)}"
+echo "GPU op / table tests: exit $suite_rc ${synth:-(no synthesis line: crashed or timed out)}"
 echo "bench_gpu_step: exit $step_rc $(grep -o 'GPU_STEP_SUMMARY.*' "$LOGS/bench_gpu_step.log" | cut -d' ' -f2-)"
 echo "bench_gpu_moe: exit $moe_rc $(grep -o 'GPU_MOE_SUMMARY.*' "$LOGS/bench_gpu_moe.log" | cut -d' ' -f2-)"
+echo "GPU step tests (CLI): exit $e2e_rc ${synth2:-(no synthesis line: crashed or timed out)}"
 echo "logs: $LOGS"
-[ "$tiles_rc" = 0 ] && [ "$suite_rc" = 0 ] && [ "$step_rc" = 0 ] && [ "$moe_rc" = 0 ]
+[ "$tiles_rc" = 0 ] && [ "$suite_rc" = 0 ] && [ "$step_rc" = 0 ] && [ "$moe_rc" = 0 ] && [ "$e2e_rc" = 0 ]
