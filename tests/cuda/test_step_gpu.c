@@ -1,6 +1,7 @@
 // The whole training step on the GPU through the CLI, against the CPU's fp32 results:
-//   - `draftforge step --device cuda` on every DFlash, DSpark and MoE parity fixture: loss rel ≤ 1e-2 against the
-//     fixture's PyTorch fp32 loss, every gradient tensor relative L2 ≤ 5e-2 (bf16 activations and weights);
+//   - `draftforge step --device cuda` on every DFlash, DSpark and MoE parity fixture: the trainer's storage is fp32
+//     on the GPU too, so the CPU parity test's tolerances apply: loss rel ≤ 1e-5 against the fixture's PyTorch
+//     fp32 loss, every gradient tensor max|Δ| ≤ 1e-4·max|ref| + 1e-6 (a bf16-storage run would get 1e-2);
 //   - 50 training steps of the demo recipes on GPU and CPU: mean relative loss gap ≤ 2e-2 over the curve, and the
 //     last 10 steps' mean loss within 3e-2;
 //   - resume on the GPU: 25 steps, resume to 50, against 50 straight: every logged loss bit for bit.
@@ -74,9 +75,13 @@ static void expect_grads_close(const char *name, const char *want_path, const ch
     float *x = malloc(4 * (size_t)w->numel + 4), *y = malloc(4 * (size_t)w->numel + 4);
     DF_ASSERT_OK(df_st_read_f32(gf, g, x, g->numel, &err), &err);
     DF_ASSERT_OK(df_st_read_f32(wf, w, y, w->numel, &err), &err);
-    double e = cu_rel_l2(x, y, w->numel), ref = 0;
-    for (int64_t k = 0; k < w->numel; k++) ref = fmax(ref, fabs((double)y[k]));
-    if (ref > 0) cr_expect_leq(e, 5e-2, "%s: %s relative L2 error %.3g > 5e-2", name, w->name, e);
+    double maxd = 0, ref = 0;
+    for (int64_t k = 0; k < w->numel; k++) {
+      maxd = fmax(maxd, isnan(x[k]) ? INFINITY : fabs((double)x[k] - y[k]));
+      ref = fmax(ref, fabs((double)y[k]));
+    }
+    cr_expect_leq(maxd, 1e-4 * ref + 1e-6, "%s: %s max|Δ| %.3g > 1e-4·max|ref| (%.3g) + 1e-6", name, w->name, maxd,
+                  ref);
     free(x), free(y);
   }
   df_st_close(wf), df_st_close(gf);
@@ -107,7 +112,7 @@ static void step_cases(const char *sub) {
     cr_expect(w && g, "%s: step.json missing", ent->d_name);
     if (w && g) {
       const double lw = json_num(w, "loss"), lg = json_num(g, "loss"), e = fabs(lg - lw) / fmax(fabs(lw), 1e-30);
-      cr_expect_leq(e, 1e-2, "%s/%s: GPU loss %.8g vs fp32 reference %.8g (rel %.3g)", sub, ent->d_name, lg, lw, e);
+      cr_expect_leq(e, 1e-5, "%s/%s: GPU loss %.8g vs fp32 reference %.8g (rel %.3g)", sub, ent->d_name, lg, lw, e);
       expect_grads_close(ent->d_name, wantg, gotg);
     }
     json_decref(w), json_decref(g);
@@ -156,7 +161,7 @@ static void train_run(const char *recipe, const char *out, const char *device, c
   snprintf(log, sizeof log, "%s.log", out);
   snprintf(args, sizeof args,
            "train '%s/%s' --set output_dir='%s' --set training.device=%s --set training.max_steps=50 "
-           "--set training.eval_interval=0 %s",
+           "--set training.eval_interval=0 --set training.log_interval=1 %s",
            SOURCE_PATH, recipe, out, device, extra ? extra : "");
   cr_assert_eq(run_cli(args, log), 0, "training %s on %s failed", recipe, device);
 }
