@@ -124,9 +124,11 @@ const df_param *df_params_find(const df_params *p, const char *name) {
   return NULL;
 }
 
-df_tensor df_params_view(const df_param *e, float *flat) {
-  return df_view(flat + e->offset, DF_F32, DF_DEV_CPU, e->ndim, e->shape);
+df_tensor df_params_view_on(const df_param *e, float *flat, df_device dev) {
+  return df_view(flat + e->offset, DF_F32, dev, e->ndim, e->shape);
 }
+
+df_tensor df_params_view(const df_param *e, float *flat) { return df_params_view_on(e, flat, DF_DEV_CPU); }
 
 df_status df_params_view_named(const df_params *p, const char *name, float *flat, df_tensor *out, df_error *err) {
   if (!p->final)
@@ -141,7 +143,7 @@ df_status df_params_bind(const df_params *p, const char *name, float *weights, f
                          df_tensor *w, df_tensor *g, df_error *err) {
   DF_TRY(df_params_view_named(p, name, weights, w, err));
   DF_TRY(df_params_view_named(p, name, grads, g, err));
-  w->device = g->device = dev;
+  w->device = g->device = dev; // views of the flat buffers, which live on the context's device
   return DF_OK;
 }
 

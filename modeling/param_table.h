@@ -69,7 +69,9 @@ int df_params_count(const df_params *p);
 const df_param *df_params_at(const df_params *p, int i);
 const df_param *df_params_find(const df_params *p, const char *name); // after finalize; NULL when absent
 
-// A contiguous fp32 CPU view of entry e inside flat (which holds df_params_numel elements).
+// A contiguous fp32 view of entry e inside flat (which holds df_params_numel elements) on device dev; the first
+// form is a CPU view (host buffers: checkpoints, tests).
+df_tensor df_params_view_on(const df_param *e, float *flat, df_device dev);
 df_tensor df_params_view(const df_param *e, float *flat);
 // The same, by name; fails naming the parameter when it is absent.
 df_status df_params_view_named(const df_params *p, const char *name, float *flat, df_tensor *out, df_error *err);

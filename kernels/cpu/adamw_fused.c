@@ -8,12 +8,19 @@
 
 enum { FUSED_PAR_MIN = 1 << 15, NORM_BLOCK = 1 << 14, NORM_LANES = 16 };
 
-// Σ (g·scale)² over the trainable elements of one block, in NORM_LANES interleaved double accumulators.
+// Σ (g·scale)² over the trainable elements of one block, in NORM_LANES interleaved double accumulators (element i
+// feeds lane i mod NORM_LANES; blocks start at multiples of it). Masked elements add +0, which changes nothing.
 static double block_sumsq(const float *g, const uint8_t *mask, int64_t n, float scale) {
   double acc[NORM_LANES] = {0};
-  for (int64_t i = 0; i < n; i++) {
-    const double x = (double)(g[i] * scale);
-    if (mask[i] & DF_PARAM_TRAIN) acc[i % NORM_LANES] += x * x;
+  int64_t i = 0;
+  for (; i + NORM_LANES <= n; i += NORM_LANES)
+    for (int j = 0; j < NORM_LANES; j++) {
+      const double x = (mask[i + j] & DF_PARAM_TRAIN) ? (double)(g[i + j] * scale) : 0.0;
+      acc[j] += x * x;
+    }
+  for (int j = 0; i < n; i++, j++) {
+    const double x = (mask[i] & DF_PARAM_TRAIN) ? (double)(g[i] * scale) : 0.0;
+    acc[j] += x * x;
   }
   double s = 0.0;
   for (int j = 0; j < NORM_LANES; j++) s += acc[j];
@@ -75,26 +82,29 @@ df_status df_cpu_adamw_fused(df_ctx *ctx, const df_adamw_fused_desc *desc, df_te
   const double coef = ns ? ns[DF_NORM_COEF] : 1.0;
   const bool clip = coef < 1.0;
   const float cf = (float)coef, scale = desc->grad_scale;
-  const fused_coefs cd = coefs_of(&desc->hp, desc->hp.weight_decay), cn = coefs_of(&desc->hp, 0.0f);
+  // Only 1 − lr·wd differs between decayed and plain elements (1 − lr·0 is exactly 1).
+  const fused_coefs c = coefs_of(&desc->hp, desc->hp.weight_decay);
   const int64_t n = df_numel(master);
   float *restrict pd = master->data, *restrict md = m->data, *restrict vd = v->data;
   float *restrict out = params ? params->data : NULL;
   const float *restrict gd = grad->data;
   const uint8_t *restrict mk = mask->data;
-  // torch's _single_tensor_adamw in its operation order: mul_/add_, mul_/addcmul_, sqrt/div/add_, addcdiv_.
-#pragma omp parallel for schedule(static) num_threads(ctx->num_threads) if (n > FUSED_PAR_MIN)
+  // torch's _single_tensor_adamw in its operation order: mul_/add_, mul_/addcmul_, sqrt/div/add_, addcdiv_. Every
+  // element is computed and untrainable ones keep their old values (a select, so the loop vectorizes).
+#pragma omp parallel for simd schedule(static) num_threads(ctx->num_threads) if (n > FUSED_PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
-    if (!(mk[i] & DF_PARAM_TRAIN)) continue;
-    const fused_coefs *c = (mk[i] & DF_PARAM_DECAY) ? &cd : &cn;
+    const bool train = mk[i] & DF_PARAM_TRAIN;
+    const float decay = (mk[i] & DF_PARAM_DECAY) ? c.decay : 1.0f;
     float g = gd[i] * scale;
-    if (clip) g *= cf;
-    float mi = md[i] * c->beta1 + c->a1 * g;
-    float vi = vd[i] * c->beta2 + c->a2 * g * g;
-    float denom = sqrtf(vi) / c->bc2_sqrt + c->eps;
-    md[i] = mi;
-    vd[i] = vi;
-    pd[i] = pd[i] * c->decay + c->neg_step_size * mi / denom;
-    if (out) out[i] = pd[i];
+    g = clip ? g * cf : g;
+    float mi = md[i] * c.beta1 + c.a1 * g;
+    float vi = vd[i] * c.beta2 + c.a2 * g * g;
+    float denom = sqrtf(vi) / c.bc2_sqrt + c.eps;
+    float pi = pd[i] * decay + c.neg_step_size * mi / denom;
+    md[i] = train ? mi : md[i];
+    vd[i] = train ? vi : vd[i];
+    pd[i] = train ? pi : pd[i];
+    if (out && train) out[i] = pi;
   }
   return DF_OK;
 }
