@@ -1,6 +1,7 @@
 // `draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N] [--no-prefetch]`:
-// argument parsing and the closing message around df_train. Exit codes: 0 done (or stopped by a signal with a
-// checkpoint), 1 the run failed, 2 bad arguments.
+// argument parsing, the process's place in the job (train/dist: launcher, deployment.trainer, communicator,
+// the same recipe on every rank) and the closing message around df_train. Exit codes: 0 done (or stopped by a
+// signal with a checkpoint), 1 the run failed (on any rank: the whole job ends), 2 bad arguments.
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +9,9 @@
 
 #include "train/commands.h"
 #include "train/device.h"
+#include "train/dist/dist.h"
 #include "train/progress.h"
+#include "train/recipe.h"
 #include "train/trainer.h"
 
 static const char *train_usage =
@@ -71,6 +74,60 @@ static int parse_train_args(int argc, char **argv, train_args *a) {
   return 0;
 }
 
+static uint64_t fnv1a(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static df_deploy_trainer deploy_of(const df_recipe *rc) {
+  df_deploy_trainer d = {.nnodes = rc->deployment.trainer.nnodes,
+                         .nproc_per_node = rc->deployment.trainer.nproc_per_node,
+                         .node_rank = rc->deployment.trainer.node_rank,
+                         .master_port = rc->deployment.trainer.master_port,
+                         .master_addr = rc->deployment.trainer.master_addr,
+                         .nnodes_set = rc->deployment.trainer.nnodes_set,
+                         .nproc_per_node_set = rc->deployment.trainer.nproc_per_node_set,
+                         .node_rank_set = rc->deployment.trainer.node_rank_set,
+                         .master_port_set = rc->deployment.trainer.master_port_set};
+  return d;
+}
+
+// The job as the launcher started it, checked against the recipe; then every rank must hold the same resolved
+// recipe (same file, --set options and paths), or the ranks would train different things.
+static df_status start_dist(const train_args *a, df_dist *d, df_error *err) {
+  memset(d, 0, sizeof *d);
+  df_recipe_options ro = {.log = stderr, .overrides = a->sets, .n_overrides = a->n_sets};
+  const df_recipe *rc = NULL;
+  DF_TRY(df_recipe_load(a->recipe, &ro, &rc, err));
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  df_status st = mem ? df_recipe_write_resolved(rc, mem, err) : DF_FAIL(err, DF_ERR_NOMEM, "recipe", NULL, "no memory");
+  if (mem) fclose(mem);
+  uint64_t hash = text ? fnv1a(text, len) : 0;
+  free(text);
+  df_dist_options o = {.gpu = false, // the trainer runs on the CPU context (issue 11 brings the CUDA one)
+                       .cuda_device = -1,
+                       .timeout_s = rc->training.dist_timeout * 60.0,
+                       .deploy = deploy_of(rc),
+                       .job_key = fnv1a(rc->output_dir, strlen(rc->output_dir)),
+                       .log = stdout};
+  if (st == DF_OK) st = df_dist_init(&o, d, err);
+  if (st == DF_OK) st = df_dist_check_same(d->comm, "resolved recipe", hash, err);
+  df_recipe_free(rc);
+  return st;
+}
+
+// Prints this rank's error, then ends the job everywhere (the other ranks are stopped, not left waiting).
+static int fail_job(df_dist *d, const df_error *err) {
+  fflush(stdout);
+  df_error_print(err);
+  fflush(stderr);
+  df_dist_abort(d, 1);
+  return 1;
+}
+
 int df_cmd_train(int argc, char **argv) {
   train_args a;
   int rc = parse_train_args(argc, argv, &a);
@@ -79,8 +136,13 @@ int df_cmd_train(int argc, char **argv) {
     return rc == 1 ? 0 : rc;
   }
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  df_progress_term *term = NULL; // a terminal gets the refreshing progress line (train/progress.h)
+  df_dist d;
   df_error err = {0};
+  if (start_dist(&a, &d, &err) != DF_OK) {
+    free(a.sets);
+    return fail_job(&d, &err);
+  }
+  df_progress_term *term = NULL; // a terminal gets the refreshing progress line (train/progress.h)
   if (df_progress_is_terminal(stdout) && df_progress_term_open(stdout, 0, &term, &err) != DF_OK) term = NULL;
   df_train_options o = {.recipe_path = a.recipe,
                         .overrides = a.sets,
@@ -92,16 +154,14 @@ int df_cmd_train(int argc, char **argv) {
                         .handle_signals = true,
                         .no_prefetch = a.no_prefetch,
                         .has_device = a.has_device,
-                        .device = a.device};
+                        .device = a.device,
+                        .comm = d.comm};
   df_train_summary s;
   df_status st = df_train(&o, &s, &err);
   df_progress_term_close(term);
   free(a.sets);
-  if (st != DF_OK) {
-    fflush(stdout);
-    df_error_print(&err);
-    return 1;
-  }
+  if (st == DF_OK) st = df_dist_finish(&d, &err);
+  if (st != DF_OK) return fail_job(&d, &err);
   if (s.stopped_by_signal)
     printf(
         "stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: draftforge train %s --resume %s%s\n",

@@ -18,7 +18,7 @@ struct df_feed {
   int rank, world;
   bool last_hidden;  // also read target_last_hidden_states (DSpark)
   df_hs_dataset *ds; // owned by the reader thread while it runs, else by the caller
-  int64_t n, per_rank, batches_per_epoch;
+  int64_t n, batches_per_epoch;
 
   int64_t epoch, cursor; // the next batch handed out
   df_batch cur;          // the batch handed out last (valid until the next df_feed_next)
@@ -44,8 +44,9 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// Sample indices of batch (epoch, cursor) for this rank. Rank r's i-th sample is padded[r + i·world], with
-// padded[j] = perm[j mod n] (DistributedSampler repeats the head of the order up to a multiple of world).
+// Sample indices of batch (epoch, cursor) for this rank: global batch c is perm[c·world·B .. (c+1)·world·B),
+// and rank r takes its slots r, r + world, ... (its i-th sample is perm[r + i·world]). Only whole global
+// batches exist, so no index reaches n.
 static void feed_batch_indices(df_feed *f, int64_t epoch, int64_t cursor) {
   if (f->perm_epoch != epoch) {
     df_data_epoch_order(f->n, f->seed, epoch, f->perm);
@@ -53,7 +54,7 @@ static void feed_batch_indices(df_feed *f, int64_t epoch, int64_t cursor) {
   }
   for (int64_t b = 0; b < f->batch_size; b++) {
     int64_t i = cursor * f->batch_size + b;
-    f->index[b] = f->perm[(f->rank + i * f->world) % f->n];
+    f->index[b] = f->perm[f->rank + i * f->world];
   }
 }
 
@@ -109,13 +110,12 @@ static df_status feed_check_data(df_feed *f, const df_feed_options *opt, df_erro
     return DF_FAIL(err, DF_ERR_INVALID, opt->path, "recapture the data with target_last_hidden_states (DSpark)",
                    "the data has no %s dataset, which this draft needs", DF_HS_DS_LAST_HIDDEN);
   f->n = info->num_samples;
-  f->per_rank = (f->n + f->world - 1) / f->world;
-  f->batches_per_epoch = f->per_rank / f->batch_size;
+  f->batches_per_epoch = f->n / ((int64_t)f->world * f->batch_size);
   if (f->batches_per_epoch < 1)
     return DF_FAIL(err, DF_ERR_INVALID, opt->path,
-                   "lower training.batch_size or add data (the last partial batch of each rank is dropped)",
-                   "%lld samples over %d rank(s) give %lld per rank, less than one batch of %lld", (long long)f->n,
-                   f->world, (long long)f->per_rank, (long long)f->batch_size);
+                   "lower training.batch_size or add data (the last partial global batch is dropped)",
+                   "%lld samples cannot fill one global batch of %d rank(s) x %lld", (long long)f->n, f->world,
+                   (long long)f->batch_size);
   f->perm = malloc((size_t)f->n * sizeof *f->perm);
   f->index = malloc((size_t)f->batch_size * sizeof *f->index);
   if (!f->perm || !f->index)

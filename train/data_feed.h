@@ -27,8 +27,10 @@ typedef struct {
   bool need_last_hidden;      // DSpark: the shards must carry target_last_hidden_states
 } df_feed_options;
 
-// The epoch order is perm(seed + epoch); rank r takes perm[r], perm[r + world], ... after padding the order
-// to a multiple of world (repeating its head, as DistributedSampler does); drop_last per rank.
+// The epoch order is perm(seed + epoch), cut into global batches of world · batch_size samples (the last
+// partial one dropped); rank r takes slots r, r + world, ... of each, i.e. perm[r], perm[r + world], ... So an
+// epoch has the same batches for every world size at the same global batch: rank r's batch c at world W is
+// exactly the samples k ≡ r (mod W) of the one-process batch c of size W · batch_size.
 df_status df_feed_open(const df_feed_options *opt, df_feed **out, df_error *err);
 void df_feed_close(df_feed *f);
 

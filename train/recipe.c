@@ -310,6 +310,14 @@ static void build_trainer(const recipe_impl *r, df_recipe *p) {
   p->training.log_interval = val(r, "training", "log_interval")->i;
   p->training.max_checkpoints = val(r, "training", "max_checkpoints")->i;
   p->training.resume_from = str_or_null(val(r, "training", "resume_from"));
+  p->training.dist_timeout = val(r, "training", "dist_timeout")->f;
+  const df_rvalue *nn = val(r, "deployment.trainer", "nnodes"), *np = val(r, "deployment.trainer", "nproc_per_node");
+  const df_rvalue *nr = val(r, "deployment.trainer", "node_rank"), *mp = val(r, "deployment.trainer", "master_port");
+  p->deployment.trainer.nnodes = nn->i, p->deployment.trainer.nnodes_set = nn->present;
+  p->deployment.trainer.nproc_per_node = np->i, p->deployment.trainer.nproc_per_node_set = np->present;
+  p->deployment.trainer.node_rank = int_or_zero(nr), p->deployment.trainer.node_rank_set = nr->present && !nr->is_null;
+  p->deployment.trainer.master_port = mp->i, p->deployment.trainer.master_port_set = mp->present;
+  p->deployment.trainer.master_addr = str_or_null(val(r, "deployment.trainer", "master_addr"));
 }
 
 static void build_tracking(const recipe_impl *r, df_recipe *p) {

@@ -71,7 +71,17 @@ typedef struct df_recipe {
     int64_t max_consecutive_skips;
     int64_t save_interval, eval_interval, log_interval, max_checkpoints; // intervals: 0 = off
     const char *resume_from;                                             // NULL: a fresh run
+    double dist_timeout;                                                 // minutes (train/dist)
   } training;
+  struct {
+    // deployment.trainer: what the launcher must have started (train/dist/launch.h); *_set: written in the
+    // file or by --set (an unwritten default is no demand).
+    struct {
+      int64_t nnodes, nproc_per_node, node_rank, master_port;
+      const char *master_addr; // NULL: not given
+      bool nnodes_set, nproc_per_node_set, node_rank_set, master_port_set;
+    } trainer;
+  } deployment;
   struct { // experiment tracking (train/tracker.h, train/tb_writer.h); NULL: not given
     df_report_to report_to;
     const char *wandb_project, *wandb_name, *wandb_key, *wandb_dir;

@@ -39,7 +39,9 @@ static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL}; // in df_dev
 #define TRACK      "used only with tracking.report_to"
 #define DISAGG     "disaggregated deployment is not supported yet"
 #define OTHER_ALGO "another algorithm's knob; DFlash does not read it"
-#define ONE_PROC   "draftforge runs one process for now"
+#define ONE_PROC                                                                                                       \
+  "data parallel is plain replication with one gradient reduction per step; sharding follows (docs/distributed.md)"
+#define LAUNCH "checked against the launcher's environment at start-up (docs/distributed.md)"
 
 static const df_recipe_key SCHEMA[] = {
     // ---- top level
@@ -136,7 +138,9 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "tp_size", DF_RT_INT, .def = "1", GT(0), TODO("trainer tensor parallelism is always 1")),
     K("training", "sp_ulysses_size", DF_RT_INT, .def = "1", GT(0), TODO("sequence parallelism is EAGLE3-only")),
     K("training", "sp_ring_size", DF_RT_INT, .def = "1", GT(0), TODO("sequence parallelism is EAGLE3-only")),
-    K("training", "dist_timeout", DF_RT_INT, .def = "10", GT(0), INERT(ONE_PROC)),
+    K("training", "dist_timeout", DF_RT_FLOAT, .def = "10", GT(0), USED,
+      .note = "minutes a collective may wait for the other ranks before the run stops naming the silent rank; "
+              "fractions of a minute are accepted too"),
     K("training", "lk_loss_type", DF_RT_ENUM, .nullable = true, .choices = LK_LOSS, TODO("the LK losses")),
     K("training", "kl_scale", DF_RT_FLOAT, .def = "1.0", INERT("used only with training.lk_loss_type")),
     K("training", "kl_decay", DF_RT_FLOAT, .def = "1.0", INERT("used only with training.lk_loss_type")),
@@ -195,11 +199,13 @@ static const df_recipe_key SCHEMA[] = {
     K("deployment", "mode", DF_RT_ENUM, .def = "local_colocated", .choices = DEPLOY_MODES, TODO(DISAGG)),
     K("deployment", "trainer", DF_RT_SECTION, USED),
     K("deployment", "disaggregated", DF_RT_SECTION, .nullable = true, TODO(DISAGG)),
-    K("deployment.trainer", "nnodes", DF_RT_INT, .def = "1", GT(0), TODO(ONE_PROC)),
-    K("deployment.trainer", "nproc_per_node", DF_RT_INT, .def = "1", GT(0), TODO(ONE_PROC)),
-    K("deployment.trainer", "node_rank", DF_RT_INT, .nullable = true, GE(0), TODO(ONE_PROC)),
-    K("deployment.trainer", "master_addr", DF_RT_STRING, .nullable = true, INERT(ONE_PROC)),
-    K("deployment.trainer", "master_port", DF_RT_INT, .def = "29500", GT(0), LE(65535), INERT(ONE_PROC)),
+    K("deployment.trainer", "nnodes", DF_RT_INT, .def = "1", GT(0), USED, .note = LAUNCH),
+    K("deployment.trainer", "nproc_per_node", DF_RT_INT, .def = "1", GT(0), USED, .note = LAUNCH),
+    K("deployment.trainer", "node_rank", DF_RT_INT, .nullable = true, GE(0), USED, .note = LAUNCH),
+    K("deployment.trainer", "master_addr", DF_RT_STRING, .nullable = true, USED,
+      .note = "rank 0's address for NCCL's id exchange when MASTER_ADDR is unset"),
+    K("deployment.trainer", "master_port", DF_RT_INT, .def = "29500", GT(0), LE(65535), USED,
+      .note = "the id exchange's port when MASTER_PORT is unset"),
 };
 
 const df_recipe_key *df_recipe_schema(void) { return SCHEMA; }

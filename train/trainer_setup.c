@@ -9,6 +9,18 @@
 
 // ---- resources ---------------------------------------------------------------------------------------------------
 
+// The communicator, launch checks and data feed are ready for data parallel; the optimizer step's gradient
+// reduction is not (docs/distributed.md "Phase 2"), so several ranks would train diverging replicas.
+static df_status check_world(const df_train_options *opt, df_error *err) {
+  int world = opt->comm ? df_comm_size(opt->comm) : 1;
+  if (world == 1) return DF_OK;
+  return DF_FAIL(err, DF_ERR_NOT_IMPLEMENTED, "world size",
+                 "run one process for now (the launch, communicator and data feed checks passed)",
+                 "data-parallel training on %d ranks needs the gradient reduction in the optimizer step, which is "
+                 "not written yet (docs/distributed.md)",
+                 world);
+}
+
 static df_status load_resources(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   DF_TRY(df_run_resources_load(rc, &t->res, err));
@@ -39,8 +51,8 @@ static df_status load_resources(df_trainer *t, df_error *err) {
                         .batch_size = rc->training.batch_size,
                         .max_length = rc->data.max_length,
                         .seed = rc->training.seed,
-                        .rank = 0,
-                        .world_size = 1,
+                        .rank = t->opt->comm ? df_comm_rank(t->opt->comm) : 0,
+                        .world_size = t->opt->comm ? df_comm_size(t->opt->comm) : 1,
                         .prefetch = !t->opt->no_prefetch,
                         .cfg = t->draft,
                         // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
@@ -216,6 +228,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   df_recipe_options ro = {
       .log = opt->log ? stderr : NULL, .overrides = opt->overrides, .n_overrides = opt->n_overrides};
   DF_TRY(df_recipe_load(opt->recipe_path, &ro, &t->recipe, err));
+  DF_TRY(check_world(opt, err));
   DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
   DF_TRY(plan_schedule(t, err));

@@ -122,12 +122,12 @@ Test(data_feed, order_equals_epoch_order_and_wraps) {
   df_feed_close(f);
 }
 
-// Rank r's samples over one epoch are padded[r], padded[r + world], ..., with padded the epoch order
-// extended by its own head to a multiple of world; the last partial batch of each rank is dropped.
+// Rank r's batch c is perm[r + (c·batch + j)·world], j < batch; an epoch has floor(n / (world·batch)) batches
+// on every rank, and the ranks together visit perm[0 .. bpe·world·batch) exactly once (the rest is dropped).
 static void check_striding(int64_t n, int world, int64_t batch) {
   scratch s;
   scratch_shard(&s, n, false);
-  int64_t per_rank = (n + world - 1) / world, bpe = per_rank / batch;
+  int64_t bpe = n / (world * batch);
   int64_t *perm = malloc((size_t)n * sizeof *perm);
   int64_t *seen = calloc((size_t)n, sizeof *seen);
   for (int64_t e = 0; e < 2; e++) {
@@ -141,7 +141,7 @@ static void check_striding(int64_t n, int world, int64_t batch) {
       for (int64_t c = 0; c < bpe; c++) {
         const df_batch *b = feed_next(f);
         for (int64_t j = 0; j < batch; j++) {
-          int64_t i = c * batch + j, want = perm[(r + i * world) % n];
+          int64_t want = perm[r + (c * batch + j) * world];
           cr_expect_eq(b->index[j], want, "n %lld world %d rank %d epoch %lld batch %lld slot %lld", (long long)n,
                        world, r, (long long)e, (long long)c, (long long)j);
           cr_expect_eq(b->input_ids[j * b->S + 1], (int32_t)(1000 * want + 1), "content of sample %lld",
@@ -151,26 +151,56 @@ static void check_striding(int64_t n, int world, int64_t batch) {
       }
       df_feed_close(f);
     }
-    if (bpe * batch == per_rank) { // nothing dropped: the padded order exactly once
-      int64_t total = 0;
-      for (int64_t i = 0; i < n; i++) {
-        int64_t want = 1;
-        for (int64_t j = n; j < per_rank * world; j++) want += perm[j % n] == i;
-        cr_expect_eq(seen[i], want, "sample %lld seen %lld times, want %lld", (long long)i, (long long)seen[i],
-                     (long long)want);
-        total += seen[i];
-      }
-      cr_expect_eq(total, per_rank * world);
-    }
+    for (int64_t k = 0; k < n; k++) // position k of the order: visited once when inside a whole global batch
+      cr_expect_eq(seen[perm[k]], k < bpe * world * batch ? 1 : 0, "order position %lld (sample %lld) seen %lld times",
+                   (long long)k, (long long)perm[k], (long long)seen[perm[k]]);
   }
   free(perm), free(seen);
   scratch_remove(&s);
 }
 
-Test(data_feed, striding_world2_covers_padded_order_once) { check_striding(7, 2, 2); }
+Test(data_feed, striding_world2_drops_the_partial_global_batch) { check_striding(7, 2, 2); }
 Test(data_feed, striding_world2_even) { check_striding(8, 2, 4); }
-Test(data_feed, striding_world3_pads_with_head) { check_striding(7, 3, 3); }
+Test(data_feed, striding_world3) { check_striding(7, 3, 2); }
 Test(data_feed, striding_world2_drop_last) { check_striding(7, 2, 3); }
+
+// Data parallel must see what one process sees: at world 2 with batch b, rank r's batch c is exactly the
+// samples k ≡ r (mod 2) of the one-process batch c of size 2b — same epoch length, same batches, every epoch,
+// whatever the prefetch setting (and the same bytes, not just the same indices).
+Test(data_feed, world2_partitions_the_single_process_batch) {
+  scratch s;
+  scratch_shard(&s, 11, false); // 11 samples: 2 global batches of 4, 3 left over and dropped
+  df_feed *one = feed_open(s.path, 4, 0, 99, 0, 1, true);
+  df_feed *r0 = feed_open(s.path, 2, 0, 99, 0, 2, false), *r1 = feed_open(s.path, 2, 0, 99, 1, 2, true);
+  cr_assert_eq(df_feed_batches_per_epoch(one), 2);
+  cr_assert_eq(df_feed_batches_per_epoch(r0), 2);
+  cr_assert_eq(df_feed_batches_per_epoch(r1), 2);
+  df_hs_dataset *ds;
+  df_error err = {0};
+  DF_ASSERT_OK(df_hs_open(s.path, &ds, &err), &err);
+  for (int step = 0; step < 6; step++) { // three epochs
+    const df_batch *g = feed_next(one);
+    const df_batch *part[2] = {feed_next(r0), feed_next(r1)};
+    for (int r = 0; r < 2; r++) {
+      int64_t idx[2] = {g->index[r], g->index[r + 2]};
+      cr_expect(part[r]->index[0] == idx[0] && part[r]->index[1] == idx[1],
+                "step %d rank %d: samples %lld %lld, the global batch's are %lld %lld", step, r,
+                (long long)part[r]->index[0], (long long)part[r]->index[1], (long long)idx[0], (long long)idx[1]);
+      df_batch want;
+      DF_ASSERT_OK(df_batch_read(ds, idx, 2, 0, &want, &err), &err);
+      expect_batches_equal(part[r], &want, "rank's batch vs its slots of the global batch");
+      df_batch_free(&want);
+    }
+    int64_t e1, c1, e0, c0;
+    df_feed_position(one, &e1, &c1);
+    df_feed_position(r1, &e0, &c0);
+    cr_expect(e1 == e0 && c1 == c0, "the same position: (%lld, %lld) vs (%lld, %lld)", (long long)e1, (long long)c1,
+              (long long)e0, (long long)c0);
+  }
+  df_hs_close(ds);
+  df_feed_close(one), df_feed_close(r0), df_feed_close(r1);
+  scratch_remove(&s);
+}
 
 // ---- position ----------------------------------------------------------------------------------------------
 
@@ -310,7 +340,8 @@ Test(data_feed, bad_path_errors) {
 Test(data_feed, too_few_samples_for_one_batch_errors) {
   df_error err = {0};
   df_feed_options o = {.path = STEP_DATA, .batch_size = 4, .rank = 1, .world_size = 2, .prefetch = true};
-  cr_expect_eq(open_err(&o, &err), DF_ERR_INVALID, "6 samples over 2 ranks = 3 per rank < 4");
+  cr_expect_eq(open_err(&o, &err), DF_ERR_INVALID, "6 samples < one global batch of 2 x 4");
+  cr_expect(strstr(err.msg, "cannot fill one global batch of 2 rank(s) x 4") != NULL, "%s", err.msg);
   cr_expect(strstr(err.hint, "batch_size") != NULL, "hint: %s", err.hint);
 }
 

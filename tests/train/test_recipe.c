@@ -389,3 +389,33 @@ Test(recipe, specforge_qwen3_8b_dflash_offline_example) {
   cr_expect(strstr(r->output_dir, "outputs/qwen3-8b-dflash-offline"), "%s", r->output_dir);
   df_recipe_free(r);
 }
+
+// deployment.trainer records which keys were written (an unwritten default demands nothing of the launcher);
+// training.dist_timeout is minutes, fractions allowed.
+Test(recipe, deployment_trainer_and_dist_timeout) {
+  const df_recipe *r = parse_ok(HEAD "training:\n  strategy: dflash\n");
+  cr_expect_eq(r->training.dist_timeout, 10.0);
+  cr_expect(!r->deployment.trainer.nnodes_set && !r->deployment.trainer.nproc_per_node_set);
+  cr_expect(!r->deployment.trainer.node_rank_set && !r->deployment.trainer.master_port_set);
+  cr_expect(r->deployment.trainer.nnodes == 1 && r->deployment.trainer.nproc_per_node == 1);
+  cr_expect(r->deployment.trainer.master_port == 29500 && r->deployment.trainer.master_addr == NULL);
+  df_recipe_free(r);
+  r = parse_ok(HEAD "training:\n  strategy: dflash\n  dist_timeout: 0.25\ndeployment:\n  trainer:\n"
+                    "    nproc_per_node: 4\n    master_addr: n0\n    node_rank: 0\n");
+  cr_expect_eq(r->training.dist_timeout, 0.25);
+  cr_expect(r->deployment.trainer.nproc_per_node_set && r->deployment.trainer.nproc_per_node == 4);
+  cr_expect(!r->deployment.trainer.nnodes_set);
+  cr_expect(r->deployment.trainer.node_rank_set && r->deployment.trainer.node_rank == 0);
+  cr_expect_str_eq(r->deployment.trainer.master_addr, "n0");
+  df_recipe_free(r);
+  const char *sets[] = {"deployment.trainer.master_port=29555", "training.dist_timeout=3"};
+  df_error err = {0};
+  df_status st;
+  r = parse_with(HEAD "training:\n  strategy: dflash\n", sets, 2, &err, &st);
+  DF_ASSERT_OK(st, &err);
+  cr_expect(r->deployment.trainer.master_port_set && r->deployment.trainer.master_port == 29555, "--set counts");
+  cr_expect_eq(r->training.dist_timeout, 3.0);
+  df_recipe_free(r);
+  df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  dist_timeout: 0\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.dist_timeout");
+}
