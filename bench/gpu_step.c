@@ -10,7 +10,7 @@
 // wgrad; the fc projector has no dgrad: its input is data); the frozen LM head forward + dgrad; attention counted
 // AFTER block sparsity: 4·hd FLOPs per visible (query, key) pair per head forward and 8·hd backward, the visible
 // pairs counted exactly from the anchors. MFU = FLOPs / time against 989.4 TFLOP/s (H200 dense bf16) and against
-// the 790 TFLOP/s a large bf16 GEMM measured on an H200 here.
+// the ≈790 TFLOP/s of an 8192³ bf16 GEMM on the workplace's H200 (its notes; not measured by this project).
 // Usage: bench_gpu_step [--steps N] [--anchors N] [--context S]
 #include <math.h>
 #include <stdint.h>
