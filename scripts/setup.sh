@@ -9,6 +9,7 @@ packages=(
   libhdf5-dev              # captured hidden-state shards
   libyaml-dev              # recipes
   libjansson-dev           # JSON: configs, safetensors headers
+  libxxhash-dev            # checkpoint manifests (XXH3-64 checksums)
   libcriterion-dev         # the C test suite
   openmpi-bin libopenmpi-dev  # the MPI communicator (CPU data parallel) and mpirun for its tests
   libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event records (train/proto/tb_event.proto)

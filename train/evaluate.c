@@ -229,6 +229,19 @@ static df_status eval_collect(df_ctx *ctx, df_dflash_model *m, const df_eval_opt
 
 // ---- the loop ----------------------------------------------------------------------------------------------------
 
+// The batch's samples whose rows hold NaN/Inf (padding rows are zero), added to rep.
+static void note_nonfinite(const df_hs_dataset *ds, const df_batch *bt, df_hs_scan_report *rep) {
+  for (int64_t i = 0; i < bt->B; i++) {
+    const float *h = bt->hidden + i * bt->S * bt->width;
+    const float *last = bt->last_hidden ? bt->last_hidden + i * bt->S * bt->hidden_size : NULL;
+    df_hs_bad_value bad = {0};
+    rep->scanned++;
+    if (!df_hs_find_nonfinite(h, bt->length[i], bt->width, last, bt->hidden_size, &bad)) continue;
+    df_hs_bad_value_locate(ds, bt->index[i], &bad);
+    df_hs_scan_add(rep, &bad);
+  }
+}
+
 static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                            df_hs_dataset *ds, const df_eval_options *o, df_eval_report *r, df_error *err) {
   int64_t n = df_hs_get_info(ds)->num_samples;
@@ -245,6 +258,7 @@ static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_confi
     df_batch bt;
     st = df_batch_read_ex(ds, index, B, o->max_length, teacher, &bt, err);
     if (st != DF_OK) break;
+    note_nonfinite(ds, &bt, &r->nonfinite);
     r->num_samples += B, r->num_batches++;
     st = eval_batch(ctx, m, cfg, fz, &bt, o, &ev, &r->skipped_samples, err);
     df_batch_free(&bt);
@@ -308,6 +322,14 @@ void df_eval_report_print(const df_eval_report *r, FILE *fp) {
   if (r->skipped_samples)
     fprintf(fp, "  (%lld samples without two adjacent supervised tokens have no block)\n",
             (long long)r->skipped_samples);
+  for (int i = 0; i < r->nonfinite.nreported; i++) {
+    char t[900];
+    df_hs_bad_value_text(&r->nonfinite.bad[i], t, sizeof t);
+    fprintf(fp, "  warning: %s\n", t);
+  }
+  if (r->nonfinite.bad_samples > r->nonfinite.nreported)
+    fprintf(fp, "  warning: and %lld more samples with NaN/Inf hidden states\n",
+            (long long)(r->nonfinite.bad_samples - r->nonfinite.nreported));
 }
 
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
@@ -347,13 +369,19 @@ static json_t *report_json(const df_eval_report *r, const char *checkpoint, cons
   json_object_set_new(o, "block_size", json_integer(r->block_size));
   json_object_set_new(o, "seconds", json_real(r->seconds));
   if (r->dspark) dspark_json(o, r);
+  if (r->nonfinite.bad_samples) {
+    json_t *bad = json_array();
+    for (int i = 0; i < r->nonfinite.nreported; i++)
+      json_array_append_new(bad, json_integer(r->nonfinite.bad[i].sample));
+    json_object_set_new(o, "nonfinite_samples", bad);
+  }
   return o;
 }
 
 df_status df_eval_report_write_json(const df_eval_report *r, const char *checkpoint, const char *data, const char *path,
                                     df_error *err) {
   json_t *o = report_json(r, checkpoint, data);
-  df_status st = df_write_json_atomic(path, o, JSON_INDENT(2) | JSON_REAL_PRECISION(17),
+  df_status st = df_write_json_atomic(path, o, JSON_INDENT(2),
                                       "check that the directory exists and is writable (or pass --out FILE)", err);
   json_decref(o);
   return st;

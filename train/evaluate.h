@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "modeling/dflash_model.h"
+#include "train/hs_scan.h"
 #include "train/recipe.h"
 #include "train/step.h"
 
@@ -57,6 +58,9 @@ typedef struct {
   bool dspark, has_teacher, has_confidence;
   double ce_num, l1_num, conf_num, conf_err_num, teacher_agree_num, tau_num, tau_den;
   double ce_loss, l1_loss, confidence_loss, confidence_abs_error, teacher_agreement, tau_probabilistic;
+  // Samples whose hidden states (or teacher states) hold NaN/Inf, found as they are read (train/hs_scan.h): a
+  // non-finite result names them.
+  df_hs_scan_report nonfinite;
 } df_eval_report;
 
 // Runs the draft forward-only over the samples of data_path (a shard or shard directory captured for cfg)

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/json_write.h"
 #include "modeling/dflash_model.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
@@ -214,7 +215,7 @@ static df_status write_config(const json_t *cfg, const char *dir, df_error *err)
   if (!path_join(path, sizeof path, dir, "config.json"))
     return DF_FAIL(err, DF_ERR_INVALID, dir, "use a shorter --out path", "path too long");
   FILE *fp = fopen(path, "w");
-  bool ok = fp && json_dumpf(cfg, fp, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) == 0 && fputc('\n', fp) != EOF;
+  bool ok = fp && df_json_dumpf(cfg, fp, JSON_INDENT(2)) == 0 && fputc('\n', fp) != EOF;
   ok = fp && fflush(fp) == 0 && fsync(fileno(fp)) == 0 && ok;
   if (fp) ok = fclose(fp) == 0 && ok;
   if (ok) return DF_OK;
@@ -272,7 +273,7 @@ static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_df
   if (!cfg->moe) return DF_OK;
   json_t *ej = NULL;
   DF_TRY(df_export_moe_draft_json(cfg->json, cfg->moe, &ej, err));
-  char *text = json_dumps(ej, JSON_COMPACT | JSON_REAL_PRECISION(17));
+  char *text = df_json_dumps(ej, JSON_COMPACT);
   json_decref(ej);
   if (!text) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "out of memory");
   df_status st = df_draft_config_from_json(text, strlen(text), cfg->source, ecfg, err);

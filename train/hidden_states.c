@@ -297,6 +297,18 @@ static const hs_shard *locate(const df_hs_dataset *ds, int64_t i, int64_t *local
   return &ds->shards[lo];
 }
 
+void df_hs_shard(const df_hs_dataset *ds, int k, const char **path, int64_t *first, int64_t *count) {
+  const hs_shard *s = &ds->shards[k];
+  if (path) *path = s->path;
+  if (first) *first = s->first;
+  if (count) *count = s->n;
+}
+
+int df_hs_shard_of(const df_hs_dataset *ds, int64_t i, int64_t *local) {
+  const hs_shard *s = locate(ds, i, local);
+  return (int)(s - ds->shards);
+}
+
 static df_status check_index_arg(const df_hs_dataset *ds, int64_t i, df_error *err) {
   if (i < 0 || i >= ds->info.num_samples)
     return DF_FAIL(err, DF_ERR_INVALID, "sample", "sample numbers run from 0 to N - 1 across all shards",

@@ -8,6 +8,7 @@
 #include <yaml.h>
 
 #include "train/recipe_internal.h"
+#include "train/run_dir.h"
 
 typedef struct {
   df_recipe pub; // first: df_recipe_free casts back
@@ -77,25 +78,19 @@ static void list_keys(const char *section, char *buf, size_t n) {
   if (shown < total) snprintf(buf + len, n - len, ", and %d more", total - shown);
 }
 
-static void log_all_keys(FILE *log, const char *section) {
-  const df_recipe_key *t = df_recipe_schema();
-  fprintf(log, "valid keys in %s%s%s:\n", section[0] ? "section '" : "the top level", section, section[0] ? "'" : "");
-  for (int i = 0; i < df_recipe_schema_count(); i++)
-    if (!strcmp(t[i].section, section))
-      fprintf(log, "  %-36s %-16s default %s%s\n", t[i].key, df_recipe_type_name(t[i].type),
-              df_recipe_key_default_text(&t[i]), t[i].support == DF_RS_DEFAULT_ONLY ? "  (default only)" : "");
-}
-
 static df_status fail_unknown(walker *w, const char *section, const char *key, df_rpos pos) {
+  static const char more[] = " (`draftforge schema` lists every key)";
   char where[256], hint[256];
   const char *near = closest_key(section, key);
   int len = near ? snprintf(hint, sizeof hint, "did you mean '%.60s'? valid keys: ", near)
                  : snprintf(hint, sizeof hint, "valid keys: ");
-  list_keys(section, hint + len, sizeof hint - (size_t)len);
+  list_keys(section, hint + len, sizeof hint - (size_t)len - sizeof more);
+  snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "%s", more);
   snprintf(where, sizeof where, "%s%s%s", section, section[0] ? "." : "", key);
-  if (w->opt && w->opt->log) log_all_keys(w->opt->log, section);
-  return DF_FAIL(w->err, DF_ERR_INVALID, where, hint, "%s:%d:%d: unknown key '%s' in %s%s%s", pos.file, pos.line,
-                 pos.col, key, section[0] ? "section '" : "the top level", section, section[0] ? "'" : "");
+  char mean[96] = "";
+  if (near) snprintf(mean, sizeof mean, " (did you mean '%.60s'?)", near);
+  return DF_FAIL(w->err, DF_ERR_INVALID, where, hint, "%s:%d:%d: unknown key '%s' in %s%s%s%s", pos.file, pos.line,
+                 pos.col, key, section[0] ? "section '" : "the top level", section, section[0] ? "'" : "", mean);
 }
 
 // ---- the walk ----------------------------------------------------------------------------------------------
@@ -242,6 +237,17 @@ static df_status apply_override(walker *w, const char *text) {
   return st;
 }
 
+df_status df_recipe_check_overrides(const char *const *overrides, int n, df_error *err) {
+  df_rvalue *vals = calloc((size_t)df_recipe_schema_count(), sizeof *vals);
+  if (!vals) return DF_FAIL(err, DF_ERR_NOMEM, "--set", NULL, "out of memory");
+  walker w = {"--set", NULL, NULL, vals, err};
+  df_status st = DF_OK;
+  for (int i = 0; i < n && st == DF_OK; i++) st = apply_override(&w, overrides[i]);
+  for (int i = 0; i < df_recipe_schema_count(); i++) df_rvalue_clear(&vals[i]);
+  free(vals);
+  return st;
+}
+
 // Absent keys take their defaults; required keys must be present; defaults must be implemented too.
 static df_status fill_defaults(walker *w) {
   const df_recipe_key *t = df_recipe_schema();
@@ -272,15 +278,19 @@ static const df_rvalue *val(const recipe_impl *r, const char *section, const cha
   return i < 0 ? NULL : &r->vals[i];
 }
 
-// A relative path written in the file is taken from the recipe's directory.
+// A relative path written in the file is taken from the recipe's directory; every path is then normalised
+// ("recipes/../runs/x" -> "runs/x"), so messages show it the way a user would write it.
 static df_status resolve_path(recipe_impl *r, const char *section, const char *key, const char *base_dir,
                               df_error *err) {
   df_rvalue *v = (df_rvalue *)val(r, section, key);
-  if (!v || v->is_null || !v->present || v->from_cli || !v->s[0] || v->s[0] == '/' || !base_dir) return DF_OK;
-  size_t n = strlen(base_dir) + strlen(v->s) + 2;
-  char *p = malloc(n);
-  if (!p) return DF_FAIL(err, DF_ERR_NOMEM, key, NULL, "out of memory");
-  snprintf(p, n, "%s/%s", base_dir, v->s);
+  if (!v || v->is_null || !v->s || !v->s[0]) return DF_OK;
+  bool join = v->present && !v->from_cli && v->s[0] != '/' && base_dir;
+  size_t n = (join ? strlen(base_dir) + 1 : 0) + strlen(v->s) + 2;
+  char *joined = malloc(n), *p = malloc(n + 2);
+  if (!joined || !p) return free(joined), free(p), DF_FAIL(err, DF_ERR_NOMEM, key, NULL, "out of memory");
+  snprintf(joined, n, "%s%s%s", join ? base_dir : "", join ? "/" : "", v->s);
+  df_path_normalize(joined, p, n + 2);
+  free(joined);
   free(v->s);
   v->s = p;
   return DF_OK;
@@ -306,6 +316,7 @@ static void build_trainer(const recipe_impl *r, df_recipe *p) {
   p->training.adam_eps = val(r, "training", "adam_eps")->f;
   p->training.max_consecutive_skips = val(r, "training", "max_consecutive_skips")->i;
   p->training.save_interval = val(r, "training", "save_interval")->i;
+  p->training.save_interval_minutes = val(r, "training", "save_interval_minutes")->f;
   p->training.eval_interval = val(r, "training", "eval_interval")->i;
   p->training.log_interval = val(r, "training", "log_interval")->i;
   p->training.max_checkpoints = val(r, "training", "max_checkpoints")->i;

@@ -70,6 +70,7 @@ typedef struct df_recipe {
     double weight_decay, adam_beta1, adam_beta2, adam_eps;
     int64_t max_consecutive_skips;
     int64_t save_interval, eval_interval, log_interval, max_checkpoints; // intervals: 0 = off
+    double save_interval_minutes;                                        // wall-clock saving (extension); 0 = off
     const char *resume_from;                                             // NULL: a fresh run
     double dist_timeout;                                                 // minutes (train/dist)
   } training;
@@ -92,8 +93,8 @@ typedef struct df_recipe {
 } df_recipe;
 
 typedef struct {
-  // When set, problems whose full text does not fit a df_error (the valid-key list of a section) are also
-  // written here in full.
+  // Notes and warnings (NULL: quiet). Errors go into the df_error only; an unknown key's error names the
+  // closest valid key and points at `draftforge schema` for the full list.
   FILE *log;
   // Command-line overrides, "section.key=value" (a top-level key without a section: "output_dir=runs/x";
   // nested sections with dots: "deployment.trainer.nnodes=1"). The value is read as YAML (flow lists work) and
@@ -109,6 +110,16 @@ df_status df_recipe_load(const char *path, const df_recipe_options *opt, const d
 df_status df_recipe_parse(const char *text, size_t len, const char *name, const char *base_dir,
                           const df_recipe_options *opt, const df_recipe **out, df_error *err);
 void df_recipe_free(const df_recipe *r);
+
+// Checks --set overrides on their own (syntax, key, type, range, support), before any recipe is read: a failure
+// is the command line's fault (exit code 2).
+df_status df_recipe_check_overrides(const char *const *overrides, int n, df_error *err);
+
+// The first schema key (in schema order) whose value differs between a and b, skipping the keys `skip` accepts
+// (it gets "section.key"); paths are compared absolute and normalised. Returns false when none differs; else
+// fills key and the two values as text.
+bool df_recipe_first_difference(const df_recipe *a, const df_recipe *b, bool (*skip)(const char *key), char *key,
+                                size_t kn, char *va, size_t van, char *vb, size_t vbn);
 
 // The fully resolved recipe as YAML: every key of the schema with its value (defaults and overrides included,
 // paths as resolved), section by section. Loading the output gives the same df_recipe.

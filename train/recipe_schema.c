@@ -159,6 +159,9 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "down_sample_ratio_min", DF_RT_FLOAT, .def = "0.2", GT(0), LE(1), INERT(OTHER_ALGO)),
     K("training", "norm_before_residual", DF_RT_BOOL, .nullable = true, INERT(OTHER_ALGO)),
     K("training", "save_interval", DF_RT_INT, .def = "0", GE(0), USED),
+    K("training", "save_interval_minutes", DF_RT_FLOAT, .def = "15", GE(0), USED,
+      .note = EXT " (SpecForge saves by steps only): also checkpoint when this many minutes passed since the last "
+                  "checkpoint (0: off)"),
     K("training", "eval_interval", DF_RT_INT, .def = "0", GE(0), USED),
     K("training", "log_interval", DF_RT_INT, .def = "50", GT(0), USED),
     K("training", "max_checkpoints", DF_RT_INT, .def = "0", GE(0), USED),

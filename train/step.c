@@ -281,8 +281,7 @@ df_status df_step_write_json(const df_step_result *r, const char *dir, df_error 
   char path[4096];
   snprintf(path, sizeof path, "%s/step.json", dir);
   json_t *o = result_json(r);
-  df_status st =
-      df_write_json_atomic(path, o, JSON_INDENT(2) | JSON_REAL_PRECISION(17), "check the --dump directory", err);
+  df_status st = df_write_json_atomic(path, o, JSON_INDENT(2), "check the --dump directory", err);
   json_decref(o);
   return st;
 }

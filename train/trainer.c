@@ -75,6 +75,8 @@ typedef struct {
 typedef struct {
   bool skipped;
   const char *skip_reason;
+  char skip_detail[1200]; // which samples of the window hold NaN/Inf (or that none does)
+  json_t *skip_samples;   // their global numbers (owned; NULL unless skipped)
   double loss, acc, lr, grad_norm, clip_coef;
   double step_time_s;
 } step_result;
@@ -202,6 +204,8 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     double wait = 0;
     DF_TRY(df_feed_next(t->feed, &b, &wait, err));
     w->data_wait_s += wait;
+    df_trainer_note_batch(t, b->index, b->B, k == 0);            // a skipped step names its samples
+    if (df_dflash_model_is_moe(t->model)) t->state_dirty = true; // MoE forwards update router buffers
     df_dflash_metrics m;
     int64_t N;
     df_error micro_err = {0};
@@ -291,6 +295,7 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
     const int64_t n = df_params_numel(t->table);
     df_tensor p = df_f32_on(dev, df_dflash_model_weights(t->model), n), m = df_f32_on(dev, t->exp_avg, n);
     df_tensor v = df_f32_on(dev, t->exp_avg_sq, n);
+    t->state_dirty = true; // from the update until the progress record follows
     DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->norm_stats, NULL, err));
   }
   const size_t bytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
@@ -333,6 +338,8 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
   json_object_set_new(o, "clip_coef", df_metrics_real(r->clip_coef));
   json_object_set_new(o, "skipped", json_boolean(r->skipped));
   if (r->skipped) json_object_set_new(o, "skip_reason", json_string(r->skip_reason));
+  if (r->skipped && r->skip_detail[0]) json_object_set_new(o, "skip_detail", json_string(r->skip_detail));
+  if (r->skipped && r->skip_samples) json_object_set(o, "skip_samples", r->skip_samples);
   json_object_set_new(o, "loss_den", json_real(w->loss_den));
   json_object_set_new(o, "tokens", json_integer(w->tokens));
   json_object_set_new(o, "num_blocks", json_integer(w->num_blocks));
@@ -378,9 +385,11 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
   df_progress_format(&p, buf, sizeof buf);
   if (term) {
     df_progress_term_update(term, buf, line || step == t->stop_step);
+    if (r->skipped && r->skip_detail[0]) fprintf(t->log, "skipped step %lld: %s\n", (long long)step, r->skip_detail);
     return DF_OK;
   }
   fprintf(t->log, "%s\n", buf);
+  if (r->skipped && r->skip_detail[0]) fprintf(t->log, "  skipped step %lld: %s\n", (long long)step, r->skip_detail);
   fflush(t->log);
   return DF_OK;
 }
@@ -393,6 +402,20 @@ static void eval_dspark_json(json_t *o, const df_eval_report *r) {
   json_object_set_new(o, "eval/l1_loss", df_metrics_real(r->l1_loss));
   json_object_set_new(o, "eval/confidence_loss", df_metrics_real(r->confidence_loss));
   json_object_set_new(o, "eval/tau_probabilistic", df_metrics_real(r->tau_probabilistic));
+}
+
+// Eval samples with NaN/Inf hidden states: named in the eval line and the log (such an eval never counts as best).
+static void eval_nonfinite(const df_trainer *t, json_t *o, const df_eval_report *rep, int64_t step) {
+  const df_hs_scan_report *nf = &rep->nonfinite;
+  if (!nf->bad_samples) return;
+  json_t *bad = json_array();
+  for (int i = 0; i < nf->nreported; i++) json_array_append_new(bad, json_integer(nf->bad[i].sample));
+  json_object_set_new(o, "eval/nonfinite_samples", bad);
+  if (!t->log) return;
+  char first[900];
+  df_hs_bad_value_text(&nf->bad[0], first, sizeof first);
+  fprintf(t->log, "warning: eval @ step %lld: %lld eval sample(s) hold NaN/Inf hidden states, first %s\n",
+          (long long)step, (long long)nf->bad_samples, first);
 }
 
 // Held-out eval (train/evaluate.h): an eval line in metrics.jsonl; *improved when τ beats the best so far.
@@ -411,6 +434,7 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   json_object_set_new(o, "eval/per_position_acc", per_position(rep.pos_acc_num, rep.pos_acc_den, rep.block_size));
   json_object_set_new(o, "eval/samples", json_integer(rep.num_samples));
   if (rep.dspark) eval_dspark_json(o, &rep);
+  eval_nonfinite(t, o, &rep, step);
   json_object_set_new(o, "eval_time_s", json_real(now_s() - t0));
   df_status st = df_metrics_append(&t->metrics, o, err);
   json_decref(o);
@@ -422,7 +446,8 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   else if (t->log)
     fprintf(t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f\n", (long long)step, rep.loss, rep.acc, tau);
   df_eval_report_free(&rep);
-  *improved = st == DF_OK && isfinite(tau) && (!t->prog.has_best || tau > t->prog.best_eval_tau);
+  *improved = st == DF_OK && isfinite(tau) && isfinite(rep.loss) && !rep.nonfinite.bad_samples &&
+              (!t->prog.has_best || tau > t->prog.best_eval_tau);
   if (*improved) t->prog.has_best = true, t->prog.best_eval_tau = tau, t->prog.best_step = step;
   return st;
 }
@@ -480,19 +505,39 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
     st = df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
                        sizeof t->last_ckpt, err);
   free(staged);
-  if (st == DF_OK && t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
-  return st;
+  if (st != DF_OK) return st;
+  t->last_saved_step = t->prog.step, t->last_save_s = now_s();
+  if (t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
+  return DF_OK;
 }
 
 // ---- the loop --------------------------------------------------------------------------------------------------
+
+// A run that fails after training started keeps its work: a checkpoint of the last complete step, as a signal
+// would write — unless the state is mid-update, a numeric stop (its state is what went wrong), or the step is
+// saved already. A failure to save is added to the original error's message.
+static void save_after_error(df_trainer *t, df_train_summary *sum, df_error *err) {
+  if (err->status == DF_ERR_NUMERIC || t->state_dirty || t->prog.step <= t->last_saved_step ||
+      t->prog.step == t->start_step)
+    return;
+  df_error save_err = {0};
+  if (df_trainer_save(t, &save_err) == DF_OK) {
+    sum->saved_after_error = true;
+    return;
+  }
+  size_t n = strlen(err->msg);
+  snprintf(err->msg + n, sizeof err->msg - n, " (and the checkpoint after it failed too: %s)", save_err.msg);
+}
 
 static df_status after_step(df_trainer *t, int64_t step, const window *w, df_error *err) {
   const df_recipe *rc = t->recipe;
   bool improved = false;
   if (rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
     DF_TRY(run_eval(t, step, w->epoch, &improved, err));
+  double minutes = rc->training.save_interval_minutes; // wall-clock saving (a draftforge extension)
+  bool due = minutes > 0 && now_s() - t->last_save_s >= 60.0 * minutes;
   bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
-              step == t->stop_step || g_stop_signal;
+              step == t->stop_step || g_stop_signal || due;
   if (save) DF_TRY(df_trainer_save(t, err));
   if (improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
   return DF_OK;
@@ -505,6 +550,7 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   df_ctx_reset_transfer_stats(t->ctx);
   DF_TRY(run_window(t, step, w, err));
   DF_TRY(optimizer_step(t, step, w, r, err));
+  if (r->skipped) df_trainer_explain_skip(t, r->skip_detail, sizeof r->skip_detail, &r->skip_samples);
   const df_train_hooks *hooks = t->opt->hooks;
   if (hooks && hooks->after_step) hooks->after_step(hooks->ctx, step, df_ctx_transfer_stats(t->ctx));
   df_ckpt_progress *p = &t->prog;
@@ -515,6 +561,7 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   p->skipped_steps += r->skipped;
   df_feed_position(t->feed, &p->epoch, &p->cursor);
   p->anchor_rng = t->sampler.rng;
+  t->state_dirty = false; // the state and its progress record describe step `step` again
   r->step_time_s = now_s() - t0;
   DF_TRY(log_step(t, step, w, r, now_s() - t_start, err));
   if (r->skipped && p->consecutive_skips >= t->recipe->training.max_consecutive_skips)
@@ -548,10 +595,12 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
     fprintf(t->log, "nothing to do: the run is at step %lld and stops at %lld (raise training.max_steps)\n",
             (long long)t->prog.step, (long long)t->stop_step);
   double t_start = now_s();
+  t->last_save_s = t_start;
   df_status st = DF_OK;
   while (st == DF_OK && t->prog.step < t->stop_step) {
     step_result r;
     st = one_step(t, &w, &r, t_start, err);
+    json_decref(r.skip_samples);
     if (st == DF_OK && !r.skipped) sum->last_loss = r.loss;
     if (st == DF_OK && g_stop_signal) {
       sum->stopped_by_signal = true;
@@ -559,6 +608,7 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
     }
   }
   free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load), free(w.moe_cur);
+  if (st != DF_OK) save_after_error(t, sum, err);
   return st;
 }
 
@@ -576,6 +626,7 @@ df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error 
     st = train_loop(&t, sum, err);
     signals_restore(&sg);
   }
+  sum->bad_arguments = t.plan.bad_arguments;
   sum->last_step = t.prog.step;
   sum->skipped_steps = t.prog.skipped_steps;
   snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.last_ckpt);

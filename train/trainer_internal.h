@@ -10,6 +10,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/recipe.h"
+#include "train/run_plan.h"
 #include "train/step.h"
 #include "train/trainer.h"
 #include "train/trainer_resources.h"
@@ -52,6 +53,14 @@ typedef struct {
   df_metrics_log metrics;     // with its TensorBoard mirror (tracking.report_to: tensorboard)
   struct df_tracker *tracker; // tracking.report_to: wandb | swanlab | mlflow (train/tracker.h)
   char last_ckpt[4200];
+
+  // resume and failure handling (train/run_plan.h, train/trainer_data.c)
+  df_run_plan plan;
+  int64_t last_saved_step; // the step of the newest checkpoint of this run (-1: none)
+  double last_save_s;      // monotonic time of the last save (or the start), for training.save_interval_minutes
+  bool state_dirty;        // the saved state (weights, moments, MoE buffers) is mid-update: no checkpoint now
+  int64_t *win_samples;    // the global sample numbers of the current window's micro-batches
+  int64_t n_win_samples, cap_win_samples;
 } df_trainer;
 
 // Loads the recipe (with overrides), the configs, the frozen target pieces, the model, the data feed; sets
@@ -69,5 +78,16 @@ void df_trainer_observe_close(df_trainer *t);
 
 // Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).
 df_status df_trainer_save(df_trainer *t, df_error *err);
+
+// ---- data checks (train/trainer_data.c) ----
+
+// Start-up: every data path the recipe names opens and validates (every shard), the eval data was captured for
+// this draft, and neither holds NaN/Inf hidden states (a sampled scan unless opt->data_scan says otherwise).
+df_status df_trainer_check_data(df_trainer *t, df_error *err);
+// Notes the samples of a micro-batch of the current window (reset: a new window starts).
+void df_trainer_note_batch(df_trainer *t, const int64_t *index, int64_t B, bool reset);
+// A skipped step: which of the window's samples hold NaN/Inf hidden states. Writes a sentence naming them (or
+// saying the data is finite) into detail and their global numbers into a new JSON array *samples.
+void df_trainer_explain_skip(df_trainer *t, char *detail, size_t n, json_t **samples);
 
 #endif

@@ -190,15 +190,15 @@ static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *ha
   return st;
 }
 
-static df_status resume(df_trainer *t, const char *path, df_error *err) {
+static df_status resume(df_trainer *t, const char *dir, df_error *err) {
   const df_recipe *rc = t->recipe;
-  char dir[4200];
-  DF_TRY(df_ckpt_resolve(path, dir, sizeof dir, err));
   df_ckpt_contract have;
   DF_TRY(read_state(t, dir, &have, err));
   DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
   DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
   t->sampler.rng = t->prog.anchor_rng;
+  snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", dir); // the run's newest checkpoint until it writes one
+  t->last_saved_step = t->prog.step;
   if (t->log) {
     fprintf(t->log, "resuming from %s: step %lld, epoch %lld, batch %lld\n", dir, (long long)t->prog.step,
             (long long)t->prog.epoch, (long long)t->prog.cursor);
@@ -225,18 +225,27 @@ static void print_plan(const df_trainer *t) {
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err) {
   memset(t, 0, sizeof *t);
   t->opt = opt, t->log = opt->log;
-  df_recipe_options ro = {
-      .log = opt->log ? stderr : NULL, .overrides = opt->overrides, .n_overrides = opt->n_overrides};
-  DF_TRY(df_recipe_load(opt->recipe_path, &ro, &t->recipe, err));
+  t->last_saved_step = -1;
+  df_run_plan_options po = {.recipe_path = opt->recipe_path,
+                            .overrides = opt->overrides,
+                            .n_overrides = opt->n_overrides,
+                            .resume = opt->resume,
+                            .overwrite = opt->overwrite,
+                            .log = opt->log};
+  DF_TRY(df_run_plan_make(&po, &t->recipe, &t->plan, err)); // fresh or resume, and the recipe it runs with
   DF_TRY(check_world(opt, err));
   DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
+  DF_TRY(df_trainer_check_data(t, err)); // every data path now, not at the first eval
   DF_TRY(plan_schedule(t, err));
   DF_TRY(alloc_optimizer(t, err));
   fill_contract(t);
   DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
-  const char *from = opt->resume ? opt->resume : t->recipe->training.resume_from;
-  DF_TRY(from ? resume(t, from, err) : fresh_start(t, err));
+  DF_TRY(df_run_plan_apply(&t->plan, t->recipe, t->log, err)); // --overwrite
+  char ckdir[4200];
+  snprintf(ckdir, sizeof ckdir, "%.4000s/" DF_CKPT_DIR, t->recipe->output_dir);
+  df_ckpt_remove_stale(ckdir, t->log);
+  DF_TRY(t->plan.resume ? resume(t, t->plan.from.ckpt, err) : fresh_start(t, err));
   DF_TRY(write_resolved(t, err));
   DF_TRY(df_trainer_observe_open(t, err));
   t->start_step = t->prog.step;
@@ -245,6 +254,7 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
 }
 
 void df_trainer_teardown(df_trainer *t) {
+  free(t->win_samples);
   df_metrics_close(&t->metrics);
   df_trainer_observe_close(t); // after the close: the tracker forwards metrics.jsonl to its end
   df_feed_close(t->feed);

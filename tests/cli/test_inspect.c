@@ -44,7 +44,8 @@ Test(inspect, hidden_state_shard) {
 Test(inspect, unknown_kind_and_missing_file_fail_with_a_hint) {
   cr_expect_eq(run_draftforge("inspect README.md", out, sizeof out), 1, "%s", out);
   cr_expect_not_null(strstr(out, "HINT"), "%s", out);
-  cr_expect_eq(run_draftforge("inspect no/such/file.safetensors", out, sizeof out), 1, "%s", out);
+  cr_expect_eq(run_draftforge("inspect no/such/file.safetensors", out, sizeof out), 2,
+               "a missing file is a bad argument: %s", out);
   cr_expect_not_null(strstr(out, "no/such/file.safetensors"), "the error names the path: %s", out);
 }
 
