@@ -31,8 +31,8 @@
 //   kernels/cpu/moe_aux.c       ↔ kernels/cuda/moe_aux.cu        moe_center_*, moe_route_stats, moe_aux_backward,
 //                                                                moe_center_ema, moe_noaux_update
 //   kernels/cpu/moe_experts.c   ↔ kernels/cuda/moe_experts.cu    moe_grouped_forward/backward
-// Today kernels/cuda/ has linear.cu, causal_attn.cu and moe.cu (the moe_*.cu launchers behind the MoE slots; no
-// grouped GEMMs yet); kernels/cuda/backend.h holds the state every .cu file shares.
+// kernels/cuda/ fills every slot but the ones docs/gpu-training.md lists; kernels/cuda/backend.h holds the state
+// every .cu file shares.
 #ifndef DF_KERNELS_BACKEND_H
 #define DF_KERNELS_BACKEND_H
 

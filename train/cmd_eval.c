@@ -108,7 +108,8 @@ static df_status load_draft(eval_run *r, const eval_args *a, df_error *err) {
   char cfg_path[PATH_MAX + 16];
   snprintf(cfg_path, sizeof cfg_path, "%s/config.json", r->dir);
   DF_TRY(df_run_resources_load_ex(r->recipe, cfg_path, &r->res, err));
-  DF_TRY(df_device_open(a->has_device ? a->device : r->recipe->training.device, a->threads, stderr, &r->ctx, err));
+  DF_TRY(df_device_open(a->has_device ? a->device : r->recipe->training.device, df_device_cpu_only_reason(r->res.draft),
+                        a->threads, stderr, &r->ctx, err));
   DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
   DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
   return df_dflash_model_load(r->model, r->dir, err);

@@ -262,7 +262,7 @@ static df_status load_model(const char *ckpt, const df_draft_config *cfg, int th
                             df_dflash_model **m, df_error *err) {
   // DSpark drafts export too: the model carries their Markov / confidence heads under SpecForge's names. An export
   // converts files and folds a few tensors on the host: it runs where the weights are read, the CPU, by design.
-  DF_TRY(df_device_open(DF_DEVICE_CPU, threads, NULL, ctx, err));
+  DF_TRY(df_device_open(DF_DEVICE_CPU, NULL, threads, NULL, ctx, err));
   DF_TRY(df_dflash_model_create(cfg, *ctx, m, err));
   return df_dflash_model_load(*m, ckpt, err);
 }

@@ -198,7 +198,8 @@ static void run_free(step_run *r) {
 }
 
 static df_status load_model(step_run *r, int threads, const df_device_choice *device, df_error *err) {
-  DF_TRY(df_device_open(device ? *device : r->recipe->training.device, threads, stderr, &r->ctx, err));
+  DF_TRY(df_device_open(device ? *device : r->recipe->training.device, df_device_cpu_only_reason(r->res.draft), threads,
+                        stderr, &r->ctx, err));
   DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
   DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
   const df_recipe *rc = r->recipe;

@@ -71,8 +71,8 @@ static df_status load_resources(df_trainer *t, df_error *err) {
   if (t->opt->ctx_options) // a caller-chosen backend (tests: the fake device)
     DF_TRY(df_ctx_create(t->opt->ctx_options, &t->ctx, err));
   else
-    DF_TRY(df_device_open(t->opt->has_device ? t->opt->device : rc->training.device, t->opt->threads, t->log, &t->ctx,
-                          err));
+    DF_TRY(df_device_open(t->opt->has_device ? t->opt->device : rc->training.device,
+                          df_device_cpu_only_reason(t->draft), t->opt->threads, t->log, &t->ctx, err));
   DF_TRY(df_run_resources_place(&t->res, t->ctx, err));
   t->frozen = t->res.frozen;
   DF_TRY(df_dflash_model_create(t->draft, t->ctx, &t->model, err));

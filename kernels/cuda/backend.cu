@@ -1,7 +1,6 @@
-// The CUDA backend table: context lifetime (device, stream, cuBLAS / cuBLASLt handles and workspace), device
-// and pinned host memory, stream-ordered copies, events, sync, the storage dtypes it takes, and the op slots the
-// files of kernels/cuda/ fill. An op with no file yet stays NULL: its dispatcher reports it as not implemented
-// by the cuda backend (kernels/backend.h lists the file each op goes to).
+// The CUDA backend table: context lifetime (device, stream, cuBLAS / cuBLASLt handles, workspace and the GEMM
+// descriptor cache), device and pinned host memory, stream-ordered copies, events, sync, the storage dtypes it
+// takes, and the op slots the files of kernels/cuda/ fill (kernels/backend.h lists the file of each op).
 #include <mutex>
 #include <stdlib.h>
 
@@ -27,6 +26,7 @@ enum { LT_WORKSPACE_BYTES = 32 << 20 }; // what cuBLASLt's heuristics want for l
 static void cuda_destroy(df_ctx *ctx) {
   df_cuda_state *cs = df_cuda_of(ctx);
   if (!cs) return;
+  df_cu_gemm_ctx_destroy(cs->gemm);
   if (cs->lt_workspace) cudaFree(cs->lt_workspace);
   if (cs->blaslt) cublasLtDestroy(cs->blaslt);
   if (cs->blas) cublasDestroy(cs->blas);
@@ -59,13 +59,32 @@ static df_status cuda_init(df_ctx *ctx, const df_ctx_options *opt, df_error *err
     cuda_destroy(ctx);
     return df_cuda_blas_fail(err, s, "cublasCreate");
   }
-  return DF_OK;
+  df_status st = df_cu_gemm_ctx_create(cs->blaslt, cs->blas, cs->lt_workspace, cs->lt_workspace_bytes, &cs->gemm, err);
+  if (st != DF_OK) cuda_destroy(ctx);
+  return st;
 }
 
-// bf16 storage where a kernel takes it; everything else fp32 (the op files decide, op by op, as they land).
+// fp32 storage for every op; bf16 storage for the ops whose kernels read and write it (the losses over raw logit
+// pairs, the block metrics, the unfused optimizer ops and the target's KV-cache attention stay fp32: their
+// callers never hold bf16 there).
 static bool cuda_supports(const df_ctx *ctx, df_op op, df_dtype storage) {
-  (void)ctx, (void)op;
-  return storage == DF_F32;
+  (void)ctx;
+  if (storage == DF_F32) return true;
+  if (storage != DF_BF16) return false;
+  switch (op) {
+  case DF_OP_CAUSAL_ATTN_FORWARD:
+  case DF_OP_SOFTMAX_L1_FORWARD:
+  case DF_OP_SOFTMAX_L1_BACKWARD:
+  case DF_OP_BCE_LOGITS_FORWARD:
+  case DF_OP_BCE_LOGITS_BACKWARD:
+  case DF_OP_DPACE_WEIGHTS:
+  case DF_OP_BLOCK_METRICS:
+  case DF_OP_DSPARK_BLOCK_METRICS:
+  case DF_OP_ADAMW_STEP:
+  case DF_OP_GLOBAL_NORM:
+  case DF_OP_CLIP_BY_NORM: return false;
+  default: return true;
+  }
 }
 
 static df_status cuda_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
@@ -153,7 +172,22 @@ static void cuda_build(void) {
   cuda_table.event_destroy = cuda_event_destroy;
   cuda_table.sync = cuda_sync;
   df_cuda_register_linear(&cuda_table);
+  df_cuda_register_elementwise(&cuda_table);
+  df_cuda_register_rmsnorm(&cuda_table);
+  df_cuda_register_rope(&cuda_table);
+  df_cuda_register_swiglu(&cuda_table);
+  df_cuda_register_embedding(&cuda_table);
+  df_cuda_register_gather(&cuda_table);
+  df_cuda_register_attention(&cuda_table);
+  df_cuda_register_lmhead_ce(&cuda_table);
+  df_cuda_register_dspark_loss(&cuda_table);
+  df_cuda_register_lmhead_dspark(&cuda_table);
+  df_cuda_register_metrics(&cuda_table);
+  df_cuda_register_optim(&cuda_table);
+  df_cuda_register_adamw_fused(&cuda_table);
   df_cuda_register_moe(&cuda_table);
+  df_cuda_register_moe_grouped(&cuda_table);
+  df_cuda_register_markov(&cuda_table);
   df_cuda_register_causal_attn(&cuda_table);
 }
 

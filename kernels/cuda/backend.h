@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/check.h"
+#include "kernels/cuda/launch.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,6 +23,7 @@ typedef struct {
   cublasLtHandle_t blaslt;
   void *lt_workspace; // cuBLASLt's workspace on the device
   size_t lt_workspace_bytes;
+  df_cu_gemm_ctx *gemm; // cuBLASLt descriptors and heuristics cached per shape (kernels/cuda/gemm.cu)
 } df_cuda_state;
 
 static inline df_cuda_state *df_cuda_of(const df_ctx *ctx) { return (df_cuda_state *)ctx->state; }
@@ -48,9 +50,27 @@ static inline unsigned df_cuda_blocks(int64_t n, int threads) { return (unsigned
     if (df_cuda_e_ != cudaSuccess) return df_cuda_fail((err), df_cuda_e_, #call);                                      \
   } while (0)
 
+static inline df_cu_stream df_cuda_cu_stream(const df_ctx *ctx) { return (df_cu_stream)df_cuda_of(ctx)->stream; }
+static inline df_cu_gemm_ctx *df_cuda_gemm(const df_ctx *ctx) { return df_cuda_of(ctx)->gemm; }
+
 // One registration function per op file (kernels/cuda/<family>.cu).
 void df_cuda_register_linear(df_backend *be);
+void df_cuda_register_elementwise(df_backend *be);
+void df_cuda_register_rmsnorm(df_backend *be);
+void df_cuda_register_rope(df_backend *be);
+void df_cuda_register_swiglu(df_backend *be);
+void df_cuda_register_embedding(df_backend *be);
+void df_cuda_register_gather(df_backend *be);
+void df_cuda_register_attention(df_backend *be);
+void df_cuda_register_lmhead_ce(df_backend *be);
+void df_cuda_register_dspark_loss(df_backend *be);
+void df_cuda_register_lmhead_dspark(df_backend *be);
+void df_cuda_register_metrics(df_backend *be);
+void df_cuda_register_optim(df_backend *be);
+void df_cuda_register_adamw_fused(df_backend *be);
 void df_cuda_register_moe(df_backend *be);
+void df_cuda_register_moe_grouped(df_backend *be);
+void df_cuda_register_markov(df_backend *be);
 void df_cuda_register_causal_attn(df_backend *be);
 
 #ifdef __cplusplus

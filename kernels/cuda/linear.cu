@@ -1,79 +1,71 @@
-// CUDA matmul / linear / axpy (twin of kernels/cpu/linear.c): fp32 cuBLAS GEMMs on the context's stream and
-// small bias / column-sum / axpy kernels. bf16 storage through cuBLASLt arrives with the CUDA issue.
+// CUDA matmul / linear / axpy (twin of kernels/cpu/linear.c): every GEMM through the cached cuBLASLt wrapper
+// (kernels/cuda/gemm.cu) in the storage dtype, fp32 compute; the bias as cuBLASLt's BIAS epilogue; the bias
+// gradient as column sums in double, rows in order (deterministic), added in the storage dtype.
 #include "kernels/cuda/backend.h"
+#include "kernels/cuda/cu_common.cuh"
 
-// Row-major C[M,N] = alpha op(A) op(B) + beta C is column-major Cᵀ = alpha op(B)ᵀ op(A)ᵀ + beta Cᵀ.
-static df_status sgemm_rowmajor(df_ctx *ctx, bool ta, bool tb, int m, int n, int k, float alpha, const float *a,
-                                int lda, const float *b, int ldb, float beta, float *c, int ldc, df_error *err) {
-  cublasStatus_t s = cublasSgemm(df_cuda_of(ctx)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                 n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc);
-  return s == CUBLAS_STATUS_SUCCESS ? DF_OK : df_cuda_blas_fail(err, s, "cublasSgemm");
+namespace {
+
+df_cu_gemm_args gemm_of(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
+                        int64_t ldb, df_dtype st, void *D, int64_t ldd, float alpha, float beta) {
+  df_cu_gemm_args g = {};
+  g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = N, g.K = K, g.A = A, g.lda = lda, g.B = B, g.ldb = ldb;
+  g.ab_dt = st, g.D = D, g.ldd = ldd, g.cd_dt = st, g.alpha = alpha, g.beta = beta;
+  return g;
 }
+
+// db[j] += Σ_i dy[i, j], rows in order, in double.
+template <typename T> __global__ void column_sums_add(T *db, const T *dy, int64_t rows, int64_t n) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  double s = 0.0;
+  for (int64_t i = 0; i < rows; i++) s += df_ld(dy + i * n + j);
+  df_st(db + j, df_ld(db + j) + (float)s);
+}
+
+} // namespace
 
 static df_status cuda_matmul(df_ctx *ctx, const df_tensor *a, bool trans_a, const df_tensor *b, bool trans_b,
                              float alpha, float beta, df_tensor *c, df_error *err) {
-  int m = (int)c->shape[0], n = (int)c->shape[1];
-  int k = (int)(trans_a ? a->shape[0] : a->shape[1]);
-  return sgemm_rowmajor(ctx, trans_a, trans_b, m, n, k, alpha, (const float *)a->data, (int)a->shape[1],
-                        (const float *)b->data, (int)b->shape[1], beta, (float *)c->data, n, err);
-}
-
-__global__ void broadcast_rows(float *y, const float *b, int64_t rows, int64_t n) {
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i < rows * n) y[i] = b[i % n];
-}
-
-// db[j] += Σ_i dy[i, j], rows in order (deterministic).
-__global__ void column_sums_add(float *db, const float *dy, int64_t rows, int64_t n) {
-  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (j >= n) return;
-  float s = 0.0f;
-  for (int64_t i = 0; i < rows; i++) s += dy[i * n + j];
-  db[j] += s;
-}
-
-__global__ void axpy_kernel(float alpha, const float *x, float *y, int64_t n) {
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i < n) y[i] += alpha * x[i];
+  const int64_t m = c->shape[0], n = c->shape[1], k = trans_a ? a->shape[0] : a->shape[1];
+  df_cu_gemm_args g =
+      gemm_of(trans_a, trans_b, m, n, k, a->data, a->shape[1], b->data, b->shape[1], c->dtype, c->data, n, alpha, beta);
+  return df_cu_gemm(df_cuda_gemm(ctx), df_cuda_cu_stream(ctx), &g, err);
 }
 
 static df_status cuda_linear_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *b,
                                      df_tensor *y, df_error *err) {
-  int m = (int)df_rows(x), k = (int)w->shape[1], n = (int)w->shape[0];
-  float beta = 0.0f;
-  if (b) {
-    broadcast_rows<<<df_cuda_blocks((int64_t)m * n, 256), 256, 0, df_cuda_stream(ctx)>>>((float *)y->data,
-                                                                                         (const float *)b->data, m, n);
-    DF_CUDA_CHECK_LAUNCH(err, "broadcast_rows");
-    beta = 1.0f;
-  }
-  return sgemm_rowmajor(ctx, false, true, m, n, k, 1.0f, (const float *)x->data, k, (const float *)w->data, k, beta,
-                        (float *)y->data, n, err);
+  const int64_t m = df_rows(x), k = w->shape[1], n = w->shape[0];
+  df_cu_gemm_args g = gemm_of(false, true, m, n, k, x->data, k, w->data, k, y->dtype, y->data, n, 1.0f, 0.0f);
+  if (b) g.bias = b->data, g.bias_dt = b->dtype; // y = x·wᵀ + b in the GEMM's epilogue
+  return df_cu_gemm(df_cuda_gemm(ctx), df_cuda_cu_stream(ctx), &g, err);
 }
 
 static df_status cuda_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
                                       df_tensor *dx, bool accumulate_dx, df_tensor *dw, df_tensor *db, df_error *err) {
-  int m = (int)df_rows(x), k = (int)w->shape[1], n = (int)w->shape[0];
-  const float *dyd = (const float *)dy->data;
-  if (dx)
-    DF_TRY(sgemm_rowmajor(ctx, false, false, m, k, n, 1.0f, dyd, n, (const float *)w->data, k,
-                          accumulate_dx ? 1.0f : 0.0f, (float *)dx->data, k, err));
-  if (dw)
-    DF_TRY(sgemm_rowmajor(ctx, true, false, n, k, m, 1.0f, dyd, n, (const float *)x->data, k, 1.0f, (float *)dw->data,
-                          k, err));
+  const int64_t m = df_rows(x), k = w->shape[1], n = w->shape[0];
+  const df_dtype st = dy->dtype;
+  df_cu_gemm_ctx *g = df_cuda_gemm(ctx);
+  const df_cu_stream s = df_cuda_cu_stream(ctx);
+  if (dx) { // dx[M, K] (=/+=) dy[M, N] · w[N, K]
+    df_cu_gemm_args a =
+        gemm_of(false, false, m, k, n, dy->data, n, w->data, k, st, dx->data, k, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+    DF_TRY(df_cu_gemm(g, s, &a, err));
+  }
+  if (dw) { // dw[N, K] += dy[M, N]ᵀ · x[M, K]
+    df_cu_gemm_args a = gemm_of(true, false, n, k, m, dy->data, n, x->data, k, st, dw->data, k, 1.0f, 1.0f);
+    DF_TRY(df_cu_gemm(g, s, &a, err));
+  }
   if (db) {
-    column_sums_add<<<df_cuda_blocks(n, 256), 256, 0, df_cuda_stream(ctx)>>>((float *)db->data, dyd, m, n);
-    DF_CUDA_CHECK_LAUNCH(err, "column_sums_add");
+    DF_CU_SWITCH_DT(st, T, err, "linear_backward.db",
+                    column_sums_add<T><<<df_cu_blocks(n, 256), 256, 0, s>>>((T *)db->data, (const T *)dy->data, m, n));
+    DF_CU_CHECK_LAUNCH(err, "linear_backward.column_sums");
   }
   return DF_OK;
 }
 
 static df_status cuda_axpy(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y, df_error *err) {
-  int64_t n = df_numel(x);
-  axpy_kernel<<<df_cuda_blocks(n, 256), 256, 0, df_cuda_stream(ctx)>>>(alpha, (const float *)x->data, (float *)y->data,
-                                                                       n);
-  DF_CUDA_CHECK_LAUNCH(err, "axpy_kernel");
-  return DF_OK;
+  return df_cu_axpy(df_cuda_cu_stream(ctx), alpha, x->data, x->dtype, y->data, y->dtype, df_numel(x), err);
 }
 
 extern "C" void df_cuda_register_linear(df_backend *be) {

@@ -22,7 +22,8 @@ typedef struct {
   void *meta; // json_t * of __metadata__ (string values)
 } fx_file;
 
-// Loads DF_FIXTURE_DIR/relpath; a missing or malformed file fails the current test.
+// Loads DF_FIXTURE_DIR/relpath (the environment's DF_FIXTURE_DIR first, else the build's); a missing or malformed
+// file fails the current test.
 fx_file *fx_load(const char *relpath);
 void fx_free(fx_file *f);
 // The named tensor (fails the test when absent).

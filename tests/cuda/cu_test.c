@@ -1,0 +1,125 @@
+#include "tests/cuda/cu_test.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CU_CHECK(call)                                                                                                 \
+  do {                                                                                                                 \
+    cudaError_t e_ = (call);                                                                                           \
+    cr_assert_eq(e_, cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                                            \
+  } while (0)
+
+bool cu_gpu_visible(void) {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+enum { GEMM_WS = 32 << 20 };
+
+cu_env cu_env_open(void) {
+  cu_env e = {0};
+  CU_CHECK(cudaSetDevice(0));
+  cudaStream_t s;
+  CU_CHECK(cudaStreamCreate(&s));
+  e.s = (df_cu_stream)s;
+  cublasLtHandle_t lt;
+  cublasHandle_t blas;
+  cr_assert_eq(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS, "cublasLtCreate");
+  cr_assert_eq(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS, "cublasCreate");
+  cr_assert_eq(cublasSetStream(blas, s), CUBLAS_STATUS_SUCCESS, "cublasSetStream");
+  e.lt = lt, e.blas = blas;
+  CU_CHECK(cudaMalloc(&e.gemm_ws, GEMM_WS));
+  df_error err = {0};
+  DF_ASSERT_OK(df_cu_gemm_ctx_create(e.lt, e.blas, e.gemm_ws, GEMM_WS, &e.g, &err), &err);
+  return e;
+}
+
+void cu_env_close(cu_env *e) {
+  cudaStreamSynchronize((cudaStream_t)e->s);
+  df_cu_gemm_ctx_destroy(e->g);
+  cudaFree(e->gemm_ws);
+  cublasDestroy((cublasHandle_t)e->blas);
+  cublasLtDestroy((cublasLtHandle_t)e->lt);
+  cudaStreamDestroy((cudaStream_t)e->s);
+}
+
+void *cu_alloc(size_t bytes) {
+  void *d = NULL;
+  CU_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
+  CU_CHECK(cudaMemset(d, 0xFF, bytes ? bytes : 1));
+  return d;
+}
+
+void cu_free(void *d) {
+  if (d) cudaFree(d);
+}
+
+uint16_t cu_bf16_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); // NaN stays a quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+float cu_bf16_value(uint16_t bits) {
+  uint32_t u = (uint32_t)bits << 16;
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+void cu_round_bf16(float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) x[i] = cu_bf16_value(cu_bf16_bits(x[i]));
+}
+
+void *cu_upload_bytes(const void *h, size_t bytes) {
+  void *d = cu_alloc(bytes);
+  CU_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
+void *cu_upload(const float *h, int64_t n, df_dtype dt) {
+  if (dt == DF_F32) return cu_upload_bytes(h, sizeof(float) * (size_t)n);
+  cr_assert_eq(dt, DF_BF16, "cu_upload: f32 or bf16 only");
+  uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
+  for (int64_t i = 0; i < n; i++) b[i] = cu_bf16_bits(h[i]);
+  void *d = cu_upload_bytes(b, sizeof(uint16_t) * (size_t)n);
+  free(b);
+  return d;
+}
+
+void cu_sync(cu_env *e) { CU_CHECK(cudaStreamSynchronize((cudaStream_t)e->s)); }
+
+void cu_download_bytes(cu_env *e, void *h, const void *d, size_t bytes) {
+  cu_sync(e);
+  CU_CHECK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+float *cu_download(cu_env *e, const void *d, int64_t n, df_dtype dt) {
+  float *h = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (dt == DF_F32) {
+    cu_download_bytes(e, h, d, sizeof(float) * (size_t)n);
+    return h;
+  }
+  cr_assert_eq(dt, DF_BF16, "cu_download: f32 or bf16 only");
+  uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
+  cu_download_bytes(e, b, d, sizeof(uint16_t) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) h[i] = cu_bf16_value(b[i]);
+  free(b);
+  return h;
+}
+
+double cu_rel_l2(const float *got, const float *want, int64_t n) {
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    if (isnan(got[i])) return INFINITY;
+    double d = (double)got[i] - (double)want[i];
+    num += d * d, den += (double)want[i] * want[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}

@@ -1,0 +1,52 @@
+// Helpers of the GPU suite (tests/cuda/): the skip rule, one stream with cuBLAS / cuBLASLt handles and a GEMM
+// context, device buffers that start poisoned with NaN bytes (an element a kernel forgot to write fails every
+// comparison), uploads and downloads with host-side bf16 rounding (round to nearest even, the kernels' rule), so
+// the CPU oracle runs on exactly the values the GPU sees.
+#ifndef DF_TESTS_CUDA_CU_TEST_H
+#define DF_TESTS_CUDA_CU_TEST_H
+
+#include <criterion/criterion.h>
+#include <stdint.h>
+
+#include "kernels/cuda/launch.h"
+#include "tests/common/fixture.h"
+
+// Skips the current test with a message when no CUDA device is visible.
+#define CU_REQUIRE_GPU()                                                                                               \
+  do {                                                                                                                 \
+    if (!cu_gpu_visible()) cr_skip_test("no CUDA device visible: GPU test skipped (runs in scripts/gpu-check.sh)");    \
+  } while (0)
+
+bool cu_gpu_visible(void);
+
+typedef struct {
+  df_cu_stream s;
+  void *lt, *blas; // cublasLtHandle_t, cublasHandle_t
+  void *gemm_ws;
+  df_cu_gemm_ctx *g;
+} cu_env;
+
+// A stream, handles and a 32 MiB GEMM workspace on device 0 (fails the test on error).
+cu_env cu_env_open(void);
+void cu_env_close(cu_env *e);
+
+// Device memory filled with 0xFF bytes (NaN in f32 and bf16).
+void *cu_alloc(size_t bytes);
+void cu_free(void *d);
+// Copies n fp32 values to the device as dtype dt (f32 or bf16, rounded to nearest even).
+void *cu_upload(const float *h, int64_t n, df_dtype dt);
+void *cu_upload_bytes(const void *h, size_t bytes);
+// Waits for the stream, then copies n values of dtype dt back as fp32 (malloc'd; free with free()).
+float *cu_download(cu_env *e, const void *d, int64_t n, df_dtype dt);
+void cu_download_bytes(cu_env *e, void *h, const void *d, size_t bytes);
+void cu_sync(cu_env *e);
+
+// bf16 round-to-nearest-even on the host, and the values the GPU sees after such a round trip.
+uint16_t cu_bf16_bits(float x);
+float cu_bf16_value(uint16_t bits);
+void cu_round_bf16(float *x, int64_t n);
+
+// Relative L2 error ‖got − want‖ / ‖want‖ (NaN anywhere in got: +inf).
+double cu_rel_l2(const float *got, const float *want, int64_t n);
+
+#endif
