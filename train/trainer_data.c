@@ -33,6 +33,10 @@ static df_status check_one(const df_trainer *t, const char *path, const char *ke
 df_status df_trainer_check_data(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   df_hs_scan_report tr, ev = {0};
+  if (!rc->data.hidden_states_path) { // online data: the target computes the features; its sources open at start-up
+    if (t->log) fprintf(t->log, "data check: online data, read and checked by the target's source at start-up\n");
+    return DF_OK;
+  }
   DF_TRY(check_one(t, rc->data.hidden_states_path, "data.hidden_states_path", &tr, err));
   const char *eval = rc->data.eval_hidden_states_path;
   if (eval) DF_TRY(check_one(t, eval, "data.eval_hidden_states_path", &ev, err));
@@ -68,6 +72,11 @@ void df_trainer_explain_skip(df_trainer *t, char *detail, size_t n, json_t **sam
   df_hs_dataset *ds = NULL;
   df_hs_scan_report rep;
   df_error e = {0};
+  if (!t->recipe->data.hidden_states_path) {
+    snprintf(detail, n, "the window's %lld samples are online features (no captured data to re-read)",
+             (long long)t->n_win_samples);
+    return;
+  }
   if (df_hs_open(t->recipe->data.hidden_states_path, &ds, &e) != DF_OK ||
       df_hs_scan_samples(ds, t->win_samples, t->n_win_samples, &rep, &e) != DF_OK) {
     snprintf(detail, n, "the window's samples could not be re-read: %s", e.msg);

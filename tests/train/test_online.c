@@ -542,7 +542,7 @@ Test(online, bad_data_and_refused_deployments_are_named) {
   const char *disagg[] = {td, "deployment.mode=disaggregated", NULL};
   df_error e = train_err(&d, disagg, DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "deployment.mode");
-  cr_expect(strstr(e.msg, "SGLang capture servers + Mooncake"), "%s", e.msg);
+  cr_expect(strstr(e.msg, "disaggregated SGLang / Mooncake deployment"), "%s", e.msg);
   cr_expect(strstr(e.hint, "data.train_data_path") && strstr(e.hint, "in-process"), "%s", e.hint);
 
   // a SpecForge deployment.disaggregated section (the recipe file gets one for this run)

@@ -261,10 +261,10 @@ Test(recipe_paths, recipes_that_need_a_missing_feature_are_refused_naming_the_ke
   e = refused("model:\n  target_model_path: data\ndata:\n  train_data_path: chats.jsonl\n"
               "training:\n  strategy: dflash\ndeployment:\n  mode: disaggregated\n",
               NULL, 0);
-  cr_expect_str_eq(e.where, "data.train_data_path");
-  cr_expect(strstr(e.msg, "online capture"), "%s", e.msg);
-  cr_expect(strstr(e.hint, "draftforge capture"), "%s", e.hint);
-  cr_expect(strstr(e.hint, "set data.hidden_states_path"), "%s", e.hint);
+  // online data is supported in-process: SpecForge's online recipes are refused for their deployment
+  cr_expect_str_eq(e.where, "deployment.mode");
+  cr_expect(strstr(e.msg, "disaggregated SGLang / Mooncake deployment"), "%s", e.msg);
+  cr_expect(strstr(e.hint, "in-process (data.train_data_path)"), "%s", e.hint);
   e = refused("model:\n  target_model_path: data\ndata:\n  hidden_states_path: data/hs\n"
               "training:\n  strategy: dspark\ndeployment:\n  mode: disaggregated\n",
               NULL, 0);
@@ -294,7 +294,7 @@ Test(recipe_paths, inert_keys_are_accepted_and_listed_once) {
   fclose(log);
   cr_expect(strstr(buf, "recipe: accepted, no effect on this run: model.target_backend, model.tokenizer_pad_token_id, "
                         "model.sglang_dp_size, model.sglang_moe_runner_backend, model.sglang_swa_full_tokens_ratio, "
-                        "data.chat_template, training.attention_backend, runtime.producer_concurrency"),
+                        "training.attention_backend, runtime.producer_concurrency"),
             "%s", buf);
   cr_expect_eq(strchr(buf, '\n'), strrchr(buf, '\n'), "one line: %s", buf);
   df_recipe_free(r);
