@@ -1,16 +1,16 @@
 // CPU grouped expert GEMMs: rows sorted by expert (segments [offsets[e], offsets[e + 1])) against a stacked weight
-// (E, out, in). Each expert's segment is one OpenBLAS GEMM on its calling thread; the experts are spread over the
-// GEMM thread budget (the OpenMP default team, which OpenBLAS would use for one GEMM), which beats threading each
-// small GEMM. Every segment's GEMMs run single-threaded, so the results are bitwise independent of thread counts;
-// segments are disjoint, so the schedule does not matter.
-#include <cblas.h>
+// (E, out, in). Each expert's segment is one df_cpu_sgemm (kernels/cpu/gemm.h, the GEMM behind linear) on its
+// calling thread, so a segment gives the bits of a linear op on those rows; the experts are spread over the OpenMP
+// default team, which beats threading each small GEMM. Every segment's GEMMs run single-threaded, so the results are
+// bitwise independent of thread counts; segments are disjoint, so the schedule does not matter.
 #include <omp.h>
 
 #include "kernels/check.h"
+#include "kernels/cpu/gemm.h"
 
 // y_e (n, out) = x_e (n, in) · w_eᵀ.
 static void fwd_segment(const float *x, const float *w, float *y, int n, int out, int in) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  df_cpu_sgemm(1, false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 }
 
 static df_status cpu_grouped_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *offsets,
@@ -45,12 +45,8 @@ static df_status cpu_grouped_backward(df_ctx *ctx, const df_tensor *dy, const df
     const int n = (int)(off[e + 1] - o), N = (int)out, K = (int)in;
     if (n <= 0) continue;
     const float *dye = dyd + o * out, *we = wd + e * out * in;
-    if (dwd)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, n, 1.0f, dye, N, xd + o * in, K, 1.0f,
-                  dwd + e * out * in, K);
-    if (dxd)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, K, N, 1.0f, dye, N, we, K, accumulate_dx ? 1.0f : 0.0f,
-                  dxd + o * in, K);
+    if (dwd) df_cpu_sgemm(1, true, false, N, K, n, 1.0f, dye, N, xd + o * in, K, 1.0f, dwd + e * out * in, K);
+    if (dxd) df_cpu_sgemm(1, false, false, n, K, N, 1.0f, dye, N, we, K, accumulate_dx ? 1.0f : 0.0f, dxd + o * in, K);
   }
   return DF_OK;
 }
