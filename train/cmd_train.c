@@ -157,11 +157,13 @@ int df_cmd_train(int argc, char **argv) {
                         .device = a.device,
                         .comm = d.comm};
   df_train_summary s;
+  const int rank = d.comm ? df_comm_rank(d.comm) : 0;
   df_status st = df_train(&o, &s, &err);
   df_progress_term_close(term);
   free(a.sets);
   if (st == DF_OK) st = df_dist_finish(&d, &err);
   if (st != DF_OK) return fail_job(&d, &err);
+  if (rank != 0) return 0; // rank 0 speaks for the job
   if (s.stopped_by_signal)
     printf(
         "stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: draftforge train %s --resume %s%s\n",

@@ -133,7 +133,10 @@ static df_status micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *c
                        const df_batch *bt, df_dflash_sampler *s, const df_step_options *opt, df_stage *stage,
                        df_dflash_anchors *a, df_staged *st, double *aux, df_error *err) {
   DF_TRY(check_options(cfg, opt, err));
-  DF_TRY(df_dflash_sample_anchors(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, a, err));
+  if (opt->global)
+    DF_TRY(df_dflash_sample_anchors_global(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, opt->global, a, err));
+  else
+    DF_TRY(df_dflash_sample_anchors(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, a, err));
   DF_TRY(df_stage_prepare(stage, bt, a, st, err));
   df_tensor stats = opt->stats ? *opt->stats : st->stats;
   if (!opt->stats) DF_TRY(df_fill(ctx, &stats, 0.0, err));

@@ -45,6 +45,9 @@ typedef struct {
   // the step reads its own sums back once and fills the metrics in full.
   df_stage *stage;
   df_tensor *stats;
+  // Data parallel (the trainer on several ranks): the batch is this rank's share of a global batch, and the
+  // anchors replay the global batch's stream (strategies/dflash.h). NULL: the batch is the whole batch.
+  const df_dflash_global_batch *global;
 } df_step_options;
 
 // The frozen target pieces as the step reads them: embedding (V, H) and LM head (V, H), fp32 on the context's

@@ -197,11 +197,13 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
   DF_TRY(df_fill(t->ctx, &all, 0.0, err)); // the window's sums, and {norm, coef, ok} = 0 until the norm runs
   df_step_options opt = t->step_opt;
   opt.stage = t->stage, opt.stats = &t->win_stats;
+  if (t->world > 1) opt.global = &t->global;
   for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
     const df_batch *b;
     double wait = 0;
     DF_TRY(df_feed_next(t->feed, &b, &wait, err));
     w->data_wait_s += wait;
+    if (t->world > 1) DF_TRY(df_trainer_dp_global_batch(t, b, err)); // this rank's share of the global batch
     df_dflash_metrics m;
     int64_t N;
     df_error micro_err = {0};
@@ -271,6 +273,13 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
   const df_recipe *rc = t->recipe;
   r->lr = df_lr_at(&t->sched, step);
   r->grad_norm = NAN, r->clip_coef = NAN;
+  t->stop = g_stop_signal != 0;
+  if (t->world > 1) { // the job's window: every rank then takes the same decisions from the same sums
+    double sc[5] = {w->loss_den, w->host_loss_num, (double)w->tokens, w->numeric_fail, t->stop};
+    DF_TRY(df_trainer_dp_reduce(t, sc, 5, err));
+    w->loss_den = sc[0], w->host_loss_num = sc[1], w->tokens = (int64_t)sc[2];
+    w->numeric_fail = sc[3] > 0, t->stop = sc[4] > 0;
+  }
   // Known on the host before anything is queued: a micro-step that failed numerically, an empty window.
   const bool host_skip = w->numeric_fail || !(w->loss_den > 0) || !isfinite(w->host_loss_num);
   const float scale = w->loss_den > 0 ? (float)(1.0 / w->loss_den) : 0.0f;
@@ -353,6 +362,7 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
 
 static df_status log_step(df_trainer *t, int64_t step, const window *w, const step_result *r, double elapsed,
                           df_error *err) {
+  if (t->rank != 0) return DF_OK; // rank 0 writes the job's (reduced) lines
   bool line = step % t->recipe->training.log_interval == 0 || r->skipped;
   if (line) {
     json_t *o = step_line(step, w, r, elapsed);
@@ -361,7 +371,7 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
     DF_TRY(st);
   }
   struct df_progress_term *term = t->opt->progress; // a terminal: redrawn every step
-  if (!t->log || !(line || term || step == t->stop_step || g_stop_signal)) return DF_OK;
+  if (!t->log || !(line || term || step == t->stop_step || t->stop)) return DF_OK;
   int64_t done = step - t->start_step;
   df_progress p = {.step = step,
                    .stop = t->stop_step,
@@ -486,13 +496,17 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
 
 // ---- the loop --------------------------------------------------------------------------------------------------
 
+// Eval and checkpoints are rank 0's (the other ranks hold the same weights and wait at the next collective). A
+// checkpoint is written whole into a temporary directory and renamed: a rank that dies meanwhile never leaves a
+// `latest` pointing at a partial one.
 static df_status after_step(df_trainer *t, int64_t step, const window *w, df_error *err) {
   const df_recipe *rc = t->recipe;
   bool improved = false;
+  if (t->rank != 0) return DF_OK;
   if (rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
     DF_TRY(run_eval(t, step, w->epoch, &improved, err));
   bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
-              step == t->stop_step || g_stop_signal;
+              step == t->stop_step || t->stop;
   if (save) DF_TRY(df_trainer_save(t, err));
   if (improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
   return DF_OK;
@@ -553,7 +567,7 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
     step_result r;
     st = one_step(t, &w, &r, t_start, err);
     if (st == DF_OK && !r.skipped) sum->last_loss = r.loss;
-    if (st == DF_OK && g_stop_signal) {
+    if (st == DF_OK && t->stop) {
       sum->stopped_by_signal = true;
       break;
     }

@@ -52,6 +52,14 @@ typedef struct {
   df_metrics_log metrics;     // with its TensorBoard mirror (tracking.report_to: tensorboard)
   struct df_tracker *tracker; // tracking.report_to: wandb | swanlab | mlflow (train/tracker.h)
   char last_ckpt[4200];
+
+  // data parallel (train/trainer_dp.c): the job's communicator (NULL: one process), this rank, and the global
+  // batch the current micro-step's anchors replay. Only rank 0 writes (metrics, trackers, checkpoints, exports)
+  // and logs; stop is the stop request reduced over the ranks at the last optimizer step.
+  df_comm *comm;
+  int rank, world;
+  df_dflash_global_batch global;
+  bool stop;
 } df_trainer;
 
 // Loads the recipe (with overrides), the configs, the frozen target pieces, the model, the data feed; sets
@@ -66,6 +74,17 @@ void df_trainer_teardown(df_trainer *t);
 df_status df_trainer_observe_prepare(df_trainer *t, df_error *err);
 df_status df_trainer_observe_open(df_trainer *t, df_error *err);
 void df_trainer_observe_close(df_trainer *t);
+
+// Data parallel (train/trainer_dp.c; all no-ops or unused at world 1). check: what cannot run on several ranks
+// yet, and a communicator whose buffers are not where the context keeps its state. global_batch: the longest
+// sample and the largest anchor-candidate count of the global batch b is this rank's share of (one MAX
+// all-reduce), into t->global. reduce: the window's host scalars (in place), the device metric sums and the flat
+// gradient buffer (in 25 MiB buckets), all SUM. share_state: rank 0's restored weights, moments and progress to
+// every rank.
+df_status df_trainer_dp_check(df_trainer *t, df_error *err);
+df_status df_trainer_dp_global_batch(df_trainer *t, const df_batch *b, df_error *err);
+df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, df_error *err);
+df_status df_trainer_dp_share_state(df_trainer *t, df_error *err);
 
 // Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).
 df_status df_trainer_save(df_trainer *t, df_error *err);

@@ -9,18 +9,6 @@
 
 // ---- resources ---------------------------------------------------------------------------------------------------
 
-// The communicator, launch checks and data feed are ready for data parallel; the optimizer step's gradient
-// reduction is not (docs/distributed.md "Phase 2"), so several ranks would train diverging replicas.
-static df_status check_world(const df_train_options *opt, df_error *err) {
-  int world = opt->comm ? df_comm_size(opt->comm) : 1;
-  if (world == 1) return DF_OK;
-  return DF_FAIL(err, DF_ERR_NOT_IMPLEMENTED, "world size",
-                 "run one process for now (the launch, communicator and data feed checks passed)",
-                 "data-parallel training on %d ranks needs the gradient reduction in the optimizer step, which is "
-                 "not written yet (docs/distributed.md)",
-                 world);
-}
-
 static df_status load_resources(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   DF_TRY(df_run_resources_load(rc, &t->res, err));
@@ -51,8 +39,8 @@ static df_status load_resources(df_trainer *t, df_error *err) {
                         .batch_size = rc->training.batch_size,
                         .max_length = rc->data.max_length,
                         .seed = rc->training.seed,
-                        .rank = t->opt->comm ? df_comm_rank(t->opt->comm) : 0,
-                        .world_size = t->opt->comm ? df_comm_size(t->opt->comm) : 1,
+                        .rank = t->rank,
+                        .world_size = t->world,
                         .prefetch = !t->opt->no_prefetch,
                         .cfg = t->draft,
                         // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
@@ -116,8 +104,8 @@ static void fill_contract(df_trainer *t) {
   snprintf(c->lr_scheduler, sizeof c->lr_scheduler, "%s",
            rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant");
   c->data_size = df_feed_num_samples(t->feed);
-  c->batch_size = rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
-  c->world_size = 1;
+  c->batch_size = t->world * rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
+  c->world_size = t->world;
   c->block_size = t->draft->block_size, c->num_anchors = rc->training.num_anchors;
   c->max_length = rc->data.max_length, c->mask_token_id = t->step_opt.mask_token_id;
   c->seed = (int64_t)rc->training.seed, c->horizon = t->sched.horizon;
@@ -147,11 +135,12 @@ static df_status write_resolved(df_trainer *t, df_error *err) {
 
 // ---- fresh start or resume ---------------------------------------------------------------------------------
 
+// Only rank 0 looks at output_dir and opens metrics.jsonl: a refusal there ends the job on every rank.
 static df_status fresh_start(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   int64_t *steps = NULL;
   int n = 0;
-  DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
+  if (t->rank == 0) DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
   free(steps);
   if (n > 0)
     return DF_FAIL(err, DF_ERR_INVALID, "output_dir",
@@ -169,7 +158,7 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   df_dflash_sampler_init(&t->sampler, rc->training.seed);
   memset(&t->prog, 0, sizeof t->prog);
   t->prog.last_lr = 0.0;
-  return df_metrics_open(&t->metrics, rc->output_dir, 0, err);
+  return t->rank == 0 ? df_metrics_open(&t->metrics, rc->output_dir, 0, err) : DF_OK;
 }
 
 // state.h5 into the masters and moments: read in place on a host-addressable device, else through host staging.
@@ -190,13 +179,18 @@ static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *ha
   return st;
 }
 
+// Rank 0 reads and checks the checkpoint and hands its state to the other ranks (no shared filesystem needed);
+// a checkpoint it refuses ends the job on every rank.
 static df_status resume(df_trainer *t, const char *path, df_error *err) {
   const df_recipe *rc = t->recipe;
-  char dir[4200];
-  DF_TRY(df_ckpt_resolve(path, dir, sizeof dir, err));
-  df_ckpt_contract have;
-  DF_TRY(read_state(t, dir, &have, err));
-  DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
+  char dir[4200] = "";
+  if (t->rank == 0) {
+    DF_TRY(df_ckpt_resolve(path, dir, sizeof dir, err));
+    df_ckpt_contract have;
+    DF_TRY(read_state(t, dir, &have, err));
+    DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
+  }
+  if (t->world > 1) DF_TRY(df_trainer_dp_share_state(t, err));
   DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
   t->sampler.rng = t->prog.anchor_rng;
   if (t->log) {
@@ -205,7 +199,7 @@ static df_status resume(df_trainer *t, const char *path, df_error *err) {
     if (rc->model.draft_checkpoint_path)
       fprintf(t->log, "note: model.draft_checkpoint_path is not read on resume (the checkpoint has the weights)\n");
   }
-  return df_metrics_open(&t->metrics, rc->output_dir, t->prog.step, err);
+  return t->rank == 0 ? df_metrics_open(&t->metrics, rc->output_dir, t->prog.step, err) : DF_OK;
 }
 
 static void print_plan(const df_trainer *t) {
@@ -225,20 +219,22 @@ static void print_plan(const df_trainer *t) {
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err) {
   memset(t, 0, sizeof *t);
   t->opt = opt, t->log = opt->log;
-  df_recipe_options ro = {
-      .log = opt->log ? stderr : NULL, .overrides = opt->overrides, .n_overrides = opt->n_overrides};
+  t->comm = opt->comm, t->rank = opt->comm ? df_comm_rank(opt->comm) : 0;
+  t->world = opt->comm ? df_comm_size(opt->comm) : 1;
+  if (t->rank != 0) t->log = NULL; // rank 0 speaks for the job
+  df_recipe_options ro = {.log = t->log ? stderr : NULL, .overrides = opt->overrides, .n_overrides = opt->n_overrides};
   DF_TRY(df_recipe_load(opt->recipe_path, &ro, &t->recipe, err));
-  DF_TRY(check_world(opt, err));
   DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
+  DF_TRY(df_trainer_dp_check(t, err));
   DF_TRY(plan_schedule(t, err));
   DF_TRY(alloc_optimizer(t, err));
   fill_contract(t);
-  DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
+  if (t->rank == 0) DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
   const char *from = opt->resume ? opt->resume : t->recipe->training.resume_from;
   DF_TRY(from ? resume(t, from, err) : fresh_start(t, err));
-  DF_TRY(write_resolved(t, err));
-  DF_TRY(df_trainer_observe_open(t, err));
+  if (t->rank == 0) DF_TRY(write_resolved(t, err));
+  if (t->rank == 0) DF_TRY(df_trainer_observe_open(t, err));
   t->start_step = t->prog.step;
   print_plan(t);
   return DF_OK;
