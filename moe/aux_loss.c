@@ -13,6 +13,15 @@ double df_moe_switch_loss(double coeff, int64_t T, int64_t E, int64_t k, const f
   return coeff * (double)E * loss;
 }
 
+double df_moe_switch_loss_from_sums(double coeff, int64_t T, int64_t E, int64_t k, const double *score_sums,
+                                    const int32_t *counts) {
+  (void)k;
+  if (T <= 0) return 0.0;
+  double loss = 0.0;
+  for (int64_t e = 0; e < E; e++) loss += ((double)counts[e] / (double)T) * (score_sums[e] / (double)T);
+  return coeff * (double)E * loss;
+}
+
 void df_moe_switch_score_grad_row(double coeff, int64_t T, int64_t E, int64_t k, const int32_t *counts, double upstream,
                                   float *row) {
   (void)k;
@@ -23,7 +32,8 @@ void df_moe_switch_score_grad_row(double coeff, int64_t T, int64_t E, int64_t k,
 static const df_moe_aux_loss AUX_LOSSES[] = {
     [DF_MOE_AUX_SWITCH] = {.name = "switch",
                            .value = df_moe_switch_loss,
-                           .score_grad_row = df_moe_switch_score_grad_row},
+                           .score_grad_row = df_moe_switch_score_grad_row,
+                           .value_from_sums = df_moe_switch_loss_from_sums},
 };
 
 df_status df_moe_aux_loss_get(df_moe_aux_type type, const df_moe_aux_loss **out, df_error *err) {

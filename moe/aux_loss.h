@@ -21,6 +21,10 @@ typedef struct {
   // row (E) = upstream · ∂loss/∂s_t·.
   void (*score_grad_row)(double coeff, int64_t T, int64_t E, int64_t k, const int32_t *counts, double upstream,
                          float *row);
+  // The value from the column sums Σ_t s_te (E) instead of the scores: what data parallel computes from the
+  // sums and counts reduced over the ranks' rows (T = all ranks' rows).
+  double (*value_from_sums)(double coeff, int64_t T, int64_t E, int64_t k, const double *score_sums,
+                            const int32_t *counts);
 } df_moe_aux_loss;
 
 // The registered aux loss of that type; fails naming moe_aux_loss_type for an unknown one.
@@ -29,6 +33,8 @@ df_status df_moe_aux_loss_get(df_moe_aux_type type, const df_moe_aux_loss **out,
 // switch (transformers' load_balancing_loss_func for one layer, no mask):
 //   L = coeff · E · Σ_e (counts_e / T) · P_e,  P_e = (1/T) Σ_t s_te;  ∂L/∂s_te = coeff · E · counts_e / T².
 double df_moe_switch_loss(double coeff, int64_t T, int64_t E, int64_t k, const float *scores, const int32_t *counts);
+double df_moe_switch_loss_from_sums(double coeff, int64_t T, int64_t E, int64_t k, const double *score_sums,
+                                    const int32_t *counts);
 void df_moe_switch_score_grad_row(double coeff, int64_t T, int64_t E, int64_t k, const int32_t *counts, double upstream,
                                   float *row);
 

@@ -116,8 +116,8 @@ df_status df_moe_layer_init(df_moe_layer *L, const df_moe_config *m, int64_t H, 
 
 void df_moe_layer_free(df_moe_layer *L) {
   df_moe_balance_free(&L->balance);
-  free(L->center_stash), free(L->last_load);
-  L->center_stash = NULL, L->last_load = NULL;
+  free(L->center_stash), free(L->last_load), free(L->dp_counts), free(L->dp_buf), free(L->dp_sums);
+  L->center_stash = NULL, L->last_load = NULL, L->dp_counts = NULL, L->dp_buf = NULL, L->dp_sums = NULL;
 }
 
 // ---- training state ------------------------------------------------------------------------------------
@@ -194,6 +194,27 @@ static df_tensor mat(const float *p, df_device dev, int64_t rows, int64_t cols) 
   return df_view((void *)p, DF_F32, dev, 2, (const int64_t[]){rows, cols});
 }
 
+// Data parallel: this rank's counts, score column sums (double, in row order) and rows, summed over the ranks
+// in one fp32 all-reduce (counts stay exact below 2^24 rows) into dp_counts, dp_sums and dp_T.
+static df_status reduce_routing(df_moe_layer *L, int64_t T, int64_t E, const float *scores, const int32_t *counts,
+                                df_error *err) {
+  if (!L->dp_counts) L->dp_counts = malloc(sizeof(int32_t) * (size_t)E);
+  if (!L->dp_buf) L->dp_buf = malloc(sizeof(float) * (size_t)(2 * E + 1));
+  if (!L->dp_sums) L->dp_sums = malloc(sizeof(double) * (size_t)E);
+  if (!L->dp_counts || !L->dp_buf || !L->dp_sums) return DF_FAIL(err, DF_ERR_NOMEM, "moe", NULL, "out of memory");
+  float *b = L->dp_buf;
+  for (int64_t e = 0; e < E; e++) {
+    double p = 0.0;
+    for (int64_t t = 0; t < T; t++) p += scores[t * E + e];
+    b[e] = (float)counts[e], b[E + e] = (float)p;
+  }
+  b[2 * E] = (float)T;
+  DF_TRY(df_moe_allreduce(&L->coll, b, 2 * E + 1, false, err));
+  for (int64_t e = 0; e < E; e++) L->dp_counts[e] = (int32_t)b[e], L->dp_sums[e] = (double)b[E + e];
+  L->dp_T = (int64_t)b[2 * E];
+  return DF_OK;
+}
+
 // The router input: x itself, x minus each sample's mean (training), or x minus the running mean (eval).
 static df_status router_input(df_moe_layer *L, df_ctx *ctx, const float *x, int64_t T, center_used mode, int64_t rps,
                               float *u_buf, float *batch_mean, const float **u, df_error *err) {
@@ -246,18 +267,26 @@ df_status df_moe_layer_forward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x,
   DF_TRY(df_moe_router_forward(ctx, &L->router, &ut, &L->w_router, L->cfg.moe_router_bias ? &L->logit_bias : NULL,
                                df_moe_balance_shift(&L->balance), sel, &r, err));
 
-  // Training only: stash (overwrite) for the deferred updates; aux loss and metrics.
+  // Training only: stash (overwrite) for the deferred updates; aux loss and metrics (over every rank's rows).
   if (L->training) {
     if (mode == CENTER_USED_SAMPLE) L->center_pending = true;
     df_moe_balance_observe(&L->balance, r.counts);
-    L->last_aux = aux_on ? L->aux->value(L->cfg.aux_loss_coeff, T, E, k, r.scores, r.counts) : 0.0;
-    const df_moe_load_stats st = df_moe_load_stats_of(r.counts, E, T, k);
+    const int32_t *counts = r.counts;
+    int64_t Tg = T;
+    if (L->coll.world_size > 1) {
+      DF_TRY(reduce_routing(L, T, E, r.scores, r.counts, err));
+      counts = L->dp_counts, Tg = L->dp_T;
+      L->last_aux = aux_on ? L->aux->value_from_sums(L->cfg.aux_loss_coeff, Tg, E, k, L->dp_sums, counts) : 0.0;
+    } else {
+      L->last_aux = aux_on ? L->aux->value(L->cfg.aux_loss_coeff, T, E, k, r.scores, r.counts) : 0.0;
+    }
+    const df_moe_load_stats st = df_moe_load_stats_of(counts, E, Tg, k);
     L->last_metrics = (df_moe_metrics){.load_max_ratio = st.load_max_ratio,
                                        .load_min_ratio = st.load_min_ratio,
                                        .experts_unused_frac = st.experts_unused_frac,
                                        .aux_loss = L->last_aux,
                                        .bias_abs_max = df_moe_balance_bias_abs_max(&L->balance)};
-    for (int64_t e = 0; e < E; e++) L->last_load[e] = T * k > 0 ? (double)r.counts[e] / (double)(T * k) : 0.0;
+    for (int64_t e = 0; e < E; e++) L->last_load[e] = Tg * k > 0 ? (double)counts[e] / (double)(Tg * k) : 0.0;
     L->has_metrics = true;
   } else {
     L->last_aux = 0.0;
@@ -304,7 +333,10 @@ df_status df_moe_layer_backward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x
   }
 
   // Router: the combine weights' gradient plus the aux loss's (linear in the scores, counts detached).
-  if (hdr.aux_on) L->aux->score_grad_row(L->cfg.aux_loss_coeff, T, E, k, r.counts, (double)L->aux_grad_scale, aux_row);
+  const bool dp = L->coll.world_size > 1 && L->dp_counts; // the global counts and rows of the forward
+  if (hdr.aux_on)
+    L->aux->score_grad_row(L->cfg.aux_loss_coeff, dp ? L->dp_T : T, E, k, dp ? L->dp_counts : r.counts,
+                           (double)L->aux_grad_scale, aux_row);
   const float *u = NULL;
   DF_TRY(router_input(L, ctx, x->data, T, (center_used)hdr.center, hdr.rows_per_sample, u_buf, NULL, &u, err));
   df_tensor ut = mat(u, x->device, T, H), dut = mat(du, x->device, T, H);

@@ -66,6 +66,13 @@ typedef struct {
   double last_aux;
   df_moe_metrics last_metrics;
   double *last_load; // (E) each expert's share of the last training forward's T·k routed slots (owned)
+  // Data parallel (coll.world_size > 1): the last training forward's routing counts and row count summed over
+  // the ranks — what the aux loss, its gradient and the load metrics use, as one process would over the global
+  // batch (owned; the experts still run on this rank's own counts).
+  int32_t *dp_counts;
+  int64_t dp_T;
+  float *dp_buf;   // (2E + 1) the reduction's buffer
+  double *dp_sums; // (E) the reduced score column sums
   bool has_metrics;
 } df_moe_layer;
 

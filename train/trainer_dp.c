@@ -3,6 +3,8 @@
 // gradient buffer in buckets), and the resume state handed from rank 0 to every rank.
 #include <string.h>
 
+#include "moe/ffn_moe.h"
+#include "train/dist/dist.h"
 #include "train/trainer_internal.h"
 
 // A bucket of the flat gradient all-reduce: 25 MiB of fp32 (PyTorch DDP's default bucket_cap_mb).
@@ -10,11 +12,13 @@
 
 df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
   if (t->world == 1) return DF_OK;
-  if (df_dflash_model_is_moe(t->model))
-    return DF_FAIL(err, DF_ERR_NOT_IMPLEMENTED, "world size", "train MoE drafts on one process for now",
-                   "data-parallel training of an MoE draft on %d ranks needs the routing counts, aux statistics and "
-                   "deferred balance updates reduced across ranks, which is not written yet (docs/distributed.md)",
-                   t->world);
+  if (df_dflash_model_is_moe(t->model)) { // routing statistics and deferred updates over every rank's rows
+    t->moe_coll = df_dist_moe_collective(t->comm);
+    int n = 0;
+    df_ffn *const *ffns = df_dflash_model_ffns(t->model, &n);
+    df_moe_set_collective(ffns, n, &t->moe_coll);
+    t->step_opt.dp_sum = &t->moe_coll;
+  }
   const bool dev_bufs = !df_ctx_host_addressable(t->ctx);
   if (dev_bufs != df_comm_device_buffers(t->comm))
     return DF_FAIL(err, DF_ERR_INVALID, "training.device",

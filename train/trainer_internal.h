@@ -59,6 +59,7 @@ typedef struct {
   df_comm *comm;
   int rank, world;
   df_dflash_global_batch global;
+  df_moe_collective moe_coll; // MoE drafts: the layers' all-reduce over comm
   bool stop;
 } df_trainer;
 
