@@ -276,14 +276,24 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
   t->stop = g_stop_signal != 0;
   if (t->world > 1) { // the job's window: every rank then takes the same decisions from the same sums
     double sc[5] = {w->loss_den, w->host_loss_num, (double)w->tokens, w->numeric_fail, t->stop};
-    DF_TRY(df_trainer_dp_reduce(t, sc, 5, err));
+    DF_TRY(df_trainer_dp_reduce(t, sc, 5, !t->zero, err)); // ZeRO-1 reduce-scatters the gradient below
     w->loss_den = sc[0], w->host_loss_num = sc[1], w->tokens = (int64_t)sc[2];
     w->numeric_fail = sc[3] > 0, t->stop = sc[4] > 0;
   }
   // Known on the host before anything is queued: a micro-step that failed numerically, an empty window.
   const bool host_skip = w->numeric_fail || !(w->loss_den > 0) || !isfinite(w->host_loss_num);
   const float scale = w->loss_den > 0 ? (float)(1.0 / w->loss_den) : 0.0f;
-  if (!host_skip) {
+  if (!host_skip && t->zero) { // ZeRO-1: the same update, each rank computing its shard of it
+    df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
+    df_adamw_fused_desc ad = {.hp = {.lr = (float)r->lr,
+                                     .beta1 = (float)rc->training.adam_beta1,
+                                     .beta2 = (float)rc->training.adam_beta2,
+                                     .eps = (float)rc->training.adam_eps,
+                                     .weight_decay = (float)rc->training.weight_decay,
+                                     .step = t->prog.adam_step + 1},
+                              .grad_scale = scale};
+    DF_TRY(df_trainer_dp_zero_step(t, &ad, &nd, err));
+  } else if (!host_skip) {
     df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
     df_tensor g = df_f32_on(df_ctx_device(t->ctx), df_dflash_model_grads(t->model), df_params_numel(t->table));
     df_tensor mk = df_u8_on(df_ctx_device(t->ctx), t->mask, df_params_numel(t->table));
@@ -473,9 +483,20 @@ static df_status state_to_host(df_trainer *t, float *bufs[3], float **staged, df
   return DF_OK;
 }
 
+// ZeRO-1 (host memory): the weights as they are, the moments gathered from every rank into one staged copy.
+static df_status zero_state(df_trainer *t, float *bufs[3], float **staged, df_error *err) {
+  const int64_t n = df_params_numel(t->table);
+  if (!(*staged = malloc(2 * sizeof(float) * (size_t)n)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "checkpoint", NULL, "out of memory for %lld moments", (long long)(2 * n));
+  bufs[0] = df_dflash_model_weights(t->model), bufs[1] = *staged, bufs[2] = *staged + n;
+  return df_trainer_dp_gather_moments(t, bufs[1], bufs[2], err);
+}
+
+// ZeRO-1: collective (every rank's moment shard is gathered), then rank 0 writes.
 df_status df_trainer_save(df_trainer *t, df_error *err) {
   float *bufs[3], *staged;
-  df_status st = state_to_host(t, bufs, &staged, err);
+  df_status st = t->zero ? zero_state(t, bufs, &staged, err) : state_to_host(t, bufs, &staged, err);
+  if (st == DF_OK && t->rank != 0) return free(staged), DF_OK;
   if (st == DF_OK) st = check_finite(t, (const float *const *)bufs, err); // t->prog is current after every step
   df_ckpt_state s = {.table = t->table,
                      .params = bufs[0],
@@ -502,13 +523,18 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
 static df_status after_step(df_trainer *t, int64_t step, const window *w, df_error *err) {
   const df_recipe *rc = t->recipe;
   bool improved = false;
-  if (t->rank != 0) return DF_OK;
-  if (rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
+  if (t->rank != 0 && !t->zero) return DF_OK;
+  if (t->rank == 0 && rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
     DF_TRY(run_eval(t, step, w->epoch, &improved, err));
   bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
               step == t->stop_step || t->stop;
+  if (t->zero) { // rank 0's decision (its eval may have improved): the save gathers every rank's moments
+    int32_t f = save;
+    DF_TRY(df_comm_broadcast(t->comm, &f, 1, DF_COMM_I32, 0, err));
+    save = f != 0;
+  }
   if (save) DF_TRY(df_trainer_save(t, err));
-  if (improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
+  if (t->rank == 0 && improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
   return DF_OK;
 }
 

@@ -10,8 +10,8 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
-#include "train/recipe.h"
 #include "train/dist/comm.h"
+#include "train/recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,7 +48,7 @@ typedef struct {
   bool has_device;                   // --device given: it wins over training.device
   df_device_choice device;           // auto | cpu | cuda (train/device.h)
   const df_ctx_options *ctx_options; // when not NULL, the exact context to run on (tests: the fake device)
-  df_comm *comm; // the job's communicator (train/dist); NULL: one process
+  df_comm *comm;                     // the job's communicator (train/dist); NULL: one process
 } df_train_options;
 
 typedef struct {

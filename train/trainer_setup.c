@@ -65,13 +65,18 @@ static df_status plan_schedule(df_trainer *t, df_error *err) {
 }
 
 // The AdamW moments (zero), the element mask and the stats block on the device; the stage for the micro-batches.
+// ZeRO-1: the moments of this rank's shard only, and the reduce-scatter / all-gather buffer.
 static df_status alloc_optimizer(df_trainer *t, df_error *err) {
   const int64_t numel = df_params_numel(t->table), bs = t->draft->block_size;
   const df_device dev = df_ctx_device(t->ctx);
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)numel, (void **)&t->exp_avg, err));
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)numel, (void **)&t->exp_avg_sq, err));
+  df_trainer_dp_zero_plan(t);
+  const int64_t nm = t->zero ? (t->shard_len > 0 ? t->shard_len : 1) : numel;
+  if (t->zero && !(t->zero_buf = malloc(sizeof(float) * (size_t)(t->world * t->shard_size))))
+    return DF_FAIL(err, DF_ERR_NOMEM, "training.fsdp_sharding", NULL, "out of memory for the ZeRO-1 buffer");
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->exp_avg, err));
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->exp_avg_sq, err));
   DF_TRY(df_buffer_alloc(t->ctx, (size_t)numel, (void **)&t->mask, err));
-  df_tensor m = df_f32_on(dev, t->exp_avg, numel), v = df_f32_on(dev, t->exp_avg_sq, numel);
+  df_tensor m = df_f32_on(dev, t->exp_avg, nm), v = df_f32_on(dev, t->exp_avg_sq, nm);
   DF_TRY(df_fill(t->ctx, &m, 0.0, err));
   DF_TRY(df_fill(t->ctx, &v, 0.0, err));
   uint8_t *mask = calloc((size_t)numel, 1); // padding and buffers stay 0: AdamW never touches them
@@ -164,6 +169,9 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
 // state.h5 into the masters and moments: read in place on a host-addressable device, else through host staging.
 static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *have, df_error *err) {
   float *w = df_dflash_model_weights(t->model);
+  const int64_t numel = df_params_numel(t->table);
+  if (t->zero) // ZeRO-1 (host memory): the full moments, handed out by df_trainer_dp_share_state
+    return df_ckpt_read(dir, t->table, w, t->zero_full, t->zero_full + numel, have, &t->prog, err);
   if (df_ctx_host_addressable(t->ctx))
     return df_ckpt_read(dir, t->table, w, t->exp_avg, t->exp_avg_sq, have, &t->prog, err);
   const int64_t n = df_params_numel(t->table);
@@ -184,6 +192,9 @@ static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *ha
 static df_status resume(df_trainer *t, const char *path, df_error *err) {
   const df_recipe *rc = t->recipe;
   char dir[4200] = "";
+  const int64_t numel = df_params_numel(t->table);
+  if (t->zero && !(t->zero_full = malloc(2 * sizeof(float) * (size_t)numel)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "resume", NULL, "out of memory for %lld moments", (long long)(2 * numel));
   if (t->rank == 0) {
     DF_TRY(df_ckpt_resolve(path, dir, sizeof dir, err));
     df_ckpt_contract have;
@@ -191,6 +202,8 @@ static df_status resume(df_trainer *t, const char *path, df_error *err) {
     DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
   }
   if (t->world > 1) DF_TRY(df_trainer_dp_share_state(t, err));
+  free(t->zero_full);
+  t->zero_full = NULL;
   DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
   t->sampler.rng = t->prog.anchor_rng;
   if (t->log) {
@@ -249,6 +262,7 @@ void df_trainer_teardown(df_trainer *t) {
     df_buffer_free(t->ctx, t->exp_avg), df_buffer_free(t->ctx, t->exp_avg_sq), df_buffer_free(t->ctx, t->mask);
     df_buffer_free(t->ctx, t->stats_buf), df_host_free(t->ctx, t->stats_host);
   }
+  free(t->zero_buf), free(t->zero_full);
   df_dflash_model_free(t->model);
   df_run_resources_free(&t->res);
   df_ctx_destroy(t->ctx);

@@ -191,17 +191,41 @@ Test(dp, dspark_two_ranks_equal_one_process_of_the_global_batch, .timeout = 300)
 // come from the routing reduced over both ranks; the moe/* metrics are the global batch's too.
 Test(dp, moe_two_ranks_equal_one_process_of_the_global_batch, .timeout = 300) { dp_equals_one_process(MOE, "moe"); }
 
+// ZeRO-1 (fsdp_sharding SHARD_GRAD_OP, the default) against replicated AdamW (NO_SHARD) on two ranks: the same
+// reduced gradient sums (two ranks: one IEEE addition either way), the same element-wise update; only the
+// global norm is summed in another grouping (per shard, then across ranks), so the clip coefficient may differ
+// in its last bits (measured: identical weights).
+Test(dp, zero1_equals_replicated_adamw, .timeout = 300) {
+  need_mpirun();
+  char off[200], on[300];
+  tmpdir(off, sizeof off, "zero_off");
+  snprintf(on, sizeof on, "%s_on", off);
+  rmdir_all(on);
+  train_ok(2, DFLASH, off,
+           "--set training.max_steps=4 --set training.batch_size=4 --set training.fsdp_sharding=NO_SHARD");
+  train_ok(2, DFLASH, on,
+           "--set training.max_steps=4 --set training.batch_size=4 --set training.fsdp_sharding=SHARD_GRAD_OP");
+  expect_same_curve(off, on, 4, 1e-12);
+  char a[400], b[400];
+  ckpt(a, sizeof a, off, 4), ckpt(b, sizeof b, on, 4);
+  expect_same_weights(a, b, 1e-7);
+  rmdir_all(off), rmdir_all(on);
+}
+
 // ---- resume ------------------------------------------------------------------------------------------------
 
 // 4 steps straight vs 2 + resume to 4 on two ranks: the same bytes and the same metrics (same reduction order,
-// data and anchor stream).
-Test(dp, resume_on_two_ranks_is_bit_exact, .timeout = 300) {
+// data and anchor stream), with ZeRO-1 (the moments gathered into the checkpoint and scattered on resume) and
+// without.
+static void resume_bit_exact(const char *sharding) {
   need_mpirun();
   char full[300], part[300];
   tmpdir(full, sizeof full, "full");
   tmpdir(part, sizeof part, "part");
-  const char *fix = "--set training.total_steps=4 --set training.batch_size=4";
-  char sets[600];
+  char fix[300];
+  snprintf(fix, sizeof fix, "--set training.total_steps=4 --set training.batch_size=4 --set training.fsdp_sharding=%s",
+           sharding);
+  char sets[1000];
   snprintf(sets, sizeof sets, "%s --set training.max_steps=4", fix);
   train_ok(2, DFLASH, full, sets);
   snprintf(sets, sizeof sets, "%s --set training.max_steps=2", fix);
@@ -221,6 +245,9 @@ Test(dp, resume_on_two_ranks_is_bit_exact, .timeout = 300) {
   json_decref(x), json_decref(y);
   rmdir_all(full), rmdir_all(part);
 }
+
+Test(dp, resume_on_two_ranks_is_bit_exact_zero1, .timeout = 300) { resume_bit_exact("SHARD_GRAD_OP"); }
+Test(dp, resume_on_two_ranks_is_bit_exact_replicated, .timeout = 300) { resume_bit_exact("NO_SHARD"); }
 
 // A checkpoint of two ranks at batch 4 resumes on one rank at batch 8 (and the reverse): the same global
 // batches, anchors and schedule, so the continuation equals the uninterrupted run of the other world size to
