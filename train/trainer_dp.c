@@ -20,6 +20,10 @@ df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
     df_moe_set_collective(ffns, n, &t->moe_coll);
     t->step_opt.dp_sum = &t->moe_coll;
   }
+  if (df_comm_backend_of(t->comm) == DF_COMM_NCCL)
+    return DF_FAIL(err, DF_ERR_NOT_IMPLEMENTED, "world size", "train data-parallel on CPU ranks under mpirun for now",
+                   "data-parallel training on GPU ranks (NCCL) is not wired into the trainer yet: the anchor and "
+                   "resume exchanges still use host buffers (docs/distributed.md)");
   const bool dev_bufs = !df_ctx_host_addressable(t->ctx);
   if (dev_bufs != df_comm_device_buffers(t->comm))
     return DF_FAIL(err, DF_ERR_INVALID, "training.device",

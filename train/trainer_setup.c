@@ -227,6 +227,11 @@ static void print_plan(const df_trainer *t) {
           rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
           (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
   fprintf(t->log, "  device %s (%d CPU threads)\n", df_ctx_backend_name(t->ctx), df_ctx_num_threads(t->ctx));
+  if (t->world > 1)
+    fprintf(t->log, "  data parallel: %d ranks x batch %lld = global batch %lld; %s\n", t->world,
+            (long long)rc->training.batch_size, (long long)(t->world * rc->training.batch_size),
+            t->zero ? "ZeRO-1 (AdamW moments and update sharded, training.fsdp_sharding)"
+                    : "replicated AdamW (training.fsdp_sharding: NO_SHARD)");
 }
 
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err) {
