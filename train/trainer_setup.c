@@ -218,15 +218,14 @@ static df_status resume(df_trainer *t, const char *path, df_error *err) {
 static void print_plan(const df_trainer *t) {
   if (!t->log) return;
   const df_recipe *rc = t->recipe;
-  fprintf(
-      t->log,
-      "draftforge train: %s -> %s\n  draft %lld parameters (%d tensors); data %lld samples, %lld batches/epoch of "
-      "%lld, accumulation %lld\n  schedule %s, lr %g, warmup %lld of %lld steps; stop at step %lld\n",
-      rc->path, rc->output_dir, (long long)df_params_param_numel(t->table), df_params_count(t->table),
-      (long long)df_feed_num_samples(t->feed), (long long)df_feed_batches_per_epoch(t->feed),
-      (long long)(t->world * rc->training.batch_size), // the global batch (long long)rc->training.accumulation_steps,
-      rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
-      (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
+  fprintf(t->log,
+          "draftforge train: %s -> %s\n  draft %lld parameters (%d tensors); data %lld samples, %lld batches/epoch of "
+          "%lld, accumulation %lld\n  schedule %s, lr %g, warmup %lld of %lld steps; stop at step %lld\n",
+          rc->path, rc->output_dir, (long long)df_params_param_numel(t->table), df_params_count(t->table),
+          (long long)df_feed_num_samples(t->feed), (long long)df_feed_batches_per_epoch(t->feed),
+          (long long)(t->world * rc->training.batch_size), (long long)rc->training.accumulation_steps,
+          rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
+          (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
   fprintf(t->log, "  device %s (%d CPU threads)\n", df_ctx_backend_name(t->ctx), df_ctx_num_threads(t->ctx));
   if (t->world > 1)
     fprintf(t->log, "  data parallel: %d ranks x batch %lld = global batch %lld; %s\n", t->world,
