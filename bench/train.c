@@ -1,4 +1,4 @@
-// The trainer end to end on the demo shape (recipes/demo-dflash.yaml): a fixed number of optimizer steps
+// The trainer end to end on the demo shape (recipes/demo-dflash-synthetic.yaml): a fixed number of optimizer steps
 // through df_train, with the data feed's reader thread on and off. Prints one table: steps/s, tokens/s, the
 // share of step time spent waiting for data (from the per-step metrics.jsonl lines), and the peak RSS.
 //
@@ -55,7 +55,7 @@ static bool read_metrics(const char *dir, run_stats *r) {
 static df_status run(const bench_args *a, bool prefetch, run_stats *r, df_error *err) {
   char dir[] = "/tmp/df_bench_train_XXXXXX", recipe[4096], set_out[4200], set_steps[64];
   if (!mkdtemp(dir)) return DF_FAIL(err, DF_ERR_IO, "/tmp", NULL, "mkdtemp failed");
-  snprintf(recipe, sizeof recipe, "%s/recipes/demo-dflash.yaml", a->repo);
+  snprintf(recipe, sizeof recipe, "%s/recipes/demo-dflash-synthetic.yaml", a->repo);
   snprintf(set_out, sizeof set_out, "output_dir=%s", dir);
   snprintf(set_steps, sizeof set_steps, "training.max_steps=%d", a->steps);
   const char *sets[] = {set_out, set_steps, "training.log_interval=1", "training.eval_interval=0",
@@ -91,7 +91,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
 int main(int argc, char **argv) {
   bench_args a;
   if (parse_args(argc, argv, &a)) return 2;
-  printf("bench_train: recipes/demo-dflash.yaml, %d optimizer steps, %d threads (step time includes the data "
+  printf("bench_train: recipes/demo-dflash-synthetic.yaml, %d optimizer steps, %d threads (step time includes the data "
          "wait and AdamW; wall includes setup and the final checkpoint)\n\n",
          a.steps, a.threads);
   printf("%-12s %8s %10s %12s %10s %9s\n", "feed", "steps", "steps/s", "tokens/s", "data wait", "wall s");

@@ -23,6 +23,7 @@
   OP(GATHER_ROWS, gather_rows)                                                                                         \
   OP(BLOCK_ATTN_FORWARD, block_attn_forward)                                                                           \
   OP(BLOCK_ATTN_BACKWARD, block_attn_backward)                                                                         \
+  OP(CAUSAL_ATTN_FORWARD, causal_attn_forward)                                                                         \
   OP(LMHEAD_CE, lmhead_ce)                                                                                             \
   OP(SOFTMAX_L1_FORWARD, softmax_l1_forward)                                                                           \
   OP(SOFTMAX_L1_BACKWARD, softmax_l1_backward)                                                                         \

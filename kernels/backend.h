@@ -17,16 +17,19 @@
 //   kernels/cpu/embedding.c     ↔ kernels/cuda/embedding.cu      embedding_forward/backward
 //   kernels/cpu/gather.c        ↔ kernels/cuda/gather.cu         gather_rows
 //   kernels/cpu/attention.c     ↔ kernels/cuda/attention.cu      block_attn_forward/backward
+//   kernels/cpu/causal_attn.c   ↔ kernels/cuda/causal_attn.cu    causal_attn_forward (the target's KV cache)
 //   kernels/cpu/lmhead_ce.c     ↔ kernels/cuda/lmhead_ce.cu      lmhead_ce
 //   kernels/cpu/dspark_loss.c   ↔ kernels/cuda/dspark_loss.cu    softmax_l1_*, bce_logits_*
 //   kernels/cpu/lmhead_dspark.c ↔ kernels/cuda/lmhead_dspark.cu  lmhead_dspark
 //   kernels/cpu/metrics.c       ↔ kernels/cuda/metrics.cu        dpace_weights, block_metrics, dspark_block_metrics
 //   kernels/cpu/optim.c         ↔ kernels/cuda/optim.cu          adamw_step, global_norm, clip_by_norm
 //   kernels/cpu/adamw_fused.c   ↔ kernels/cuda/adamw_fused.cu    grad_norm_clip, adamw_fused
-// Today kernels/cuda/ has linear.cu only; kernels/cuda/backend.h holds the state every .cu file shares.
+// Today kernels/cuda/ has linear.cu and causal_attn.cu; kernels/cuda/backend.h holds the state every .cu file
+// shares.
 #ifndef DF_KERNELS_BACKEND_H
 #define DF_KERNELS_BACKEND_H
 
+#include "kernels/causal_attn.h"
 #include "kernels/ops.h"
 
 #ifdef __cplusplus
@@ -53,6 +56,7 @@ typedef enum {
   DF_OP_GATHER_ROWS,
   DF_OP_BLOCK_ATTN_FORWARD,
   DF_OP_BLOCK_ATTN_BACKWARD,
+  DF_OP_CAUSAL_ATTN_FORWARD,
   DF_OP_LMHEAD_CE,
   DF_OP_SOFTMAX_L1_FORWARD,
   DF_OP_SOFTMAX_L1_BACKWARD,
@@ -113,6 +117,8 @@ typedef df_status df_block_attn_backward_fn(df_ctx *ctx, const df_block_attn_des
                                             const df_tensor *keep, const df_tensor *out, const df_tensor *lse,
                                             const df_tensor *dout, df_tensor *dq, df_tensor *dk, df_tensor *dv,
                                             df_error *err);
+typedef df_status df_causal_attn_forward_fn(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q,
+                                            const df_tensor *k, const df_tensor *v, df_tensor *out, df_error *err);
 typedef df_status df_lmhead_ce_fn(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden,
                                   const df_tensor *head, const df_tensor *labels, const df_tensor *weights,
                                   df_tensor *loss, df_tensor *correct, df_tensor *dhidden, df_error *err);
@@ -201,6 +207,7 @@ typedef struct df_backend {
       df_gather_rows_fn *gather_rows;
       df_block_attn_forward_fn *block_attn_forward;
       df_block_attn_backward_fn *block_attn_backward;
+      df_causal_attn_forward_fn *causal_attn_forward;
       df_lmhead_ce_fn *lmhead_ce;
       df_softmax_l1_forward_fn *softmax_l1_forward;
       df_softmax_l1_backward_fn *softmax_l1_backward;

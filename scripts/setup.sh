@@ -33,9 +33,11 @@ fi
 echo "setup: all packages present"
 
 # The tools venv (.venv-tools/, ignored by git): PyPI packages the tests read run outputs with —
-# tensorboard's event reader, wandb's offline mode, pytest to run tests/observe. Pinned; rebuilt when a pin
-# changes.
-tools_pins=("tensorboard==2.21.0" "wandb==0.31.0" "pytest==9.2.0")
+# tensorboard's event reader, wandb's offline mode, pytest to run tests/observe — and transformers (no torch)
+# for tools/prepare_data.py, which tokenizes with the target's own tokenizer and chat template. Pinned; rebuilt
+# when a pin changes.
+tools_pins=("tensorboard==2.21.0" "wandb==0.31.0" "pytest==9.2.0" "transformers==5.24.0" "tokenizers==0.23.3"
+  "jinja2==3.1.6" "pyyaml==6.0.4")
 venv=.venv-tools
 cd "$(dirname "$0")/.."
 if [ "$(cat "$venv/pins.txt" 2>/dev/null)" != "${tools_pins[*]}" ]; then

@@ -25,7 +25,11 @@ MAX_HIDDEN = 1 << 24
 DEFAULT_CHUNK_ROWS = 64
 TOKEN_CHUNK = 4096
 
-ATTRS = ("format", "version", "hidden_size", "target_layer_ids", "dtype")
+ATTRS = ("format", "version", "hidden_size", "target_layer_ids", "dtype", "layer_id_convention")
+# id L = the output of decoder layer L = transformers' hidden_states[L + 1] (SpecForge / SGLang); the only
+# convention readers accept. SHIFTED is what a capture of hidden_states[L] declares (refused by name).
+CONVENTION = "hidden_states[L+1]"
+CONVENTION_SHIFTED = "hidden_states[L]"
 DS_OFFSETS, DS_IDS, DS_MASK = "sample_offsets", "input_ids", "loss_mask"
 DS_HIDDEN, DS_LAST = "hidden_states", "target_last_hidden_states"
 
@@ -80,6 +84,7 @@ class ShardWriter:
         a["hidden_size"] = np.int64(self.h)
         a["target_layer_ids"] = np.asarray(ids, dtype=np.int64)
         a["dtype"] = dtype
+        a["layer_id_convention"] = CONVENTION
         filt = dict(compression="gzip", compression_opts=int(gzip_level), shuffle=True) if gzip_level else {}
         hdt = "<u2" if dtype == "bfloat16" else "<f4"
         cr, tc = max(1, int(chunk_rows)), max(1, int(token_chunk))
@@ -244,6 +249,13 @@ def _check_attrs(f, p):
     dt, e = _str_attr(f, "dtype")
     if e or dt not in DTYPES:
         return None, bad("dtype", e or f'is "{dt}", expected "bfloat16" or "float32"')
+    if "layer_id_convention" in f.attrs:  # absent: a shard written before the attribute (read as CONVENTION)
+        cv, e = _str_attr(f, "layer_id_convention")
+        if e or cv != CONVENTION:
+            what = e or (f'is "{cv}": shifted by one layer (id L holds the input of decoder layer L); recapture or '
+                         f're-import with --capture-convention "{CONVENTION_SHIFTED}"' if cv == CONVENTION_SHIFTED
+                         else f'is "{cv}", expected "{CONVENTION}"')
+            return None, bad("layer_id_convention", what)
     return dict(hidden_size=h, target_layer_ids=ids, dtype=dt), []
 
 

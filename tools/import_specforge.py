@@ -13,6 +13,7 @@ adjacent supervised tokens (the normalizer rejects them).
 Usage:
   /usr/bin/python3 tools/import_specforge.py SRC --out DIR --target-layer-ids 1,9,17,25,33 \\
       [--hidden-size H] [--dtype bfloat16|float32] [--samples-per-shard 1000] [--max-length N] [--gzip LEVEL]
+      [--capture-convention 'hidden_states[L+1]'|'hidden_states[L]']
 Needs torch, h5py and numpy (Debian: python3-torch, python3-h5py, python3-numpy)."""
 import argparse
 import gzip
@@ -210,6 +211,10 @@ def parse_args(argv):
     ap.add_argument("--samples-per-shard", type=int, default=1000)
     ap.add_argument("--max-length", type=int, default=0, help="truncate samples to this many tokens (0: keep all)")
     ap.add_argument("--gzip", type=int, default=0, choices=range(10), help="gzip level for the datasets (0: none)")
+    ap.add_argument("--capture-convention", choices=(hs.CONVENTION, hs.CONVENTION_SHIFTED), default=hs.CONVENTION,
+                    help="what the capture stored for id L: transformers' hidden_states[L+1] (the output of "
+                         "decoder layer L: SpecForge's SGLang capture, the default) or hidden_states[L] (a shifted "
+                         "capture: the shards then name the layers actually stored, L-1)")
     args = ap.parse_args(argv)
     if args.samples_per_shard < 1 or args.max_length < 0:
         ap.error("--samples-per-shard must be >= 1 and --max-length >= 0")
@@ -219,6 +224,15 @@ def parse_args(argv):
         ap.error(f"--target-layer-ids {args.target_layer_ids!r}: expected comma-separated integers")
     if not ids or min(ids) < 0:
         ap.error("--target-layer-ids needs at least one id >= 0")
+    if args.capture_convention == hs.CONVENTION_SHIFTED:
+        if min(ids) < 1:
+            ap.error("--capture-convention hidden_states[L] with id 0: that feature is the embedding output, which no "
+                     "decoder layer id names; recapture it")
+        shifted = [i - 1 for i in ids]
+        print(f"note: the capture stored hidden_states[L] for ids {ids}: those are the outputs of decoder layers "
+              f"{shifted}, so the shards carry target_layer_ids {shifted}; a draft configured for {ids} will refuse "
+              f"them (recapture for that draft)", file=sys.stderr)
+        ids = shifted
     args.layer_ids = ids
     return args
 
@@ -246,7 +260,8 @@ def main(argv=None):
         return 1
     report = {"source": os.path.abspath(args.src), "files": len(sources), "samples": imp.written,
               "skipped": imp.skipped, "shards": imp.shards, "target_layer_ids": imp.ids, "hidden_size": imp.h,
-              "dtype": args.dtype, "max_length": args.max_length,
+              "dtype": args.dtype, "max_length": args.max_length, "layer_id_convention": hs.CONVENTION,
+              "source_capture_convention": args.capture_convention,
               "has_target_last_hidden_states": bool(imp.has_last)}
     with open(os.path.join(args.out, "import_specforge.json"), "w") as f:
         json.dump(report, f, indent=1)

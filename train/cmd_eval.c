@@ -24,7 +24,10 @@ static const char *eval_usage =
     "report adds ce_loss, l1_loss, confidence_loss and tau_probabilistic. The recipe (its training.strategy\n"
     "must match the draft) gives the target, batch size, max_length, num_anchors, loss_decay_gamma, the DSpark\n"
     "alphas and the data: --data, else data.eval_hidden_states_path, else data.hidden_states_path (not held\n"
-    "out). --device: where it runs (default: the recipe's training.device).\n";
+    "out). --device: where it runs (default: the recipe's training.device).\n"
+    "\n"
+    "draftforge eval --spec-decode --target DIR --draft CKPT --data FILE.jsonl: real speculative decoding\n"
+    "(see draftforge eval --spec-decode --help).\n";
 
 typedef struct {
   const char *checkpoint, *recipe, *data, *out;
@@ -129,6 +132,8 @@ static df_status run_eval(const eval_args *a, eval_run *r, df_eval_report *rep, 
 }
 
 int df_cmd_eval(int argc, char **argv) {
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--spec-decode")) return df_cmd_eval_spec(argc, argv);
   eval_args a;
   int rc = parse_eval_args(argc, argv, &a);
   if (rc) return rc == 1 ? 0 : rc;

@@ -107,7 +107,7 @@ static df_status start_dist(const train_args *a, df_dist *d, df_error *err) {
   if (mem) fclose(mem);
   uint64_t hash = text ? fnv1a(text, len) : 0;
   free(text);
-  df_dist_options o = {.gpu = false, // the trainer runs on the CPU context (issue 11 brings the CUDA one)
+  df_dist_options o = {.gpu = false, // host buffers: the trainer refuses world > 1 (either device) for now
                        .cuda_device = -1,
                        .timeout_s = rc->training.dist_timeout * 60.0,
                        .deploy = deploy_of(rc),

@@ -26,7 +26,7 @@ struct df_hs_dataset {
 // Everything one shard declares, before it is compared with the others.
 typedef struct {
   df_hs_attrs a;
-  char format[128], dtype_str[64];
+  char format[128], dtype_str[64], convention[64];
   int64_t ids[DF_HS_MAX_LAYERS];
   df_dtype dtype;
 } shard_attrs;
@@ -64,6 +64,8 @@ static df_status read_attrs(hid_t f, const char *path, shard_attrs *sa, df_error
   sa->a.layer_ids = present ? sa->ids : NULL;
   DF_TRY(hs_attr_str(f, path, DF_HS_ATTR_DTYPE, sa->dtype_str, sizeof sa->dtype_str, &present, err));
   sa->a.dtype = present ? sa->dtype_str : NULL;
+  DF_TRY(hs_attr_str(f, path, DF_HS_ATTR_CONVENTION, sa->convention, sizeof sa->convention, &present, err));
+  sa->a.convention = present ? sa->convention : NULL;
   return df_hs_check_attrs(&sa->a, path, &sa->dtype, err);
 }
 
@@ -231,6 +233,7 @@ static void fill_info(df_hs_info *info, const shard_attrs *a, bool has_last, int
   for (int j = 0; j < info->num_layers; j++) info->target_layer_ids[j] = (int)a->ids[j];
   info->dtype = a->dtype;
   info->has_last_hidden = has_last;
+  info->has_convention = a->a.convention != NULL;
   info->num_shards = nshards;
 }
 
@@ -429,6 +432,9 @@ df_status df_hs_print(const char *path, FILE *out, df_error *err) {
           in->dtype == DF_BF16 ? "bfloat16" : "float32", (long long)in->hidden_size);
   fprintf(out, "target_layer_ids (K = %d): %s\nhidden_states width (K*H): %lld\n", in->num_layers, ids,
           (long long)in->num_layers * in->hidden_size);
+  fprintf(out, "layer_id_convention: %s\n",
+          in->has_convention ? DF_HS_CONVENTION " (id L = output of decoder layer L)"
+                             : "absent (a shard older than the attribute; read as " DF_HS_CONVENTION ")");
   fprintf(out, "target_last_hidden_states: %s\n", in->has_last_hidden ? "yes" : "no");
   fprintf(out, "samples: %lld\ntokens: %lld\nshards: %d\n", (long long)in->num_samples, (long long)in->num_tokens,
           in->num_shards);

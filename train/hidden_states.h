@@ -24,11 +24,17 @@ extern "C" {
 #define DF_HS_ATTR_HIDDEN_SIZE "hidden_size"
 #define DF_HS_ATTR_LAYER_IDS   "target_layer_ids"
 #define DF_HS_ATTR_DTYPE       "dtype"
-#define DF_HS_DS_OFFSETS       "sample_offsets"
-#define DF_HS_DS_INPUT_IDS     "input_ids"
-#define DF_HS_DS_LOSS_MASK     "loss_mask"
-#define DF_HS_DS_HIDDEN        "hidden_states"
-#define DF_HS_DS_LAST_HIDDEN   "target_last_hidden_states"
+#define DF_HS_ATTR_CONVENTION  "layer_id_convention"
+// The only layer-id convention draftforge reads (docs/data-format.md): id L holds the output of decoder layer
+// L, transformers' hidden_states[L + 1], SGLang's layers_to_capture L + 1 (SpecForge's captures).
+#define DF_HS_CONVENTION "hidden_states[L+1]"
+// The shifted one some capture scripts produce: id L holding hidden_states[L], the input of layer L.
+#define DF_HS_CONVENTION_SHIFTED "hidden_states[L]"
+#define DF_HS_DS_OFFSETS         "sample_offsets"
+#define DF_HS_DS_INPUT_IDS       "input_ids"
+#define DF_HS_DS_LOSS_MASK       "loss_mask"
+#define DF_HS_DS_HIDDEN          "hidden_states"
+#define DF_HS_DS_LAST_HIDDEN     "target_last_hidden_states"
 
 // ---- reader --------------------------------------------------------------------------------------------
 
@@ -42,6 +48,7 @@ typedef struct {
   int target_layer_ids[DF_HS_MAX_LAYERS];
   df_dtype dtype; // storage: DF_BF16 (uint16 bits) or DF_F32; reads always return fp32
   bool has_last_hidden;
+  bool has_convention; // layer_id_convention present (it then equals DF_HS_CONVENTION); absent: legacy shard
   int num_shards;
 } df_hs_info;
 
@@ -89,7 +96,8 @@ typedef struct {
   int gzip_level;              // 0 = no filter (the default: bf16 activations barely compress), 1..9 = shuffle+gzip
 } df_hs_writer_options;
 
-// Creates <path>.tmp; df_hs_writer_close renames it to path, so a crash never leaves a half-written shard.
+// Creates <path>.tmp (with layer_id_convention = DF_HS_CONVENTION); df_hs_writer_close renames it to path, so a crash
+// never leaves a half-written shard.
 df_status df_hs_writer_create(const char *path, const df_hs_writer_options *opt, df_hs_writer **out, df_error *err);
 
 // Appends one sample of len >= 1 rows: input_ids (len), loss_mask (len, 0/1), hidden (len, K·H) fp32,
@@ -114,10 +122,12 @@ typedef struct {
   int64_t hidden_size;
   const int64_t *layer_ids; // NULL: absent
   int64_t num_layers;
-  const char *dtype; // NULL: absent
+  const char *dtype;      // NULL: absent
+  const char *convention; // layer_id_convention; NULL: absent (shards written before it existed)
 } df_hs_attrs;
 
-// Checks the attribute values; on success sets *dtype to DF_BF16 or DF_F32. file names the shard in errors.
+// Checks the attribute values; on success sets *dtype to DF_BF16 or DF_F32. file names the shard in errors. A
+// layer_id_convention other than DF_HS_CONVENTION (a shifted capture, or an unknown one) is an error.
 df_status df_hs_check_attrs(const df_hs_attrs *a, const char *file, df_dtype *dtype, df_error *err);
 
 // What a shard's datasets look like: presence, element type and shape.

@@ -65,9 +65,32 @@ static df_status check_shape_attrs(const df_hs_attrs *a, const char *file, df_er
   return DF_OK;
 }
 
+// Absent is accepted (version-1 shards before the attribute, documented as DF_HS_CONVENTION); anything but
+// DF_HS_CONVENTION is refused, so a capture shifted by one layer never trains a draft silently.
+static df_status check_convention(const df_hs_attrs *a, const char *file, df_error *err) {
+  if (!a->convention || !strcmp(a->convention, DF_HS_CONVENTION)) return DF_OK;
+  char what[320];
+  if (!strcmp(a->convention, DF_HS_CONVENTION_SHIFTED)) {
+    snprintf(what, sizeof what,
+             "is \"%s\": id L holds the input of decoder layer L (the output of layer L-1), one layer "
+             "earlier than the \"" DF_HS_CONVENTION "\" draftforge, SpecForge and SGLang use",
+             a->convention);
+    return attr_fail(err, file, DF_HS_ATTR_CONVENTION,
+                     "recapture with draftforge capture, or re-import with tools/import_specforge.py "
+                     "--capture-convention 'hidden_states[L]' so the ids name the layers actually stored",
+                     what);
+  }
+  snprintf(what, sizeof what, "is \"%.64s\", expected \"" DF_HS_CONVENTION "\"", a->convention);
+  return attr_fail(err, file, DF_HS_ATTR_CONVENTION,
+                   "id L must hold the output of decoder layer L (transformers' hidden_states[L+1]); see "
+                   "docs/data-format.md",
+                   what);
+}
+
 df_status df_hs_check_attrs(const df_hs_attrs *a, const char *file, df_dtype *dtype, df_error *err) {
   DF_TRY(check_format_version(a, file, err));
   DF_TRY(check_shape_attrs(a, file, err));
+  DF_TRY(check_convention(a, file, err));
   const char *hint = "dtype must be \"bfloat16\" (uint16 bits) or \"float32\"";
   if (!a->dtype) return attr_fail(err, file, DF_HS_ATTR_DTYPE, hint, "is missing");
   if (!strcmp(a->dtype, "bfloat16")) {

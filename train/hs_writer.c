@@ -74,6 +74,7 @@ static df_status write_root_attrs(df_hs_writer *wr, const df_hs_writer_options *
   DF_TRY(hs_write_attr_i64(wr->file, wr->tmp, DF_HS_ATTR_VERSION, DF_HS_VERSION, err));
   DF_TRY(hs_write_attr_i64(wr->file, wr->tmp, DF_HS_ATTR_HIDDEN_SIZE, o->hidden_size, err));
   DF_TRY(hs_write_attr_i64_array(wr->file, wr->tmp, DF_HS_ATTR_LAYER_IDS, ids, o->num_layers, err));
+  DF_TRY(hs_write_attr_str(wr->file, wr->tmp, DF_HS_ATTR_CONVENTION, DF_HS_CONVENTION, err));
   return hs_write_attr_str(wr->file, wr->tmp, DF_HS_ATTR_DTYPE, o->dtype == DF_BF16 ? "bfloat16" : "float32", err);
 }
 

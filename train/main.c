@@ -15,7 +15,7 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  step RECIPE.yaml --dump DIR  one micro-step with a gradient dump (see step --help)\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
-                           "  capture ...         capture target hidden states             (not implemented yet)\n"
+                           "  capture --target DIR --data F --draft-config J --out DIR  hidden states from the target\n"
                            "  inspect FILE...     print a safetensors file, a config, HDF5 shards, or a checkpoint\n"
                            "  plot RUN_DIR        PNG charts of a run's metrics.jsonl          (see plot --help)\n"
                            "  schema [--markdown] every recipe key: type, default, status (docs/recipe-reference.md)\n"
@@ -50,12 +50,7 @@ int main(int argc, char **argv) {
     md ? df_recipe_print_reference(stdout) : df_recipe_print_schema(stdout);
     return 0;
   }
-  static const char *planned[] = {"capture"};
-  for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
-    if (!strcmp(argv[1], planned[i])) {
-      fprintf(stderr, "draftforge %s: not implemented yet\n", argv[1]);
-      return 3;
-    }
+  if (!strcmp(argv[1], "capture")) return df_cmd_capture(argc - 2, argv + 2);
   fprintf(stderr, "draftforge: unknown command '%s'\n%s", argv[1], usage);
   return 2;
 }

@@ -21,6 +21,7 @@ void df_cpu_register_elementwise(df_backend *be);
 void df_cpu_register_gather(df_backend *be);
 void df_cpu_register_metrics(df_backend *be);
 void df_cpu_register_adamw_fused(df_backend *be);
+void df_cpu_register_causal_attn(df_backend *be);
 
 static df_status cpu_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
   (void)ctx;
@@ -100,6 +101,7 @@ static void cpu_build(void) {
   df_cpu_register_gather(&cpu_table);
   df_cpu_register_metrics(&cpu_table);
   df_cpu_register_adamw_fused(&cpu_table);
+  df_cpu_register_causal_attn(&cpu_table);
 }
 
 const df_backend *df_cpu_backend(void) {

@@ -183,6 +183,7 @@ static void cuda_build(void) {
   df_cuda_register_metrics(&cuda_table);
   df_cuda_register_optim(&cuda_table);
   df_cuda_register_adamw_fused(&cuda_table);
+  df_cuda_register_causal_attn(&cuda_table);
 }
 
 extern "C" const df_backend *df_cuda_backend(void) {

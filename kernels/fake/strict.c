@@ -171,6 +171,12 @@ static df_status s_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *de
   return cpu()->block_attn_backward(in(ctx), desc, &Q, &K, &V, &A, &P, &O, &L, &DO, &DQ, &DK, &DV, err);
 }
 
+static df_status s_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, const df_tensor *q,
+                                       const df_tensor *k, const df_tensor *v, df_tensor *out, df_error *err) {
+  df_tensor Q = u(q), K = u(k), V = u(v), O = u(out);
+  return cpu()->causal_attn_forward(in(ctx), desc, &Q, &K, &V, &O, err);
+}
+
 static df_status s_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden, const df_tensor *head,
                              const df_tensor *labels, const df_tensor *weights, df_tensor *loss, df_tensor *correct,
                              df_tensor *dhidden, df_error *err) {
@@ -326,6 +332,7 @@ static void strict_build(void) {
   t->embedding_forward = s_embedding_forward, t->embedding_backward = s_embedding_backward;
   t->gather_rows = s_gather_rows;
   t->block_attn_forward = s_block_attn_forward, t->block_attn_backward = s_block_attn_backward;
+  t->causal_attn_forward = s_causal_attn_forward;
   t->lmhead_ce = s_lmhead_ce;
   t->softmax_l1_forward = s_softmax_l1_forward, t->softmax_l1_backward = s_softmax_l1_backward;
   t->bce_logits_forward = s_bce_logits_forward, t->bce_logits_backward = s_bce_logits_backward;

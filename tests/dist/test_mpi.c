@@ -178,7 +178,7 @@ Test(mpi, no_mpi_build_says_so) {
 
 // ---- draftforge train under mpirun: start-up checks end the whole job with the reason ------------------------
 
-#define DEMO DF_SOURCE_DIR "/recipes/demo-dflash.yaml"
+#define DEMO DF_SOURCE_DIR "/recipes/demo-dflash-synthetic.yaml"
 
 static void train_cmd(char *buf, size_t n, const char *out_dir, const char *sets) {
   snprintf(buf, n, "%s train %s --threads 1 --set output_dir=%s %s", DF_DRAFTFORGE_BIN, DEMO, out_dir, sets);

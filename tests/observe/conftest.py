@@ -22,7 +22,7 @@ def run_df(*args, env=None, check=True, timeout=600):
     return p
 
 
-def train(out_dir, *sets, recipe="recipes/demo-dflash.yaml", env=None, check=True, extra=()):
+def train(out_dir, *sets, recipe="recipes/demo-dflash-synthetic.yaml", env=None, check=True, extra=()):
     """A short demo training into out_dir with --set overrides ("section.key=value")."""
     args = ["train", os.path.join(SOURCE, recipe), "--set", f"output_dir={out_dir}"]
     for s in sets:

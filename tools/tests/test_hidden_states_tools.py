@@ -316,3 +316,38 @@ def test_find_sources_and_normalize_in_process(tmp_path):
     assert [tuple(v.shape) for v in s.values()] == [(4,), (4,), (4, K * H), (4, H)]
     assert imp.has_adjacent_supervision(torch.tensor([0, 1, 1])) and not imp.has_adjacent_supervision(
         torch.tensor([1, 0, 1]))
+
+
+# ---- layer-id convention ----------------------------------------------------------------------------------
+
+
+def test_convention_written_and_shifted_or_unknown_refused(tmp_path):
+    p = tmp_path / "a.h5"
+    hs.write_shard(p, make_samples(2), [1, 9, 17], H)
+    with h5py.File(p, "r") as f:
+        assert f.attrs["layer_id_convention"] == hs.CONVENTION == "hidden_states[L+1]"
+    assert hs.validate(p) == []
+    for value, needle in ((hs.CONVENTION_SHIFTED, "shifted by one layer"), ("decoder_input", "expected")):
+        with h5py.File(p, "a") as f:
+            f.attrs["layer_id_convention"] = value
+        problems = hs.validate(p)
+        assert len(problems) == 1 and "layer_id_convention" in problems[0] and needle in problems[0], problems
+    with h5py.File(p, "a") as f:  # a shard from before the attribute is read as the default
+        del f.attrs["layer_id_convention"]
+    assert hs.validate(p) == []
+
+
+def test_import_shifted_capture_names_the_stored_layers(tmp_path):
+    src, out = tmp_path / "sf", tmp_path / "out"
+    make_specforge_dir(src, False)
+    r = run_tool("import_specforge.py", src, "--out", out, "--target-layer-ids", "1,9,17", "--capture-convention",
+                 "hidden_states[L]")
+    assert r.returncode == 0, r.stderr
+    assert "outputs of decoder layers [0, 8, 16]" in r.stderr
+    ds = hs.Dataset(out)
+    assert ds.target_layer_ids == [0, 8, 16]
+    report = json.loads((out / "import_specforge.json").read_text())
+    assert report["layer_id_convention"] == hs.CONVENTION and report["source_capture_convention"] == "hidden_states[L]"
+    r = run_tool("import_specforge.py", src, "--out", tmp_path / "out2", "--target-layer-ids", "0,9",
+                 "--capture-convention", "hidden_states[L]")
+    assert r.returncode == 2 and "embedding output" in r.stderr

@@ -38,5 +38,5 @@ def test_unknown_architecture_is_refused_naming_it(tmp_path, capsys):
     d = _export(tmp_path, architectures=["LlamaForCausalLM"])
     with pytest.raises(ve.Unsupported, match="LlamaForCausalLM"):
         ve.export_kind(d)
-    assert ve.main([d, os.path.join(ROOT, "recipes", "demo-dflash.yaml")]) == 2
+    assert ve.main([d, os.path.join(ROOT, "recipes", "demo-dflash-synthetic.yaml")]) == 2
     assert "LlamaForCausalLM" in capsys.readouterr().err
