@@ -74,7 +74,7 @@ static df_status run(const char *recipe, df_comm *comm, int steps, int batch, co
 }
 
 int main(int argc, char **argv) {
-  const char *recipe = "recipes/demo-dflash.yaml"; // run from the repository root, or pass --recipe
+  const char *recipe = "recipes/demo-dflash-synthetic.yaml"; // run from the repository root, or pass --recipe
   int steps = 12, batch = 4;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--steps") && i + 1 < argc)

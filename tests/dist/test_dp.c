@@ -17,7 +17,7 @@
 
 #include "train/dist/comm.h"
 
-#define DFLASH DF_SOURCE_DIR "/recipes/demo-dflash.yaml"
+#define DFLASH DF_SOURCE_DIR "/recipes/demo-dflash-synthetic.yaml"
 #define DSPARK DF_SOURCE_DIR "/recipes/demo-dspark.yaml"
 #define MOE    DF_SOURCE_DIR "/recipes/demo-dflash-moe.yaml"
 
