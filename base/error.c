@@ -32,13 +32,35 @@ const char *df_status_name(df_status st) {
   return "unknown";
 }
 
-void df_error_print(const df_error *err) {
+const char *df_status_hint(df_status st) {
+  switch (st) {
+  case DF_OK: return "";
+  case DF_ERR_INVALID: return "check the value named above (draftforge <command> --help lists the options)";
+  case DF_ERR_IO: return "check that the path exists, is readable, and that the disk has room";
+  case DF_ERR_FORMAT: return "the file is damaged or not in the expected format; re-create it";
+  case DF_ERR_NOMEM: return "free memory, or lower training.batch_size / data.max_length";
+  case DF_ERR_UNSUPPORTED: return "this build or backend cannot do it; see docs/ for what is supported";
+  case DF_ERR_NOT_IMPLEMENTED: return "not implemented yet";
+  case DF_ERR_NUMERIC: return "lower training.learning_rate, and check the data for NaN/Inf (draftforge inspect --full)";
+  }
+  return "run with --verbose for the source location";
+}
+
+void df_error_print_verbose(const df_error *err, bool with_location) {
   if (!err || err->status == DF_OK) return;
   fprintf(stderr, "error (%s): %s", df_status_name(err->status), err->msg);
-  if (err->where[0]) fprintf(stderr, " [%s]", err->where);
+  if (err->where[0] && !strstr(err->msg, err->where)) fprintf(stderr, " [%s]", err->where);
   fputc('\n', stderr);
-  if (err->hint[0]) fprintf(stderr, "  HINT: %s\n", err->hint);
-  if (err->src_file) fprintf(stderr, "  (raised at %s:%d)\n", err->src_file, err->src_line);
+  if (with_location && err->src_file) fprintf(stderr, "  (raised at %s:%d)\n", err->src_file, err->src_line);
+  fprintf(stderr, "  HINT: %s\n", err->hint[0] ? err->hint : df_status_hint(err->status));
+}
+
+void df_error_print(const df_error *err) {
+#ifdef NDEBUG
+  df_error_print_verbose(err, false);
+#else
+  df_error_print_verbose(err, true);
+#endif
 }
 
 void df_error_clear(df_error *err) {

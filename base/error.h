@@ -4,6 +4,7 @@
 #define DF_BASE_ERROR_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,8 +45,13 @@ df_status df_fail(df_error *err, df_status st, const char *src_file, int src_lin
 
 const char *df_status_name(df_status st);
 
-// Writes "error: <msg> [<where>]\n  HINT: <hint>\n" to stderr.
+// Writes "error (<status>): <msg> [<where>]\n  HINT: <hint>\n" to stderr. Every error ends with a HINT line: one
+// that carries none gets its status's general advice. The source location ("(raised at train/x.c:N)") is added in
+// builds without NDEBUG (Debug, sanitizer) only; df_error_print_verbose chooses.
 void df_error_print(const df_error *err);
+void df_error_print_verbose(const df_error *err, bool with_location);
+// The general advice for a status, used when an error has no hint of its own.
+const char *df_status_hint(df_status st);
 
 void df_error_clear(df_error *err);
 

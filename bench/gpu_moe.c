@@ -6,6 +6,7 @@
 //
 // Compared with dense GEMMs of the same FLOPs: the routed experts' 9 GEMM shapes (3 forward, 6 backward) as if all
 // T·k rows went to one expert; "grouped / dense" is the rate the grouped path reaches relative to perfect batching.
+// The same GEMMs through moe_grouped.cu's device-offset kernels (the backend table's grouped slots) are timed too.
 // Usage: bench_gpu_moe [--tokens T] [--reps N]
 #include <math.h>
 
@@ -282,6 +283,21 @@ static void grouped_only(moe *m, void *A, void *C) {
   GPU_TRY(df_cu_gemm_grouped_wgrad(e->g, e->s, &w, ptrs, &err_));
 }
 
+// The same 9 GEMMs through the device-offset kernels of moe_grouped.cu (what the backend table's grouped slots use:
+// no host counts). Their weight gradients have the storage dtype, so they go into w3 (overwritten: nothing after
+// this reads it).
+static void device_offset_grouped(moe *m, void *A, void *C) {
+  gpu_env *e = &m->e;
+  const int64_t Tk = m->T * K;
+  void *A2 = (char *)A + (size_t)Tk * H * 2;
+  for (int p = 0; p < 2; p++) {
+    GPU_TRY(df_cu_moe_grouped_fwd(e->s, DF_BF16, A, m->w1, m->offsets, C, Tk, E, H, IW, &err_));
+    GPU_TRY(df_cu_moe_grouped_bwd(e->s, DF_BF16, C, A, m->w1, m->offsets, A2, p == 1, m->w3, Tk, E, H, IW, &err_));
+  }
+  GPU_TRY(df_cu_moe_grouped_fwd(e->s, DF_BF16, C, m->w2, m->offsets, A2, Tk, E, IW, H, &err_));
+  GPU_TRY(df_cu_moe_grouped_bwd(e->s, DF_BF16, A2, C, m->w2, m->offsets, m->up, false, m->w3, Tk, E, IW, H, &err_));
+}
+
 int main(int argc, char **argv) {
   moe m;
   memset(&m, 0, sizeof m);
@@ -301,7 +317,7 @@ int main(int argc, char **argv) {
   m.e = gpu_env_open();
   alloc_moe(&m);
   gpu_timer t = gpu_timer_make();
-  double tf[32], tb[32], td[32], tg[32];
+  double tf[32], tb[32], td[32], tg[32], to[32];
   for (int it = -1; it < reps; it++) {
     gpu_timer_start(&t, m.e.s);
     layer_fwd(&m);
@@ -322,10 +338,16 @@ int main(int argc, char **argv) {
     const double gq = gpu_timer_stop(&t, m.e.s);
     if (it >= 0) td[it] = d, tg[it] = gq;
   }
+  for (int it = -1; it < reps; it++) {
+    gpu_timer_start(&t, m.e.s);
+    device_offset_grouped(&m, A, C);
+    const double o = gpu_timer_stop(&t, m.e.s);
+    if (it >= 0) to[it] = o;
+  }
   const double Tk = (double)m.T * K, expert_flops = 18.0 * Tk * H * IW;
   const double shared_flops = 18.0 * m.T * H * SW + 6.0 * m.T * H, router_flops = 6.0 * m.T * H * E;
   const double fwd = gpu_median(tf, reps), bwd = gpu_median(tb, reps), dense = gpu_median(td, reps);
-  const double grouped = gpu_median(tg, reps);
+  const double grouped = gpu_median(tg, reps), devoff = gpu_median(to, reps);
   const double layer_flops = expert_flops + shared_flops + router_flops;
   printf("\nbench_gpu_moe: %lld tokens, H %d, %d experts top-%d width %d, gated shared expert %d, bf16, "
          "%d reps (median)\n",
@@ -337,6 +359,8 @@ int main(int argc, char **argv) {
   printf("| the routed experts' 9 grouped GEMMs | %.2f | %.1f |\n", grouped, expert_flops / (grouped / 1e3) / 1e12);
   printf("| dense GEMMs of the same 9 shapes over all rows | %.2f | %.1f |\n", dense,
          expert_flops / (dense / 1e3) / 1e12);
+  printf("| the same 9 through moe_grouped.cu (device offsets, the table's slots) | %.2f | %.1f |\n", devoff,
+         expert_flops / (devoff / 1e3) / 1e12);
   printf("grouped GEMM rate / dense GEMM rate (same FLOPs) = %.1f%%\n", 100.0 * dense / grouped);
   printf("routed-expert FLOPs %.3f TFLOP; layer %.3f TFLOP; layer rate / dense expert-GEMM rate = %.1f%%\n",
          expert_flops / 1e12, layer_flops / 1e12, 100.0 * (layer_flops / (fwd + bwd)) / (expert_flops / dense));
@@ -344,8 +368,9 @@ int main(int argc, char **argv) {
          100.0 * layer_flops / ((fwd + bwd) / 1e3) / (GPU_PEAK_BF16_TFLOPS * 1e12), GPU_PEAK_BF16_TFLOPS);
   printf("memory: %.2f GiB allocated by the bench, %.2f GiB in use on the device\n",
          (double)m.e.allocated / (double)(1u << 30), gpu_used_gib());
-  printf("GPU_MOE_SUMMARY fwd_bwd_ms=%.2f grouped_ms=%.2f dense_ms=%.2f grouped_vs_dense=%.1f%%\n", fwd + bwd, grouped,
-         dense, 100.0 * dense / grouped);
+  printf(
+      "GPU_MOE_SUMMARY fwd_bwd_ms=%.2f grouped_ms=%.2f dense_ms=%.2f grouped_vs_dense=%.1f%% device_offset_ms=%.2f\n",
+      fwd + bwd, grouped, dense, 100.0 * dense / grouped, devoff);
   gpu_env_close(&m.e);
   return 0;
 }

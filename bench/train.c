@@ -56,6 +56,8 @@ static df_status run(const bench_args *a, bool prefetch, run_stats *r, df_error 
   char dir[] = "/tmp/df_bench_train_XXXXXX", recipe[4096], set_out[4200], set_steps[64];
   if (!mkdtemp(dir)) return DF_FAIL(err, DF_ERR_IO, "/tmp", NULL, "mkdtemp failed");
   snprintf(recipe, sizeof recipe, "%s/recipes/demo-dflash-synthetic.yaml", a->repo);
+  // the demo's paths are relative to the repository root, like every recipe's to the current directory
+  if (chdir(a->repo) != 0) return DF_FAIL(err, DF_ERR_IO, a->repo, "pass --repo DIR", "cannot enter %s", a->repo);
   snprintf(set_out, sizeof set_out, "output_dir=%s", dir);
   snprintf(set_steps, sizeof set_steps, "training.max_steps=%d", a->steps);
   const char *sets[] = {set_out, set_steps, "training.log_interval=1", "training.eval_interval=0",

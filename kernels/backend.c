@@ -21,6 +21,7 @@
   OP(EMBEDDING_FORWARD, embedding_forward)                                                                             \
   OP(EMBEDDING_BACKWARD, embedding_backward)                                                                           \
   OP(GATHER_ROWS, gather_rows)                                                                                         \
+  OP(COPY_2D, copy_2d)                                                                                                 \
   OP(BLOCK_ATTN_FORWARD, block_attn_forward)                                                                           \
   OP(BLOCK_ATTN_BACKWARD, block_attn_backward)                                                                         \
   OP(CAUSAL_ATTN_FORWARD, causal_attn_forward)                                                                         \
@@ -30,6 +31,10 @@
   OP(BCE_LOGITS_FORWARD, bce_logits_forward)                                                                           \
   OP(BCE_LOGITS_BACKWARD, bce_logits_backward)                                                                         \
   OP(LMHEAD_DSPARK, lmhead_dspark)                                                                                     \
+  OP(MARKOV_GATE_FORWARD, markov_gate_forward)                                                                         \
+  OP(MARKOV_GATE_BACKWARD, markov_gate_backward)                                                                       \
+  OP(MARKOV_RNN_FORWARD, markov_rnn_forward)                                                                           \
+  OP(MARKOV_RNN_BACKWARD, markov_rnn_backward)                                                                         \
   OP(DPACE_WEIGHTS, dpace_weights)                                                                                     \
   OP(BLOCK_METRICS, block_metrics)                                                                                     \
   OP(DSPARK_BLOCK_METRICS, dspark_block_metrics)                                                                       \
@@ -37,7 +42,23 @@
   OP(GLOBAL_NORM, global_norm)                                                                                         \
   OP(CLIP_BY_NORM, clip_by_norm)                                                                                       \
   OP(GRAD_NORM_CLIP, grad_norm_clip)                                                                                   \
-  OP(ADAMW_FUSED, adamw_fused)
+  OP(ADAMW_FUSED, adamw_fused)                                                                                         \
+  OP(MOE_SCORES_FORWARD, moe_scores_forward)                                                                           \
+  OP(MOE_SCORES_BACKWARD, moe_scores_backward)                                                                         \
+  OP(MOE_SELECT, moe_select)                                                                                           \
+  OP(MOE_SELECT_BACKWARD, moe_select_backward)                                                                         \
+  OP(MOE_CENTER_FORWARD, moe_center_forward)                                                                           \
+  OP(MOE_CENTER_BACKWARD, moe_center_backward)                                                                         \
+  OP(MOE_PLAN, moe_plan)                                                                                               \
+  OP(MOE_SCALE_ROWS, moe_scale_rows)                                                                                   \
+  OP(MOE_GATE_BACKWARD, moe_gate_backward)                                                                             \
+  OP(MOE_SIGMOID_SCALE, moe_sigmoid_scale)                                                                             \
+  OP(MOE_ROUTE_STATS, moe_route_stats)                                                                                 \
+  OP(MOE_AUX_BACKWARD, moe_aux_backward)                                                                               \
+  OP(MOE_CENTER_EMA, moe_center_ema)                                                                                   \
+  OP(MOE_NOAUX_UPDATE, moe_noaux_update)                                                                               \
+  OP(MOE_GROUPED_FORWARD, moe_grouped_forward)                                                                         \
+  OP(MOE_GROUPED_BACKWARD, moe_grouped_backward)
 
 #define OP_NAME(id, field) [DF_OP_##id] = #field,
 static const char *const op_names[DF_OP_COUNT] = {DF_OPS(OP_NAME)};

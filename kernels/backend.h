@@ -15,22 +15,30 @@
 //   kernels/cpu/rope.c          ↔ kernels/cuda/rope.cu           rope_forward/backward
 //   kernels/cpu/swiglu.c        ↔ kernels/cuda/swiglu.cu         swiglu_forward/backward
 //   kernels/cpu/embedding.c     ↔ kernels/cuda/embedding.cu      embedding_forward/backward
-//   kernels/cpu/gather.c        ↔ kernels/cuda/gather.cu         gather_rows
+//   kernels/cpu/gather.c        ↔ kernels/cuda/gather.cu         gather_rows, copy_2d
 //   kernels/cpu/attention.c     ↔ kernels/cuda/attention.cu      block_attn_forward/backward
 //   kernels/cpu/causal_attn.c   ↔ kernels/cuda/causal_attn.cu    causal_attn_forward (the target's KV cache)
 //   kernels/cpu/lmhead_ce.c     ↔ kernels/cuda/lmhead_ce.cu      lmhead_ce
 //   kernels/cpu/dspark_loss.c   ↔ kernels/cuda/dspark_loss.cu    softmax_l1_*, bce_logits_*
 //   kernels/cpu/lmhead_dspark.c ↔ kernels/cuda/lmhead_dspark.cu  lmhead_dspark
+//   kernels/cpu/markov.c        ↔ kernels/cuda/markov.cu         markov_gate_*, markov_rnn_* (DSpark's heads)
 //   kernels/cpu/metrics.c       ↔ kernels/cuda/metrics.cu        dpace_weights, block_metrics, dspark_block_metrics
 //   kernels/cpu/optim.c         ↔ kernels/cuda/optim.cu          adamw_step, global_norm, clip_by_norm
 //   kernels/cpu/adamw_fused.c   ↔ kernels/cuda/adamw_fused.cu    grad_norm_clip, adamw_fused
-// Today kernels/cuda/ has linear.cu and causal_attn.cu; kernels/cuda/backend.h holds the state every .cu file
-// shares.
+//   kernels/cpu/moe_router.c    ↔ kernels/cuda/moe_router.cu     moe_scores_*, moe_select, moe_select_backward
+//   kernels/cpu/moe_dispatch.c  ↔ kernels/cuda/moe_dispatch.cu   moe_plan, moe_scale_rows, moe_gate_backward,
+//                                                                moe_sigmoid_scale
+//   kernels/cpu/moe_aux.c       ↔ kernels/cuda/moe_aux.cu        moe_center_*, moe_route_stats, moe_aux_backward,
+//                                                                moe_center_ema, moe_noaux_update
+//   kernels/cpu/moe_experts.c   ↔ kernels/cuda/moe_experts.cu    moe_grouped_forward/backward
+// kernels/cuda/ fills every slot but the ones docs/gpu-training.md lists; kernels/cuda/backend.h holds the state
+// every .cu file shares.
 #ifndef DF_KERNELS_BACKEND_H
 #define DF_KERNELS_BACKEND_H
 
 #include "kernels/causal_attn.h"
 #include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,6 +62,7 @@ typedef enum {
   DF_OP_EMBEDDING_FORWARD,
   DF_OP_EMBEDDING_BACKWARD,
   DF_OP_GATHER_ROWS,
+  DF_OP_COPY_2D,
   DF_OP_BLOCK_ATTN_FORWARD,
   DF_OP_BLOCK_ATTN_BACKWARD,
   DF_OP_CAUSAL_ATTN_FORWARD,
@@ -63,6 +72,10 @@ typedef enum {
   DF_OP_BCE_LOGITS_FORWARD,
   DF_OP_BCE_LOGITS_BACKWARD,
   DF_OP_LMHEAD_DSPARK,
+  DF_OP_MARKOV_GATE_FORWARD,
+  DF_OP_MARKOV_GATE_BACKWARD,
+  DF_OP_MARKOV_RNN_FORWARD,
+  DF_OP_MARKOV_RNN_BACKWARD,
   DF_OP_DPACE_WEIGHTS,
   DF_OP_BLOCK_METRICS,
   DF_OP_DSPARK_BLOCK_METRICS,
@@ -71,6 +84,22 @@ typedef enum {
   DF_OP_CLIP_BY_NORM,
   DF_OP_GRAD_NORM_CLIP,
   DF_OP_ADAMW_FUSED,
+  DF_OP_MOE_SCORES_FORWARD,
+  DF_OP_MOE_SCORES_BACKWARD,
+  DF_OP_MOE_SELECT,
+  DF_OP_MOE_SELECT_BACKWARD,
+  DF_OP_MOE_CENTER_FORWARD,
+  DF_OP_MOE_CENTER_BACKWARD,
+  DF_OP_MOE_PLAN,
+  DF_OP_MOE_SCALE_ROWS,
+  DF_OP_MOE_GATE_BACKWARD,
+  DF_OP_MOE_SIGMOID_SCALE,
+  DF_OP_MOE_ROUTE_STATS,
+  DF_OP_MOE_AUX_BACKWARD,
+  DF_OP_MOE_CENTER_EMA,
+  DF_OP_MOE_NOAUX_UPDATE,
+  DF_OP_MOE_GROUPED_FORWARD,
+  DF_OP_MOE_GROUPED_BACKWARD,
   DF_OP_COUNT
 } df_op;
 
@@ -109,6 +138,8 @@ typedef df_status df_embedding_backward_fn(df_ctx *ctx, const df_tensor *dout, c
                                            df_error *err);
 typedef df_status df_gather_rows_fn(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out,
                                     df_error *err);
+typedef df_status df_copy_2d_fn(df_ctx *ctx, const df_copy_2d_desc *desc, const df_tensor *src, df_tensor *dst,
+                                df_error *err);
 typedef df_status df_block_attn_forward_fn(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
                                            const df_tensor *k, const df_tensor *v, const df_tensor *anchors,
                                            const df_tensor *keep, df_tensor *out, df_tensor *lse, df_error *err);
@@ -132,6 +163,15 @@ typedef df_status df_bce_logits_backward_fn(df_ctx *ctx, const df_tensor *x, con
                                             df_tensor *dx, df_error *err);
 typedef df_status df_lmhead_dspark_fn(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,
                                       const df_lmhead_dspark_out *out, df_error *err);
+typedef df_status df_markov_gate_forward_fn(df_ctx *ctx, const df_tensor *pre, const df_tensor *e, df_tensor *gate,
+                                            df_tensor *u, df_error *err);
+typedef df_status df_markov_gate_backward_fn(df_ctx *ctx, const df_tensor *gate, const df_tensor *e,
+                                             const df_tensor *du, df_tensor *de, df_tensor *dpre, df_error *err);
+typedef df_status df_markov_rnn_forward_fn(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                           const df_tensor *s_prev, df_tensor *s, df_tensor *u, df_error *err);
+typedef df_status df_markov_rnn_backward_fn(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                            const df_tensor *s_prev, const df_tensor *du, df_tensor *ds, df_tensor *dy,
+                                            df_error *err);
 typedef df_status df_dpace_weights_fn(df_ctx *ctx, df_dpace_mode mode, double alpha, int64_t bs, const df_tensor *ce,
                                       const df_tensor *w, df_tensor *out, df_tensor *row_w, df_error *err);
 typedef df_status df_block_metrics_fn(df_ctx *ctx, int64_t bs, const df_tensor *ce, const df_tensor *correct,
@@ -149,6 +189,44 @@ typedef df_status df_grad_norm_clip_fn(df_ctx *ctx, const df_grad_norm_desc *des
 typedef df_status df_adamw_fused_fn(df_ctx *ctx, const df_adamw_fused_desc *desc, df_tensor *master,
                                     const df_tensor *grad, df_tensor *m, df_tensor *v, const df_tensor *mask,
                                     const df_tensor *norm_stats, df_tensor *params, df_error *err);
+
+typedef df_status df_moe_scores_forward_fn(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits, df_tensor *scores,
+                                           df_error *err);
+typedef df_status df_moe_scores_backward_fn(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits,
+                                            const df_tensor *scores, const df_tensor *dscores, df_tensor *dlogits,
+                                            df_error *err);
+typedef df_status df_moe_select_fn(df_ctx *ctx, const df_moe_route_desc *desc, const df_tensor *scores,
+                                   const df_tensor *sel_shift, df_tensor *indices, df_tensor *weights,
+                                   df_tensor *counts, df_error *err);
+typedef df_status df_moe_select_backward_fn(df_ctx *ctx, const df_moe_route_desc *desc, const df_tensor *scores,
+                                            const df_tensor *indices, const df_tensor *weights,
+                                            const df_tensor *dweights, const df_tensor *aux_row, df_tensor *dscores,
+                                            df_error *err);
+typedef df_status df_moe_center_forward_fn(df_ctx *ctx, int64_t rows_per_sample, const df_tensor *x,
+                                           const df_tensor *mu, df_tensor *u, df_tensor *batch_mean, df_error *err);
+typedef df_status df_moe_center_backward_fn(df_ctx *ctx, int64_t rows_per_sample, const df_tensor *du, df_tensor *dx,
+                                            bool accumulate, df_error *err);
+typedef df_status df_moe_plan_fn(df_ctx *ctx, int64_t k, const df_tensor *indices, const df_tensor *counts,
+                                 df_tensor *offsets, df_tensor *slot, df_tensor *token, df_error *err);
+typedef df_status df_moe_scale_rows_fn(df_ctx *ctx, df_tensor *h, const df_tensor *w, const df_tensor *idx,
+                                       df_error *err);
+typedef df_status df_moe_gate_backward_fn(df_ctx *ctx, bool sigmoid, df_tensor *dh, const df_tensor *act,
+                                          const df_tensor *w, const df_tensor *idx, df_tensor *out, df_error *err);
+typedef df_status df_moe_sigmoid_scale_fn(df_ctx *ctx, df_tensor *z, df_tensor *a, df_error *err);
+typedef df_status df_moe_route_stats_fn(df_ctx *ctx, const df_moe_stats_desc *desc, const df_tensor *scores,
+                                        const df_tensor *counts, const df_tensor *bias, df_tensor *stats,
+                                        bool accumulate, df_tensor *count_stash, df_error *err);
+typedef df_status df_moe_aux_backward_fn(df_ctx *ctx, const df_moe_stats_desc *desc, int64_t T, const df_tensor *counts,
+                                         double upstream, df_tensor *row, df_error *err);
+typedef df_status df_moe_center_ema_fn(df_ctx *ctx, double rho, const df_tensor *stash, df_tensor *mu, df_tensor *steps,
+                                       df_error *err);
+typedef df_status df_moe_noaux_update_fn(df_ctx *ctx, float rate, const df_tensor *load, df_tensor *bias,
+                                         df_error *err);
+typedef df_status df_moe_grouped_forward_fn(df_ctx *ctx, const df_tensor *x, const df_tensor *w,
+                                            const df_tensor *offsets, df_tensor *y, df_error *err);
+typedef df_status df_moe_grouped_backward_fn(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
+                                             const df_tensor *offsets, df_tensor *dx, bool accumulate_dx, df_tensor *dw,
+                                             df_error *err);
 
 // ---- the table -------------------------------------------------------------------------------------------------
 
@@ -205,6 +283,7 @@ typedef struct df_backend {
       df_embedding_forward_fn *embedding_forward;
       df_embedding_backward_fn *embedding_backward;
       df_gather_rows_fn *gather_rows;
+      df_copy_2d_fn *copy_2d;
       df_block_attn_forward_fn *block_attn_forward;
       df_block_attn_backward_fn *block_attn_backward;
       df_causal_attn_forward_fn *causal_attn_forward;
@@ -214,6 +293,10 @@ typedef struct df_backend {
       df_bce_logits_forward_fn *bce_logits_forward;
       df_bce_logits_backward_fn *bce_logits_backward;
       df_lmhead_dspark_fn *lmhead_dspark;
+      df_markov_gate_forward_fn *markov_gate_forward;
+      df_markov_gate_backward_fn *markov_gate_backward;
+      df_markov_rnn_forward_fn *markov_rnn_forward;
+      df_markov_rnn_backward_fn *markov_rnn_backward;
       df_dpace_weights_fn *dpace_weights;
       df_block_metrics_fn *block_metrics;
       df_dspark_block_metrics_fn *dspark_block_metrics;
@@ -222,6 +305,22 @@ typedef struct df_backend {
       df_clip_by_norm_fn *clip_by_norm;
       df_grad_norm_clip_fn *grad_norm_clip;
       df_adamw_fused_fn *adamw_fused;
+      df_moe_scores_forward_fn *moe_scores_forward;
+      df_moe_scores_backward_fn *moe_scores_backward;
+      df_moe_select_fn *moe_select;
+      df_moe_select_backward_fn *moe_select_backward;
+      df_moe_center_forward_fn *moe_center_forward;
+      df_moe_center_backward_fn *moe_center_backward;
+      df_moe_plan_fn *moe_plan;
+      df_moe_scale_rows_fn *moe_scale_rows;
+      df_moe_gate_backward_fn *moe_gate_backward;
+      df_moe_sigmoid_scale_fn *moe_sigmoid_scale;
+      df_moe_route_stats_fn *moe_route_stats;
+      df_moe_aux_backward_fn *moe_aux_backward;
+      df_moe_center_ema_fn *moe_center_ema;
+      df_moe_noaux_update_fn *moe_noaux_update;
+      df_moe_grouped_forward_fn *moe_grouped_forward;
+      df_moe_grouped_backward_fn *moe_grouped_backward;
     };
     void (*slot[DF_OP_COUNT])(void);
   };

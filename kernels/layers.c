@@ -211,3 +211,42 @@ df_status df_gather_rows(df_ctx *ctx, const df_tensor *src, const df_tensor *idx
   DF_TRY(df_backend_require(ctx, DF_OP_GATHER_ROWS, st, err));
   return ctx->backend->gather_rows(ctx, src, idx, out, err);
 }
+
+// ---- Strided 2-D copy ------------------------------------------------------------------------------------------
+
+// The last element a (rows, cols, offset, stride) pattern touches lies inside t.
+static df_status check_extent(const df_tensor *t, const char *name, int64_t rows, int64_t cols, int64_t offset,
+                              int64_t stride, df_error *err) {
+  char d[96];
+  const int64_t end = offset + (rows - 1) * stride + cols;
+  if (end > df_numel(t))
+    return DF_FAIL(err, DF_ERR_INVALID, name, "offset + (rows - 1)·stride + cols must not exceed the tensor",
+                   "tensor '%s' %s holds %lld elements; the copy reaches element %lld", name,
+                   df_tensor_desc(t, d, sizeof d), (long long)df_numel(t), (long long)end);
+  return DF_OK;
+}
+
+df_status df_copy_2d(df_ctx *ctx, const df_copy_2d_desc *desc, const df_tensor *src, df_tensor *dst, df_error *err) {
+  if (!desc) return DF_FAIL(err, DF_ERR_INVALID, "desc", NULL, "desc is NULL");
+  const df_copy_2d_desc *c = desc;
+  if (c->rows < 0 || c->cols < 0 || c->src_offset < 0 || c->dst_offset < 0 || c->src_stride < 0 ||
+      (c->rows > 1 && c->dst_stride < c->cols))
+    return DF_FAIL(err, DF_ERR_INVALID, "desc", "rows, cols, offsets >= 0; dst_stride >= cols (rows may not overlap)",
+                   "bad copy: %lld x %lld, src %lld + i*%lld, dst %lld + i*%lld", (long long)c->rows,
+                   (long long)c->cols, (long long)c->src_offset, (long long)c->src_stride, (long long)c->dst_offset,
+                   (long long)c->dst_stride);
+  df_dtype st;
+  DF_TRY(df_check_storage(src, "src", &st, err));
+  DF_TRY(df_check_tensor(ctx, src, "src", st, -1, err));
+  DF_TRY(df_check_tensor(ctx, dst, "dst", st, -1, err));
+  const size_t es = df_dtype_size(st);
+  const uintptr_t s0 = (uintptr_t)src->data, s1 = s0 + (size_t)df_numel(src) * es;
+  const uintptr_t d0 = (uintptr_t)dst->data, d1 = d0 + (size_t)df_numel(dst) * es;
+  if (s0 < d1 && d0 < s1)
+    return DF_FAIL(err, DF_ERR_INVALID, "dst", "copy between two distinct buffers", "src and dst overlap");
+  if (c->rows == 0 || c->cols == 0) return DF_OK;
+  DF_TRY(check_extent(src, "src", c->rows, c->cols, c->src_offset, c->src_stride, err));
+  DF_TRY(check_extent(dst, "dst", c->rows, c->cols, c->dst_offset, c->dst_stride, err));
+  DF_TRY(df_backend_require(ctx, DF_OP_COPY_2D, st, err));
+  return ctx->backend->copy_2d(ctx, desc, src, dst, err);
+}

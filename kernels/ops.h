@@ -150,6 +150,17 @@ df_status df_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_ten
 // idx [R] i32, out [R, H] (DSpark's teacher rows). idx[r] >= N is the caller's bug: the CPU backend reports it,
 // others assume the host validated the indices where it built them.
 df_status df_gather_rows(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out, df_error *err);
+// Strided 2-D copy between two distinct buffers of one storage dtype, offsets and strides in elements:
+//   dst[dst_offset + i·dst_stride + j]  =  (+= with accumulate)  src[src_offset + i·src_stride + j]
+// for i < rows, j < cols; dst_stride >= cols (its rows do not overlap); both ranges inside their tensors.
+// Concatenating row pieces ([h ; e]), adding a column range of a gradient back, taking every bs-th row.
+typedef struct {
+  int64_t rows, cols;
+  int64_t src_offset, src_stride;
+  int64_t dst_offset, dst_stride;
+  bool accumulate;
+} df_copy_2d_desc;
+df_status df_copy_2d(df_ctx *ctx, const df_copy_2d_desc *desc, const df_tensor *src, df_tensor *dst, df_error *err);
 
 // ---------------------------------------------------------------------------------------------
 // Block-masked attention (DFlash). Queries are the N·bs block tokens of each sample; keys/values are
@@ -246,6 +257,31 @@ typedef struct {
 
 df_status df_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,
                            const df_lmhead_dspark_out *out, df_error *err);
+
+// ---------------------------------------------------------------------------------------------
+// DSpark's Markov heads (modeling/dspark_heads.h): the elementwise parts between their GEMMs (df_linear_*).
+// Every tensor has the storage dtype of e / y; σ is the logistic function.
+
+// gated, over [R, r]: gate = σ(pre), u = gate ⊙ e. gate may be pre (in place).
+df_status df_markov_gate_forward(df_ctx *ctx, const df_tensor *pre, const df_tensor *e, df_tensor *gate, df_tensor *u,
+                                 df_error *err);
+// de += du ⊙ gate;  dpre = du ⊙ e ⊙ gate (1 − gate)  (written).
+df_status df_markov_gate_backward(df_ctx *ctx, const df_tensor *gate, const df_tensor *e, const df_tensor *du,
+                                  df_tensor *de, df_tensor *dpre, df_error *err);
+
+// rnn: one slot k of nb blocks of bs slots (rows of u and du are (block, slot): R = nb·bs).
+typedef struct {
+  int64_t slot, block_size; // k in [0, bs), bs
+} df_markov_rnn_desc;
+// y [nb, 3r] = (a, c, o), slot k's pre-activations; s_prev [nb, r] the state after slot k−1 (NULL: k = 0, zero):
+//   s = σ(a) ⊙ s_prev + (1 − σ(a)) ⊙ tanh(c)  [nb, r];   u[b·bs + k, :] = tanh(o)  (u [R, r]; other rows kept).
+df_status df_markov_rnn_forward(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                const df_tensor *s_prev, df_tensor *s, df_tensor *u, df_error *err);
+// Slot k's backward. ds [nb, r]: dL/ds_k in, dL/ds_{k−1} through the gate out (ds ⊙ σ(a)); du [R, r] or NULL (0):
+//   dy = (ds (s_prev − tanh c) σ'(a),  ds (1 − σ(a)) (1 − tanh² c),  du[b·bs + k] (1 − tanh² o))  [nb, 3r] written.
+df_status df_markov_rnn_backward(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                 const df_tensor *s_prev, const df_tensor *du, df_tensor *ds, df_tensor *dy,
+                                 df_error *err);
 
 // ---------------------------------------------------------------------------------------------
 // Block objectives on the device: D-PACE weights and the per-block metric sums, so the strategies never read

@@ -12,8 +12,6 @@
 #include "modeling/dflash_layer.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
-#include "moe/ffn_moe.h"
-#include "moe/layout.h"
 
 struct df_dflash_model {
   const df_draft_config *cfg; // borrowed: outlives the model
@@ -33,6 +31,7 @@ struct df_dflash_model {
 
   // Activation arena, laid out for dims.
   void *arena;
+  float *ffn_state; // the FFNs' persistent device state (modeling/ffn.h state_elems), NULL when none
   size_t arena_cap, arena_used;
   int32_t *host_pos; // (T + KV) host staging for the positions
   int64_t host_pos_cap;
@@ -97,6 +96,24 @@ static void copy_sizes(df_dflash_model *m, const df_draft_config *cfg) {
 
 static df_status zero_device(df_dflash_model *m, float *dst, int64_t n, df_error *err);
 
+// The FFNs' persistent device state (the MoE statistics record and stashes): one zeroed buffer, 16-float regions.
+static df_status bind_ffn_state(df_dflash_model *m, df_error *err) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < m->L; i++)
+    if (m->ffns[i]->vt->state_elems) total += (m->ffns[i]->vt->state_elems(m->ffns[i]) + 15) / 16 * 16;
+  if (total == 0) return DF_OK;
+  DF_TRY(df_buffer_alloc(m->ctx, sizeof(float) * (size_t)total, (void **)&m->ffn_state, err));
+  DF_TRY(zero_device(m, m->ffn_state, total, err));
+  float *p = m->ffn_state;
+  for (int64_t i = 0; i < m->L; i++) {
+    df_ffn *f = m->ffns[i];
+    if (!f->vt->state_elems) continue;
+    f->vt->bind_state(f, p);
+    p += (f->vt->state_elems(f) + 15) / 16 * 16;
+  }
+  return DF_OK;
+}
+
 static df_status alloc_state(df_dflash_model *m, df_error *err) {
   m->numel = df_params_numel(m->params);
   const size_t bytes = (size_t)m->numel * sizeof(float);
@@ -113,7 +130,7 @@ static df_status alloc_state(df_dflash_model *m, df_error *err) {
   if (m->cfg->kind == DF_DRAFT_DSPARK)
     DF_TRY(df_dspark_heads_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->dspark, err));
   for (int64_t i = 0; i < m->L; i++) m->ffns[i] = m->layers[i].ffn;
-  return DF_OK;
+  return bind_ffn_state(m, err);
 }
 
 static df_status build_rope(df_dflash_model *m, df_error *err) {
@@ -162,6 +179,7 @@ void df_dflash_model_free(df_dflash_model *m) {
   df_buffer_free(m->ctx, m->grads);
   df_buffer_free(m->ctx, m->inv_freq);
   df_buffer_free(m->ctx, m->arena);
+  df_buffer_free(m->ctx, m->ffn_state);
   df_params_free(m->params);
   free(m->host_pos);
   free(m->layers);
@@ -183,7 +201,7 @@ df_ffn *const *df_dflash_model_ffns(const df_dflash_model *m, int *n) {
 }
 bool df_dflash_model_is_moe(const df_dflash_model *m) { return m->cfg->moe != NULL; }
 void df_dflash_model_set_training(df_dflash_model *m, bool training) {
-  df_moe_set_training(m->ffns, (int)m->L, training);
+  if (m->cfg->ffn_kind) m->cfg->ffn_kind->set_training(m->ffns, (int)m->L, training);
 }
 
 // Zeroes n floats of device memory.
@@ -250,11 +268,13 @@ df_status df_dflash_model_load_ex(df_dflash_model *m, const char *path, bool cen
   }
   // inv_freq is derived from the config, never a parameter (older HF checkpoints persisted it).
   static const char *const ignore[] = {"rotary_emb.inv_freq"};
-  df_moe_load_options opt = {.base = {.ignore_suffixes = ignore, .n_ignore = 1},
-                             .centering_optional = centering_optional};
-  if (m->dspark) opt.base.renames = df_dspark_heads_legacy_renames(&opt.base.n_renames); // logit_head.* (SpecForge)
-  // MoE tensors pass through the config's checkpoint layout; a dense draft (moe NULL) loads strictly as before.
-  st = df_moe_layout_load(m->cfg->moe, m->params, host, sm, &opt, NULL, err);
+  df_load_options opt = {.ignore_suffixes = ignore, .n_ignore = 1};
+  if (m->dspark) opt.renames = df_dspark_heads_legacy_renames(&opt.n_renames); // logit_head.* (SpecForge)
+  // A sparse FFN kind's tensors pass through its checkpoint layout; a dense draft loads strictly.
+  if (m->cfg->ffn_kind)
+    st = m->cfg->ffn_kind->load(m->cfg->moe, m->params, host, sm, &opt, centering_optional, err);
+  else
+    st = df_params_load_strict(m->params, host, sm, &opt, NULL, err);
   df_st_model_close(sm);
   return host_flat_commit(m, host, st, err);
 }
@@ -471,7 +491,8 @@ df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *bat
   DF_TRY(check_batch(m, batch, err));
   const dflash_dims d = make_dims(m, batch);
   DF_TRY(ensure_arena(m, &d, err));
-  df_moe_set_rows_per_sample(m->ffns, (int)m->L, d.Q); // sample centering: one sample's N·bs block rows
+  if (m->cfg->ffn_kind) // MoE sample centering: one sample's N·bs block rows
+    m->cfg->ffn_kind->set_rows_per_sample(m->ffns, (int)m->L, d.Q);
   DF_TRY(upload_batch(m, batch, err));
   DF_TRY(context_forward(m, err));
   const dflash_shared sh = shared_inputs(m);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "modeling/draft_config_internal.h"
+#include "modeling/ffn.h"
 #include "modeling/target_config.h"
 
 // Qwen3Config defaults (transformers), used when a key is absent or null.
@@ -200,7 +201,7 @@ static df_status build(const df_cj *c, json_t *root, df_draft_config_owned *o) {
   DF_TRY(parse_layers(c, root, o));
   DF_TRY(df_draft_parse_rope(c, root, cfg));
   DF_TRY(df_draft_parse_dflash(c, root, o));
-  return df_draft_parse_moe(c, root, o);
+  return df_draft_parse_ffn_kind(c, root, o);
 }
 
 static df_status build_owner(const df_cj *c, json_t *root, void *owner) {
@@ -242,6 +243,7 @@ df_status df_draft_config_from_json(const char *text, size_t len, const char *na
 void df_draft_config_free(const df_draft_config *cfg) {
   if (!cfg) return;
   df_draft_config_owned *o = (df_draft_config_owned *)cfg; // the public struct is the owner's first member
+  if (o->ffn_cfg) o->pub.ffn_kind->config_free(o->ffn_cfg);
   json_decref(o->doc.root);
   free(o->doc.source);
   free(o->layer_types);

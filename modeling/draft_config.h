@@ -16,7 +16,8 @@ extern "C" {
 #endif
 
 struct df_target_config;
-struct df_moe_config; // moe/config.h
+struct df_moe_config; // opaque here: the "moe" FFN kind's config (moe/config.h)
+struct df_ffn_kind;   // modeling/ffn.h
 
 // Caps that keep a hostile file from asking for absurd allocations; far above any real draft.
 enum {
@@ -99,8 +100,11 @@ typedef struct df_draft_config {
   double initializer_range;
   const char *hidden_act;  // "silu"
   const char *torch_dtype; // "dtype" or "torch_dtype"; NULL when absent
-  // The resolved MoE FFN (moe/config.h) when the draft names moe_preset: every decoder layer's FFN is then
-  // the MoE FFN. NULL for a dense draft.
+  // The FFN kind the document asks for (modeling/ffn.h; resolved through df_ffn_kinds) and its config: every
+  // decoder layer's FFN is then that kind's. NULL, NULL for a dense draft. The one kind listed today is "moe"
+  // (moe_preset): moe is its resolved config (moe/config.h), which modeling/ passes to the kind's hooks
+  // without reading it.
+  const struct df_ffn_kind *ffn_kind;
   const struct df_moe_config *moe;
   const json_t *json; // the whole document as read (unknown keys included); read-only
 } df_draft_config;
@@ -127,6 +131,22 @@ const char *df_rope_type_name(df_rope_type type);
 // embedding / lm_head). active counts num_experts_per_tok of the routed experts per MoE layer, everything
 // else whole (equal to total for a dense draft). Buffers (MoE centering, biases) are not parameters.
 void df_draft_config_param_counts(const df_draft_config *cfg, int64_t *total, int64_t *active);
+
+// The config as servers should read it (modeling/draft_config_serving.c): a copy of cfg->json with every
+// value SGLang 0.5.23 / transformers look up written out as draftforge resolved it — block_size and
+// num_target_layers at the top level (a disagreeing dflash_config copy is an error), target_layer_ids and,
+// when mask_token_id >= 0, mask_token_id in dflash_config (and over any top-level / dspark_config copy), the
+// backbone sizes and layer_types, RoPE mirrored as rope_theta + rope_scaling + rope_parameters, and for DSpark
+// the four head keys at the top level and in dflash_config; an MoE draft names its MoE serving class
+// (DFlashMoEDraftModel / Qwen3MoeDSparkModel), never a dense one. Checkpoints and exports write it as config.json;
+// it parses back into the same draft. *out is a new reference.
+df_status df_draft_config_resolved_json(const df_draft_config *cfg, int64_t mask_token_id, json_t **out, df_error *err);
+
+// Keys of a draft config SGLang 0.5.23 reads that would make it serve another computation than draftforge trains
+// (use_gemma_norm, rope_is_neox_style, dflash_config.conv_kernel_size, ...; DSpark: sample_from_anchor false):
+// the number found; the first max are named in keys[] with what SGLang would do in whats[]. The resolved config
+// refuses the first (training and export stop naming it); inspect flags them all.
+int df_draft_config_serving_variants(const json_t *root, bool dspark, const char **keys, const char **whats, int max);
 
 // The resolved values, defaults included (`draftforge inspect config.json`).
 void df_draft_config_print(const df_draft_config *cfg, FILE *fp);

@@ -1,5 +1,5 @@
 // dflash_config: mask token, target layer ids and the DSpark head keys (the moe_* training keys are resolved
-// with the MoE config, draft_config_moe.c).
+// with the MoE config, draft_config_ffn.c).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

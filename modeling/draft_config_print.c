@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "modeling/draft_config.h"
-#include "moe/config.h"
+#include "modeling/ffn.h"
 
 #define ROW "  %-36s "
 
@@ -44,7 +44,9 @@ static bool known_top_key(const char *key) {
                                      "confidence_head_with_markov"};
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
     if (!strcmp(key, keys[i])) return true;
-  return df_moe_is_top_level_key(key);
+  for (int i = 0; i < df_ffn_num_kinds; i++)
+    if (df_ffn_kinds[i]->is_top_level_key(key)) return true;
+  return false;
 }
 
 static void print_rope(const df_rope_config *r, FILE *fp) {
@@ -158,7 +160,10 @@ void df_draft_config_print(const df_draft_config *cfg, FILE *fp) {
   fprintf(fp, ROW "%g\n", "initializer_range", cfg->initializer_range);
   fprintf(fp, ROW "%s\n", "hidden_act", cfg->hidden_act);
   fprintf(fp, ROW "%s\n", "torch_dtype", cfg->torch_dtype ? cfg->torch_dtype : "(absent)");
-  df_moe_config_print(cfg->moe, fp);
+  if (cfg->ffn_kind)
+    cfg->ffn_kind->config_print(cfg->moe, fp);
+  else
+    fprintf(fp, ROW "%s\n", "ffn", "dense");
   int64_t total = 0, active = 0;
   df_draft_config_param_counts(cfg, &total, &active);
   fprintf(fp, ROW "%.4g B total, %.4g B active\n", "parameters", (double)total / 1e9, (double)active / 1e9);

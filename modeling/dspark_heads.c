@@ -1,6 +1,7 @@
 // DSpark Markov and confidence heads (modeling/dspark_heads.h): parameters, forward and backward over the
-// block rows, legacy checkpoint names, and the export config normalization. GEMMs and the embedding gather go
-// through the op interface; the elementwise parts are CPU loops (the heads refuse a CUDA context for now).
+// block rows, legacy checkpoint names, and the export config normalization. Every step of the math is an op on the
+// heads' context (GEMMs, the embedding gather, df_copy_2d for the row concatenations and gradient splits, the
+// Markov gate and rnn cell ops); the forward's tensors and the backward's scratch live in one device buffer.
 #include "modeling/dspark_heads.h"
 
 #include <ctype.h>
@@ -30,10 +31,13 @@ struct df_dspark_heads {
   bool conf, conf_markov;
   ds_pview w1, w2, proj_w, proj_b, conf_w, conf_b; // proj: gate_proj (gated) or joint_proj (rnn)
 
-  // The last forward (buffers sized for cap rows).
-  int64_t nb, bs, R, cap;
+  // The last forward and its backward's scratch: pieces of one device buffer (`arena`, cap bytes), laid out for
+  // R rows (nb blocks) by carve(); regrown only when a batch needs more.
+  int64_t nb, bs, R;
   bool have_forward;
-  const float *hidden; // [R, H] borrowed
+  void *arena;
+  size_t cap;
+  const float *hidden; // [R, H] borrowed (device memory of ctx)
   int32_t *prev;       // [R]
   float *e;            // [R, r] W1[prev]
   float *u;            // [R, r] latent (gated, rnn; vanilla uses e)
@@ -42,6 +46,10 @@ struct df_dspark_heads {
   float *z, *y, *s;    // rnn, slot-major: [bs, nb, 2r + H] inputs, [bs, nb, 3r] outputs, [bs, nb, r] states
   float *cin;          // confidence with Markov: [R, H + r]
   float *conf_out;     // [R]
+  float *de;           // backward: [R, r] dL/de
+  float *da, *dgin;    // gated backward: [R, r], [R, H + r]
+  float *ds, *dy, *dz; // rnn backward: [nb, r], [nb, 3r], [nb, 2r + H]
+  float *dcin;         // confidence backward: [R, H (+ r)]
 };
 
 // ---- parameters ----------------------------------------------------------------------------------------------
@@ -113,10 +121,8 @@ df_status df_dspark_heads_create(const df_draft_config *cfg, df_ctx *ctx, const 
 }
 
 static void free_buffers(df_dspark_heads *h) {
-  free(h->prev), free(h->e), free(h->u), free(h->gin), free(h->gate), free(h->z), free(h->y), free(h->s);
-  free(h->cin), free(h->conf_out);
-  h->prev = NULL, h->e = h->u = h->gin = h->gate = h->z = h->y = h->s = h->cin = h->conf_out = NULL;
-  h->cap = 0;
+  df_buffer_free(h->ctx, h->arena);
+  h->arena = NULL, h->cap = 0;
 }
 
 void df_dspark_heads_free(df_dspark_heads *h) {
@@ -138,93 +144,145 @@ const df_rename *df_dspark_heads_legacy_renames(int *n) {
   return LEGACY;
 }
 
-// ---- forward -------------------------------------------------------------------------------------------------
+// ---- buffers -------------------------------------------------------------------------------------------------
 
-static float *alloc_f(int64_t n, bool *ok) {
-  float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-  *ok = *ok && p;
-  return p;
+// The arena's layout for R rows in nb blocks: each piece 64-byte aligned, NULL where the config has no use for it.
+// With base NULL only the size is computed.
+static size_t carve(df_dspark_heads *h, char *base, int64_t R, int64_t nb) {
+  const int64_t r = h->r, H = h->H, K = 2 * r + H, Kc = H + (h->conf_markov ? r : 0);
+  const bool gated = r > 0 && h->type == DF_MARKOV_GATED, rnn = r > 0 && h->type == DF_MARKOV_RNN;
+  size_t at = 0;
+#define PIECE(field, cond, n, type)                                                                                    \
+  do {                                                                                                                 \
+    h->field = NULL;                                                                                                   \
+    if (cond) {                                                                                                        \
+      if (base) h->field = (type *)(void *)(base + at);                                                                \
+      at += ((size_t)(n) * sizeof(type) + 63) / 64 * 64;                                                               \
+    }                                                                                                                  \
+  } while (0)
+  PIECE(prev, r > 0, R, int32_t);
+  PIECE(e, r > 0, R * r, float);
+  PIECE(de, r > 0, R * r, float);
+  PIECE(u, r > 0 && h->type != DF_MARKOV_VANILLA, R * r, float);
+  PIECE(gin, gated, R * (H + r), float);
+  PIECE(gate, gated, R * r, float);
+  PIECE(da, gated, R * r, float);
+  PIECE(dgin, gated, R * (H + r), float);
+  PIECE(z, rnn, R * K, float);
+  PIECE(y, rnn, R * 3 * r, float);
+  PIECE(s, rnn, R * r, float);
+  PIECE(ds, rnn, nb * r, float);
+  PIECE(dy, rnn, nb * 3 * r, float);
+  PIECE(dz, rnn, nb * K, float);
+  PIECE(cin, h->conf_markov, R * (H + r), float);
+  PIECE(conf_out, h->conf, R, float);
+  PIECE(dcin, h->conf, R * Kc, float);
+#undef PIECE
+  return at;
 }
 
-// Buffers for R rows (reallocated only when R grows).
-static df_status ensure(df_dspark_heads *h, int64_t R, df_error *err) {
-  if (R <= h->cap) return DF_OK;
-  free_buffers(h);
-  int64_t r = h->r, H = h->H;
-  bool ok = true;
-  h->prev = malloc(sizeof(int32_t) * (size_t)R);
-  ok = h->prev != NULL;
-  if (r > 0) h->e = alloc_f(R * r, &ok);
-  if (r > 0 && h->type != DF_MARKOV_VANILLA) h->u = alloc_f(R * r, &ok);
-  if (r > 0 && h->type == DF_MARKOV_GATED) h->gin = alloc_f(R * (H + r), &ok), h->gate = alloc_f(R * r, &ok);
-  if (r > 0 && h->type == DF_MARKOV_RNN)
-    h->z = alloc_f(R * (2 * r + H), &ok), h->y = alloc_f(R * 3 * r, &ok), h->s = alloc_f(R * r, &ok);
-  if (h->conf_markov) h->cin = alloc_f(R * (H + r), &ok);
-  if (h->conf) h->conf_out = alloc_f(R, &ok);
-  if (!ok) {
+// Device buffers for R rows in nb blocks (reallocated only when they need more room).
+static df_status ensure(df_dspark_heads *h, int64_t R, int64_t nb, df_error *err) {
+  size_t need = carve(h, NULL, R, nb);
+  if (need > h->cap) {
     free_buffers(h);
-    return DF_FAIL(err, DF_ERR_NOMEM, "dspark heads", "lower training.num_anchors or training.batch_size",
-                   "out of memory for the DSpark heads on %lld rows", (long long)R);
+    df_status st = df_buffer_alloc(h->ctx, need, &h->arena, err);
+    if (st != DF_OK) {
+      h->arena = NULL;
+      return DF_FAIL(err, DF_ERR_NOMEM, "dspark heads", "lower training.num_anchors or training.batch_size",
+                     "out of memory for the DSpark heads on %lld rows", (long long)R);
+    }
+    h->cap = need;
   }
-  h->cap = R;
+  carve(h, h->arena, R, nb);
   return DF_OK;
+}
+
+// ---- op helpers ----------------------------------------------------------------------------------------------
+
+static df_tensor mat(const df_dspark_heads *h, const float *p, int64_t rows, int64_t cols) {
+  return df_f32_on(h->dev, (float *)p, rows, cols);
+}
+
+// df_copy_2d from src (src_n floats) into dst (dst_n floats).
+static df_status copy2d(df_dspark_heads *h, const float *src, int64_t src_n, float *dst, int64_t dst_n,
+                        df_copy_2d_desc d, df_error *err) {
+  df_tensor s = df_f32_on(h->dev, (float *)src, src_n), t = df_f32_on(h->dev, dst, dst_n);
+  return df_copy_2d(h->ctx, &d, &s, &t, err);
+}
+
+// dst[R, na + nb] = [a (na) ; b (nb)] row by row.
+static df_status concat_rows(df_dspark_heads *h, float *dst, const float *a, int64_t na, const float *b, int64_t nb,
+                             int64_t R, df_error *err) {
+  const int64_t w = na + nb;
+  DF_TRY(copy2d(h, a, R * na, dst, R * w, (df_copy_2d_desc){.rows = R, .cols = na, .src_stride = na, .dst_stride = w},
+                err));
+  return copy2d(h, b, R * nb, dst, R * w,
+                (df_copy_2d_desc){.rows = R, .cols = nb, .src_stride = nb, .dst_offset = na, .dst_stride = w}, err);
+}
+
+// dst[R, n] += src[R, ld] columns off .. off + n.
+static df_status add_cols(df_dspark_heads *h, float *dst, int64_t n, const float *src, int64_t ld, int64_t off,
+                          int64_t R, df_error *err) {
+  return copy2d(
+      h, src, R * ld, dst, R * n,
+      (df_copy_2d_desc){.rows = R, .cols = n, .src_offset = off, .src_stride = ld, .dst_stride = n, .accumulate = true},
+      err);
 }
 
 static df_status linear(df_dspark_heads *h, const float *x, int64_t M, const ds_pview *w, const ds_pview *b, float *y,
                         df_error *err) {
-  df_tensor tx = df_f32_on(h->dev, (float *)x, M, w->w.shape[1]), ty = df_f32_on(h->dev, y, M, w->w.shape[0]);
+  df_tensor tx = mat(h, x, M, w->w.shape[1]), ty = mat(h, y, M, w->w.shape[0]);
   return df_linear_forward(h->ctx, &tx, &w->w, b ? &b->w : NULL, &ty, err);
 }
 
-static inline float sigmoidf_(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
-
-// rows[i] = [a_i (na) ; b_i (nb)] for R rows.
-static void concat_rows(float *dst, const float *a, int64_t na, const float *b, int64_t nb, int64_t R) {
-  for (int64_t i = 0; i < R; i++) {
-    memcpy(dst + i * (na + nb), a + i * na, sizeof(float) * (size_t)na);
-    memcpy(dst + i * (na + nb) + na, b + i * nb, sizeof(float) * (size_t)nb);
-  }
+// dx = dy · W (written), dW += dyᵀ x, db += Σ dy.
+static df_status linear_back(df_dspark_heads *h, const float *dy, const float *x, int64_t M, ds_pview *w, ds_pview *b,
+                             float *dx, df_error *err) {
+  int64_t N = w->w.shape[0], K = w->w.shape[1];
+  df_tensor tdy = mat(h, dy, M, N), tx = mat(h, x, M, K), tdx = mat(h, dx, M, K);
+  return df_linear_backward(h->ctx, &tdy, &tx, &w->w, &tdx, false, &w->g, b ? &b->g : NULL, err);
 }
+
+// ---- forward -------------------------------------------------------------------------------------------------
 
 // gated: g = σ(Wg [h ; e] + bg), u = g ⊙ e.
 static df_status gated_forward(df_dspark_heads *h, df_error *err) {
-  int64_t R = h->R, r = h->r;
-  concat_rows(h->gin, h->hidden, h->H, h->e, r, R);
+  const int64_t R = h->R, r = h->r;
+  DF_TRY(concat_rows(h, h->gin, h->hidden, h->H, h->e, r, R, err));
   DF_TRY(linear(h, h->gin, R, &h->proj_w, &h->proj_b, h->gate, err));
-  for (int64_t i = 0; i < R * r; i++) {
-    h->gate[i] = sigmoidf_(h->gate[i]);
-    h->u[i] = h->gate[i] * h->e[i];
-  }
-  return DF_OK;
+  df_tensor g = mat(h, h->gate, R, r), e = mat(h, h->e, R, r), u = mat(h, h->u, R, r);
+  return df_markov_gate_forward(h->ctx, &g, &e, &g, &u, err);
 }
 
 // rnn, slot by slot (all blocks at once): z_k = [s_{k−1} ; e ; h], (a, c, o) = Wj z_k + bj, u = tanh(o),
 // s_k = σ(a) s_{k−1} + (1 − σ(a)) tanh(c).
 static df_status rnn_forward(df_dspark_heads *h, df_error *err) {
-  int64_t nb = h->nb, bs = h->bs, r = h->r, H = h->H, K = 2 * r + H;
+  const int64_t nb = h->nb, bs = h->bs, r = h->r, H = h->H, K = 2 * r + H, R = h->R;
   for (int64_t k = 0; k < bs; k++) {
     float *zk = h->z + k * nb * K, *yk = h->y + k * nb * 3 * r, *sk = h->s + k * nb * r;
     const float *sp = k ? h->s + (k - 1) * nb * r : NULL;
-    for (int64_t b = 0; b < nb; b++) {
-      int64_t i = b * bs + k;
-      float *zr = zk + b * K;
-      if (sp)
-        memcpy(zr, sp + b * r, sizeof(float) * (size_t)r);
-      else
-        memset(zr, 0, sizeof(float) * (size_t)r);
-      memcpy(zr + r, h->e + i * r, sizeof(float) * (size_t)r);
-      memcpy(zr + 2 * r, h->hidden + i * H, sizeof(float) * (size_t)H);
+    if (sp)
+      DF_TRY(copy2d(h, sp, nb * r, zk, nb * K,
+                    (df_copy_2d_desc){.rows = nb, .cols = r, .src_stride = r, .dst_stride = K}, err));
+    else {
+      df_tensor z0 = mat(h, zk, nb, K);
+      DF_TRY(df_fill(h->ctx, &z0, 0.0, err)); // s_{−1} = 0
     }
+    DF_TRY(
+        copy2d(h, h->e, R * r, zk, nb * K,
+               (df_copy_2d_desc){
+                   .rows = nb, .cols = r, .src_offset = k * r, .src_stride = bs * r, .dst_offset = r, .dst_stride = K},
+               err));
+    DF_TRY(copy2d(
+        h, h->hidden, R * H, zk, nb * K,
+        (df_copy_2d_desc){
+            .rows = nb, .cols = H, .src_offset = k * H, .src_stride = bs * H, .dst_offset = 2 * r, .dst_stride = K},
+        err));
     DF_TRY(linear(h, zk, nb, &h->proj_w, &h->proj_b, yk, err));
-    for (int64_t b = 0; b < nb; b++) {
-      const float *yr = yk + b * 3 * r;
-      float *ur = h->u + (b * bs + k) * r;
-      for (int64_t j = 0; j < r; j++) {
-        float g = sigmoidf_(yr[j]), tc = tanhf(yr[r + j]), prev = sp ? sp[b * r + j] : 0.0f;
-        sk[b * r + j] = g * prev + (1.0f - g) * tc;
-        ur[j] = tanhf(yr[2 * r + j]);
-      }
-    }
+    df_markov_rnn_desc d = {.slot = k, .block_size = bs};
+    df_tensor y = mat(h, yk, nb, 3 * r), s = mat(h, sk, nb, r), s_prev = mat(h, sp, nb, r), u = mat(h, h->u, R, r);
+    DF_TRY(df_markov_rnn_forward(h->ctx, &d, &y, sp ? &s_prev : NULL, &s, &u, err));
   }
   return DF_OK;
 }
@@ -233,7 +291,7 @@ static df_status rnn_forward(df_dspark_heads *h, df_error *err) {
 static df_status conf_forward(df_dspark_heads *h, df_error *err) {
   const float *x = h->hidden;
   if (h->conf_markov) {
-    concat_rows(h->cin, h->hidden, h->H, h->e, h->r, h->R);
+    DF_TRY(concat_rows(h, h->cin, h->hidden, h->H, h->e, h->r, h->R, err));
     x = h->cin;
   }
   return linear(h, x, h->R, &h->conf_w, &h->conf_b, h->conf_out, err);
@@ -243,18 +301,15 @@ df_status df_dspark_heads_forward(df_dspark_heads *h, int64_t nblocks, int64_t b
                                   const int32_t *prev, const float **latent, const float **conf, df_error *err) {
   *latent = NULL, *conf = NULL;
   h->have_forward = false;
-  if (h->dev == DF_DEV_CUDA) // their loops run on host-backed memory (the CPU, the fake test device)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "dspark heads", "run DSpark drafts on the CPU backend for now",
-                   "the DSpark Markov/confidence heads have no CUDA path yet");
   if (nblocks < 1 || bs < 1 || !hidden || !prev)
     return DF_FAIL(err, DF_ERR_INVALID, "dspark heads", NULL, "bad head input: %lld blocks of %lld rows",
                    (long long)nblocks, (long long)bs);
   int64_t R = nblocks * bs;
-  DF_TRY(ensure(h, R, err));
+  DF_TRY(ensure(h, R, nblocks, err));
   h->nb = nblocks, h->bs = bs, h->R = R, h->hidden = hidden;
-  memcpy(h->prev, prev, sizeof(int32_t) * (size_t)R);
   if (h->r > 0) {
-    df_tensor ids = df_i32_on(h->dev, h->prev, R), e = df_f32_on(h->dev, h->e, R, h->r);
+    DF_TRY(df_copy_async(h->ctx, h->prev, h->dev, prev, h->dev, sizeof(int32_t) * (size_t)R, err)); // stream-ordered
+    df_tensor ids = df_i32_on(h->dev, h->prev, R), e = mat(h, h->e, R, h->r);
     DF_TRY(df_embedding_forward(h->ctx, &h->w1.w, &ids, &e, err));
     if (h->type == DF_MARKOV_GATED) DF_TRY(gated_forward(h, err));
     if (h->type == DF_MARKOV_RNN) DF_TRY(rnn_forward(h, err));
@@ -270,93 +325,57 @@ df_status df_dspark_heads_forward(df_dspark_heads *h, int64_t nblocks, int64_t b
 
 // ---- backward ------------------------------------------------------------------------------------------------
 
-// dx = dy · W (written), dW += dyᵀ x, db += Σ dy.
-static df_status linear_back(df_dspark_heads *h, const float *dy, const float *x, int64_t M, ds_pview *w, ds_pview *b,
-                             float *dx, df_error *err) {
-  int64_t N = w->w.shape[0], K = w->w.shape[1];
-  df_tensor tdy = df_f32_on(h->dev, (float *)dy, M, N), tx = df_f32_on(h->dev, (float *)x, M, K),
-            tdx = df_f32_on(h->dev, dx, M, K);
-  return df_linear_backward(h->ctx, &tdy, &tx, &w->w, &tdx, false, &w->g, b ? &b->g : NULL, err);
-}
-
-// dst[i] += src[i, off .. off + n) for R rows of width ld.
-static void add_cols(float *dst, int64_t n, const float *src, int64_t ld, int64_t off, int64_t R) {
-  for (int64_t i = 0; i < R; i++)
-    for (int64_t j = 0; j < n; j++) dst[i * n + j] += src[i * ld + off + j];
-}
-
-static df_status conf_backward(df_dspark_heads *h, const float *dconf, float *de, float *dhidden, df_error *err) {
-  int64_t R = h->R, H = h->H, K = h->conf_w.w.shape[1];
-  float *dcin = malloc(sizeof(float) * (size_t)(R * K));
-  if (!dcin) return DF_FAIL(err, DF_ERR_NOMEM, "confidence head", NULL, "out of memory");
-  df_status st = linear_back(h, dconf, h->conf_markov ? h->cin : h->hidden, R, &h->conf_w, &h->conf_b, dcin, err);
-  if (st == DF_OK) {
-    add_cols(dhidden, H, dcin, K, 0, R);
-    if (h->conf_markov) add_cols(de, h->r, dcin, K, H, R);
-  }
-  free(dcin);
-  return st;
+static df_status conf_backward(df_dspark_heads *h, const float *dconf, float *dhidden, df_error *err) {
+  const int64_t R = h->R, H = h->H, K = h->conf_w.w.shape[1];
+  DF_TRY(linear_back(h, dconf, h->conf_markov ? h->cin : h->hidden, R, &h->conf_w, &h->conf_b, h->dcin, err));
+  DF_TRY(add_cols(h, dhidden, H, h->dcin, K, 0, R, err));
+  return h->conf_markov ? add_cols(h, h->de, h->r, h->dcin, K, H, R, err) : DF_OK;
 }
 
 // gated: dg = du ⊙ e, de += du ⊙ g, da = dg ⊙ g (1 − g); [dh ; de] += Wgᵀ da.
-static df_status gated_backward(df_dspark_heads *h, const float *du, float *de, float *dhidden, df_error *err) {
-  int64_t R = h->R, r = h->r, H = h->H;
-  float *da = malloc(sizeof(float) * (size_t)(R * r)), *dgin = malloc(sizeof(float) * (size_t)(R * (H + r)));
-  if (!da || !dgin) {
-    free(da), free(dgin);
-    return DF_FAIL(err, DF_ERR_NOMEM, "gated Markov head", NULL, "out of memory");
-  }
-  for (int64_t i = 0; i < R * r; i++) {
-    float g = h->gate[i];
-    de[i] += du[i] * g;
-    da[i] = du[i] * h->e[i] * g * (1.0f - g);
-  }
-  df_status st = linear_back(h, da, h->gin, R, &h->proj_w, &h->proj_b, dgin, err);
-  if (st == DF_OK) {
-    add_cols(dhidden, H, dgin, H + r, 0, R);
-    add_cols(de, r, dgin, H + r, H, R);
-  }
-  free(da), free(dgin);
-  return st;
+static df_status gated_backward(df_dspark_heads *h, const float *du, float *dhidden, df_error *err) {
+  const int64_t R = h->R, r = h->r, H = h->H;
+  df_tensor g = mat(h, h->gate, R, r), e = mat(h, h->e, R, r), tdu = mat(h, du, R, r), de = mat(h, h->de, R, r),
+            da = mat(h, h->da, R, r);
+  DF_TRY(df_markov_gate_backward(h->ctx, &g, &e, &tdu, &de, &da, err));
+  DF_TRY(linear_back(h, h->da, h->gin, R, &h->proj_w, &h->proj_b, h->dgin, err));
+  DF_TRY(add_cols(h, dhidden, H, h->dgin, H + r, 0, R, err));
+  return add_cols(h, h->de, r, h->dgin, H + r, H, R, err);
 }
 
-// rnn, slots in reverse with the state gradient ds carried from slot k + 1 to slot k:
-//   do = du (1 − tanh²o);  da = ds (s_{k−1} − tanh c) σ'(a);  dc = ds (1 − σ(a)) (1 − tanh²c)
-//   ds ← ds σ(a) + (Wjᵀ dy)[state part];  de, dh += (Wjᵀ dy)[their parts].
-static void rnn_slot_grad(const df_dspark_heads *h, int64_t k, const float *du, float *ds, float *dy) {
-  int64_t nb = h->nb, bs = h->bs, r = h->r;
-  const float *yk = h->y + k * nb * 3 * r, *sp = k ? h->s + (k - 1) * nb * r : NULL;
-  for (int64_t b = 0; b < nb; b++) {
-    const float *yr = yk + b * 3 * r, *dur = du ? du + (b * bs + k) * r : NULL;
-    float *dyr = dy + b * 3 * r, *dsr = ds + b * r;
-    for (int64_t j = 0; j < r; j++) {
-      float g = sigmoidf_(yr[j]), tc = tanhf(yr[r + j]), to = tanhf(yr[2 * r + j]);
-      float prev = sp ? sp[b * r + j] : 0.0f, dsk = dsr[j];
-      dyr[j] = dsk * (prev - tc) * g * (1.0f - g);
-      dyr[r + j] = dsk * (1.0f - g) * (1.0f - tc * tc);
-      dyr[2 * r + j] = dur ? dur[j] * (1.0f - to * to) : 0.0f;
-      dsr[j] = dsk * g;
-    }
+// rnn, slots in reverse with the state gradient ds carried from slot k + 1 to slot k (df_markov_rnn_backward:
+// dy and ds ← ds σ(a)); then Wjᵀ dy splits into ds += its state part and de, dh += theirs.
+static df_status rnn_backward(df_dspark_heads *h, const float *du, float *dhidden, df_error *err) {
+  const int64_t nb = h->nb, bs = h->bs, r = h->r, H = h->H, K = 2 * r + H, R = h->R;
+  df_tensor ds = mat(h, h->ds, nb, r), dy = mat(h, h->dy, nb, 3 * r), tdu = mat(h, du, R, r);
+  DF_TRY(df_fill(h->ctx, &ds, 0.0, err));
+  for (int64_t k = bs - 1; k >= 0; k--) {
+    const float *sp = k ? h->s + (k - 1) * nb * r : NULL;
+    df_markov_rnn_desc d = {.slot = k, .block_size = bs};
+    df_tensor y = mat(h, h->y + k * nb * 3 * r, nb, 3 * r), s_prev = mat(h, sp, nb, r);
+    DF_TRY(df_markov_rnn_backward(h->ctx, &d, &y, sp ? &s_prev : NULL, &tdu, &ds, &dy, err));
+    DF_TRY(linear_back(h, h->dy, h->z + k * nb * K, nb, &h->proj_w, &h->proj_b, h->dz, err));
+    DF_TRY(add_cols(h, h->ds, r, h->dz, K, 0, nb, err));
+    DF_TRY(copy2d(h, h->dz, nb * K, h->de, R * r,
+                  (df_copy_2d_desc){.rows = nb,
+                                    .cols = r,
+                                    .src_offset = r,
+                                    .src_stride = K,
+                                    .dst_offset = k * r,
+                                    .dst_stride = bs * r,
+                                    .accumulate = true},
+                  err));
+    DF_TRY(copy2d(h, h->dz, nb * K, dhidden, R * H,
+                  (df_copy_2d_desc){.rows = nb,
+                                    .cols = H,
+                                    .src_offset = 2 * r,
+                                    .src_stride = K,
+                                    .dst_offset = k * H,
+                                    .dst_stride = bs * H,
+                                    .accumulate = true},
+                  err));
   }
-}
-
-static df_status rnn_backward(df_dspark_heads *h, const float *du, float *de, float *dhidden, df_error *err) {
-  int64_t nb = h->nb, bs = h->bs, r = h->r, H = h->H, K = 2 * r + H;
-  float *ds = calloc((size_t)(nb * r), sizeof(float)), *dy = malloc(sizeof(float) * (size_t)(nb * 3 * r));
-  float *dz = malloc(sizeof(float) * (size_t)(nb * K));
-  df_status st = ds && dy && dz ? DF_OK : DF_FAIL(err, DF_ERR_NOMEM, "rnn Markov head", NULL, "out of memory");
-  for (int64_t k = bs - 1; k >= 0 && st == DF_OK; k--) {
-    rnn_slot_grad(h, k, du, ds, dy);
-    st = linear_back(h, dy, h->z + k * nb * K, nb, &h->proj_w, &h->proj_b, dz, err);
-    for (int64_t b = 0; b < nb && st == DF_OK; b++) {
-      int64_t i = b * bs + k;
-      const float *dzr = dz + b * K;
-      for (int64_t j = 0; j < r; j++) ds[b * r + j] += dzr[j], de[i * r + j] += dzr[r + j];
-      for (int64_t j = 0; j < H; j++) dhidden[i * H + j] += dzr[2 * r + j];
-    }
-  }
-  free(ds), free(dy), free(dz);
-  return st;
+  return DF_OK;
 }
 
 df_status df_dspark_heads_backward(df_dspark_heads *h, const float *du, const float *dconf, float *dhidden,
@@ -364,25 +383,22 @@ df_status df_dspark_heads_backward(df_dspark_heads *h, const float *du, const fl
   if (!h->have_forward)
     return DF_FAIL(err, DF_ERR_INVALID, "dspark heads", "run df_dspark_heads_forward first", "no forward to undo");
   if (!dhidden) return DF_FAIL(err, DF_ERR_INVALID, "dhidden", NULL, "dhidden is NULL");
-  int64_t R = h->R, r = h->r;
-  float *de = r > 0 ? calloc((size_t)(R * r), sizeof(float)) : NULL;
-  if (r > 0 && !de) return DF_FAIL(err, DF_ERR_NOMEM, "Markov head", NULL, "out of memory for %lld rows", (long long)R);
-  df_status st = DF_OK;
-  if (h->conf && dconf) st = conf_backward(h, dconf, de, dhidden, err);
-  if (st == DF_OK && r > 0 && du) {
-    if (h->type == DF_MARKOV_VANILLA)
-      for (int64_t i = 0; i < R * r; i++) de[i] += du[i];
-    else if (h->type == DF_MARKOV_GATED)
-      st = gated_backward(h, du, de, dhidden, err);
+  const int64_t R = h->R, r = h->r;
+  df_tensor de = mat(h, h->de, R, r > 0 ? r : 1);
+  if (r > 0) DF_TRY(df_fill(h->ctx, &de, 0.0, err));
+  if (h->conf && dconf) DF_TRY(conf_backward(h, dconf, dhidden, err));
+  if (r > 0 && du) {
+    if (h->type == DF_MARKOV_VANILLA) {
+      df_tensor tdu = mat(h, du, R, r);
+      DF_TRY(df_axpy(h->ctx, 1.0f, &tdu, &de, err));
+    } else if (h->type == DF_MARKOV_GATED)
+      DF_TRY(gated_backward(h, du, dhidden, err));
     else
-      st = rnn_backward(h, du, de, dhidden, err);
+      DF_TRY(rnn_backward(h, du, dhidden, err));
   }
-  if (st == DF_OK && r > 0) {
-    df_tensor tde = df_f32_on(h->dev, de, R, r), ids = df_i32_on(h->dev, h->prev, R);
-    st = df_embedding_backward(h->ctx, &tde, &ids, &h->w1.g, err);
-  }
-  free(de);
-  return st;
+  if (r == 0) return DF_OK;
+  df_tensor ids = df_i32_on(h->dev, h->prev, R);
+  return df_embedding_backward(h->ctx, &de, &ids, &h->w1.g, err);
 }
 
 // ---- export --------------------------------------------------------------------------------------------------

@@ -20,7 +20,10 @@
 //            (a, c, o) = Wj [s ; e ; h] + bj;  u = tanh(o);  s ← σ(a) ⊙ s + (1 − σ(a)) ⊙ tanh(c)
 //   Markov logit bias = W2 · u (the fused LM-head op adds it: df_lmhead_dspark's markov_u / markov_w2)
 //   confidence logit  = wc · [h ; e] + bc  (or wc · h + bc without confidence_head_with_markov)
-// The heads run on the CPU (a CUDA context is refused with a clear error until their kernels exist).
+// Every step is an op on the heads' context (kernels/ops.h: df_linear_*, df_embedding_*, df_copy_2d,
+// df_markov_gate_*, df_markov_rnn_*), so the heads run wherever the model's context does: the CPU, the fake
+// devices of the residency tests, and a GPU once its backend fills those slots (until then the table's error
+// names the missing op).
 #ifndef DF_MODELING_DSPARK_HEADS_H
 #define DF_MODELING_DSPARK_HEADS_H
 
@@ -37,6 +40,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// Every confidence-head tensor name starts with this (the one part of a draft SGLang keeps in fp32).
+#define DF_DSPARK_CONFIDENCE_PREFIX "confidence_head."
 
 typedef struct df_dspark_heads df_dspark_heads;
 struct df_dflash_model;
@@ -59,8 +65,9 @@ const df_tensor *df_dspark_heads_w2(const df_dspark_heads *h);
 df_tensor *df_dspark_heads_w2_grad(df_dspark_heads *h);
 
 // Forward over nblocks · bs rows: hidden [R, H] (borrowed until the backward), prev [R] token ids in
-// [0, V). *latent receives u [R, r] (NULL without a Markov head), *conf the confidence logits [R] (NULL
-// without a confidence head); both are owned by the heads and valid until the next forward.
+// [0, V) (copied). *latent receives u [R, r] (NULL without a Markov head), *conf the confidence logits [R] (NULL
+// without a confidence head); both are owned by the heads and valid until the next forward. Every pointer here
+// and in the backward is memory of the heads' context's device.
 df_status df_dspark_heads_forward(df_dspark_heads *h, int64_t nblocks, int64_t bs, const float *hidden,
                                   const int32_t *prev, const float **latent, const float **conf, df_error *err);
 

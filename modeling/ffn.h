@@ -4,13 +4,16 @@
 #ifndef DF_MODELING_FFN_H
 #define DF_MODELING_FFN_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "modeling/draft_config.h"
 #include "modeling/param_table.h"
+#include "modeling/strict_load.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +30,11 @@ typedef struct {
   int64_t (*scratch_elems)(const df_ffn *f, int64_t rows);
   // Called after the table is finalized and the flat buffers are allocated on the context's device.
   df_status (*bind)(df_ffn *f, const df_params *p, float *weights, float *grads, df_device dev, df_error *err);
+  // Optional: fp32 elements of persistent device state (kept across steps, never checkpointed: the MoE FFN's
+  // statistics record and stashes), and its binding to state_elems zeroed floats, 16-float aligned, on the
+  // context's device. NULL: no state.
+  int64_t (*state_elems)(const df_ffn *f);
+  void (*bind_state)(df_ffn *f, float *state);
   // y [R, H] = ffn(x [R, H]).
   df_status (*forward)(df_ffn *f, df_ctx *ctx, const df_tensor *x, df_tensor *y, float *saved, float *scratch,
                        df_error *err);
@@ -42,8 +50,38 @@ struct df_ffn {
   int64_t layer; // decoder layer index (names: layers.{layer}.mlp.*)
 };
 
+// ---- FFN kinds -------------------------------------------------------------------------------------------------
+// Every FFN other than the dense MLP is a kind: one table of hooks its module exports (moe/ffn_moe.c: "moe") and
+// the build lists (train/ffn_kinds.c). modeling/ reaches a kind only through this table — the draft config
+// resolves it, the model builds, loads and drives its layers through it — and never includes the kind's headers.
+typedef struct df_ffn_kind {
+  const char *name;
+  // Resolves the kind from a draft config.json root: *cfg = an owned config (config_free) when the document asks
+  // for this kind, NULL when it does not (and then none of the kind's keys may appear).
+  df_status (*config_resolve)(const json_t *root, const char *source, void **cfg, df_error *err);
+  void (*config_free)(void *cfg);
+  // `draftforge inspect CONFIG` rows, and whether a top-level key belongs to the kind.
+  void (*config_print)(const void *cfg, FILE *fp);
+  bool (*is_top_level_key)(const char *key);
+  // Parameters of one layer's FFN: all of them, and those one token uses.
+  void (*param_counts)(const void *cfg, int64_t hidden_size, int64_t *total, int64_t *active);
+  df_status (*create)(const df_draft_config *cfg, int64_t layer, df_params *p, df_ffn **out, df_error *err);
+  // Loads a model file into the flat host buffer through the kind's checkpoint layout (strict, as
+  // df_params_load_strict); optional_buffers: the kind's running buffers may be absent (warm start).
+  df_status (*load)(const void *cfg, const df_params *p, float *flat, const df_st_model *f, const df_load_options *opt,
+                    bool optional_buffers, df_error *err);
+  // Model-level hooks over a model's FFNs (entries of other kinds are skipped): training/eval, and the FFN rows of
+  // one sample (the model forward sets it).
+  void (*set_training)(df_ffn *const *ffns, int n, bool training);
+  void (*set_rows_per_sample)(df_ffn *const *ffns, int n, int64_t rows_per_sample);
+} df_ffn_kind;
+
+// The kinds the build lists (train/ffn_kinds.c).
+extern const df_ffn_kind *const df_ffn_kinds[];
+extern const int df_ffn_num_kinds;
+
 // Builds the FFN the config asks for at layer `layer` and appends its parameters to p (not yet finalized),
-// in checkpoint order: the MoE FFN (moe/ffn_moe.h) when the config names a moe_preset, else the dense SwiGLU MLP.
+// in checkpoint order: the config's kind (cfg->ffn_kind) when it has one, else the dense SwiGLU MLP.
 df_status df_ffn_create(const df_draft_config *cfg, int64_t layer, df_params *p, df_ffn **out, df_error *err);
 // The dense SwiGLU MLP: mlp.{gate,up,down}_proj.weight ([I, H], [I, H], [H, I]); y = down(silu(gate x) ⊙ up x).
 df_status df_ffn_dense_create(const df_draft_config *cfg, int64_t layer, df_params *p, df_ffn **out, df_error *err);

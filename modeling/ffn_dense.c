@@ -4,7 +4,6 @@
 #include <stdlib.h>
 
 #include "modeling/ffn.h"
-#include "moe/ffn_moe.h"
 
 typedef struct {
   df_ffn base;
@@ -113,9 +112,8 @@ df_status df_ffn_dense_create(const df_draft_config *cfg, int64_t layer, df_para
   return DF_OK;
 }
 
-// The FFN registry: one branch per kind. A draft that names moe_preset (cfg->moe) gets the MoE FFN in every
-// decoder layer.
+// A draft whose config resolved a kind (e.g. "moe" for moe_preset) gets that kind's FFN in every decoder layer.
 df_status df_ffn_create(const df_draft_config *cfg, int64_t layer, df_params *p, df_ffn **out, df_error *err) {
-  if (cfg->moe) return df_ffn_moe_create(cfg, layer, p, out, err);
+  if (cfg->ffn_kind) return cfg->ffn_kind->create(cfg, layer, p, out, err);
   return df_ffn_dense_create(cfg, layer, p, out, err);
 }

@@ -143,6 +143,12 @@ df_status df_params_load_strict(const df_params *p, float *flat, const df_st_mod
   return st;
 }
 
+df_st_dtype df_save_dtype(const df_save_options *o, const char *name) {
+  for (int i = 0; i < o->n_f32_names; i++)
+    if (strstr(name, o->f32_names[i])) return DF_ST_F32;
+  return o->dtype;
+}
+
 df_status df_params_save(const df_params *p, const float *flat, const char *path, const df_save_options *opt,
                          df_error *err) {
   df_save_options none = {.dtype = DF_ST_F32};
@@ -157,7 +163,7 @@ df_status df_params_save(const df_params *p, const float *flat, const char *path
   for (int i = 0; i < df_params_count(p) && st == DF_OK; i++) {
     const df_param *e = df_params_at(p, i);
     if (o->trainable_only && !e->trainable) continue;
-    st = df_st_writer_add_f32_as(w, e->name, o->dtype, e->ndim, e->shape, flat + e->offset, err);
+    st = df_st_writer_add_f32_as(w, e->name, df_save_dtype(o, e->name), e->ndim, e->shape, flat + e->offset, err);
   }
   if (st == DF_OK) st = df_st_writer_write(w, path, err);
   df_st_writer_free(w);

@@ -80,7 +80,14 @@ typedef struct {
   bool trainable_only;         // skip frozen entries (gradient dumps)
   const char *const *metadata; // key, value, key, value, … added to __metadata__ ("format": "pt" always is)
   int n_metadata;              // number of pairs
+  // Tensors whose file name contains one of these stay F32 whatever dtype says (the DSpark confidence head and
+  // the MoE router, which SGLang keeps in fp32: a bf16 copy would be upcast after the precision is lost).
+  const char *const *f32_names;
+  int n_f32_names;
 } df_save_options;
+
+// The dtype o writes the tensor `name` in.
+df_st_dtype df_save_dtype(const df_save_options *o, const char *name);
 
 // Writes every entry of p from flat under its checkpoint name, atomically. opt may be NULL.
 df_status df_params_save(const df_params *p, const float *flat, const char *path, const df_save_options *opt,

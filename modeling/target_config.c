@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modeling/config_json.h"
+#include "base/config_json.h"
 
 #define TARGET_MAX_WIDTH  (1 << 20)
 #define TARGET_MAX_LAYERS 8192

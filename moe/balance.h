@@ -8,13 +8,15 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "kernels/ops_moe.h"
 #include "moe/config.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-// In-place SUM all-reduce of n fp32 values over the data-parallel ranks. A NULL function means one rank.
+// In-place SUM all-reduce of n fp32 values over the data-parallel ranks (buf: memory on the model's device). A NULL
+// function means one rank.
 typedef df_status (*df_moe_allreduce_fn)(void *user, float *buf, int64_t n, df_error *err);
 
 typedef struct {
@@ -23,30 +25,29 @@ typedef struct {
   int world_size; // the mean of a reduced sum divides by this (1 when sum is NULL)
 } df_moe_collective;
 
-// Reduces buf (n) over ranks (SUM), then divides by the world size when `mean`.
+// Reduces buf (n) over ranks (SUM), then divides by the world size when `mean` (a host loop: `mean` only for host
+// buffers; the MoE layer reduces its device stashes with mean false and scales them with df_scale).
 df_status df_moe_allreduce(const df_moe_collective *c, float *buf, int64_t n, bool mean, df_error *err);
 
+// Device memory: the bias is a parameter-table buffer, the stash the layer's device state (moe/layer.h); the
+// training forward fills the stash (df_moe_route_stats' count_stash) and marks it pending.
 typedef struct {
   df_moe_balance kind;
   int64_t E;
   float rate;   // noaux_tc step: |Δβ_e| <= rate per update
   float *bias;  // (E) β = gate.balance.bias (noaux_tc; bound by the layer), NULL for none
-  float *stash; // (E) the last training forward's counts (owned)
+  float *stash; // (E) the last training forward's counts, as fp32 (the layer's device state)
   bool pending;
 } df_moe_balance_state;
 
 df_status df_moe_balance_init(df_moe_balance_state *b, df_moe_balance kind, int64_t E, double rate, df_error *err);
-void df_moe_balance_free(df_moe_balance_state *b);
 
 // The selection shift added to the scores before top-k: β for noaux_tc, NULL for none.
 const float *df_moe_balance_shift(const df_moe_balance_state *b);
-// Training forward only: stash this micro-batch's counts (E), overwriting any earlier stash.
-void df_moe_balance_observe(df_moe_balance_state *b, const int32_t *counts);
-// Consumes the stash: load = counts all-reduced (SUM); β_e += rate · sign(mean_e(load) − load_e), sign(0) = 0.
-// A second call without a new stash does nothing.
-df_status df_moe_balance_apply_pending(df_moe_balance_state *b, const df_moe_collective *coll, df_error *err);
-// max_e |β_e| (0 for none).
-float df_moe_balance_bias_abs_max(const df_moe_balance_state *b);
+// Consumes the stash: load = counts all-reduced (SUM); β_e += rate · sign(mean_e(load) − load_e), sign(0) = 0
+// (df_moe_noaux_update). A second call without a new stash does nothing.
+df_status df_moe_balance_apply_pending(df_moe_balance_state *b, df_ctx *ctx, const df_moe_collective *coll,
+                                       df_error *err);
 
 #ifdef __cplusplus
 }

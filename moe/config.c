@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "modeling/config_json.h"
+#include "base/config_json.h"
 #include "moe/layout.h"
 #include "moe/registry.h"
 

@@ -9,16 +9,15 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "kernels/ops_moe.h" // df_moe_score_func, df_moe_aux_type: the kernels switch on them
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum { DF_MOE_SCORE_SOFTMAX = 0, DF_MOE_SCORE_SIGMOID, DF_MOE_SCORE_SQRTSOFTPLUS } df_moe_score_func;
 typedef enum { DF_MOE_BALANCE_NONE = 0, DF_MOE_BALANCE_NOAUX_TC } df_moe_balance;
 typedef enum { DF_MOE_SHARED_GATE_NONE = 0, DF_MOE_SHARED_GATE_SIGMOID } df_moe_shared_gate;
 typedef enum { DF_MOE_CENTER_NONE = 0, DF_MOE_CENTER_SAMPLE } df_moe_center;
-typedef enum { DF_MOE_AUX_SWITCH = 0 } df_moe_aux_type;
 typedef enum { DF_MOE_DISPATCH_SORTED_LOOP = 0, DF_MOE_DISPATCH_GROUPED_MM } df_moe_dispatch;
 
 typedef struct df_moe_config {

@@ -1,8 +1,8 @@
 // The routed experts, "grouped" backend: the T·k (token, slot) assignments sorted stably by expert into
 // contiguous segments, one GEMM triple per non-empty expert on its segment, the combine weight applied before
 // the down projection, and a deterministic fp32 scatter-add into the [T, H] routed sum; and the backward.
-// Both moe_dispatch values (sorted_loop, grouped_mm) run this path on the CPU: one GEMM triple per segment
-// (OpenBLAS), experts spread over the OpenMP threads. Host memory only for now (a CUDA context is refused).
+// Both moe_dispatch values (sorted_loop, grouped_mm) run this path: ops only (kernels/ops_moe.h), so every buffer
+// may live on the device; on the CPU one GEMM triple per segment (OpenBLAS), experts spread over the OpenMP threads.
 #ifndef DF_MOE_EXPERTS_H
 #define DF_MOE_EXPERTS_H
 
@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
-#include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,7 +29,7 @@ typedef struct {
   bool frozen;
 } df_moe_experts_params;
 
-// What the forward keeps for the backward (caller memory, Tk = T·k sorted positions).
+// What the forward keeps for the backward (device memory, Tk = T·k sorted positions).
 typedef struct {
   int64_t T;
   int32_t *slot;    // (Tk) slot t·k + j of each sorted position (stable sort by expert id)
@@ -39,10 +39,10 @@ typedef struct {
   float *up;        // (Tk, I) x·w3[e]ᵀ
 } df_moe_slots;
 
-// The stable counting sort of the slots by expert: fills slot, token and offsets from indices (T, k) and
-// counts (E).
-void df_moe_slots_plan(const df_moe_experts_spec *s, int64_t T, const int32_t *indices, const int32_t *counts,
-                       df_moe_slots *d);
+// The stable counting sort of the slots by expert (df_moe_plan): fills slot, token and offsets from indices (T, k)
+// and counts (E).
+df_status df_moe_slots_plan(df_ctx *ctx, const df_moe_experts_spec *s, int64_t T, const int32_t *indices,
+                            const int32_t *counts, df_moe_slots *d, df_error *err);
 
 // Scratch floats of forward and backward for T rows.
 int64_t df_moe_experts_forward_scratch_elems(const df_moe_experts_spec *s, int64_t T);

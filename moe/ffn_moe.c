@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/layout.h"
 #include "moe/params.h"
 
 typedef struct {
@@ -86,6 +87,9 @@ static df_status moe_backward(df_ffn *f, df_ctx *ctx, const df_tensor *x, const 
   return df_moe_layer_backward(&((ffn_moe *)f)->L, ctx, x, dy, dx, accumulate_dx, saved, scratch, err);
 }
 
+static int64_t moe_state_elems(const df_ffn *f) { return df_moe_layer_state_elems(&((const ffn_moe *)f)->L); }
+static void moe_bind_state(df_ffn *f, float *state) { df_moe_layer_bind_state(&((ffn_moe *)f)->L, state); }
+
 static void moe_destroy(df_ffn *f) {
   df_moe_layer_free(&((ffn_moe *)f)->L);
   free(f);
@@ -95,6 +99,8 @@ static const df_ffn_vtable MOE_VT = {.kind = "moe",
                                      .saved_elems = moe_saved_elems,
                                      .scratch_elems = moe_scratch_elems,
                                      .bind = moe_bind,
+                                     .state_elems = moe_state_elems,
+                                     .bind_state = moe_bind_state,
                                      .forward = moe_forward,
                                      .backward = moe_backward,
                                      .destroy = moe_destroy};
@@ -158,30 +164,81 @@ double df_moe_aux_loss_sum(df_ffn *const *ffns, int n) {
   return s;
 }
 
-int df_moe_collect_metrics(df_ffn *const *ffns, int n, df_moe_metric out[DF_MOE_MAX_METRICS]) {
+// The metric list of per-layer statistics blocks: sums over `count` forwards each (count 1: a record), averaged
+// over the layers and the forwards.
+static int metrics_of_blocks(df_ffn *const *ffns, int n, const double *const *blocks, int layers, double count,
+                             df_moe_metric out[DF_MOE_MAX_METRICS]) {
   df_moe_metrics sum = {0};
-  int layers = 0;
   bool noaux = false;
-  for (int i = 0; i < n; i++) {
-    df_moe_metrics m;
+  for (int i = 0, j = 0; i < n && j < layers; i++) {
     df_moe_layer *L = df_ffn_moe_layer(ffns[i]);
-    if (!L || !df_moe_layer_metrics(L, &m)) continue;
+    if (!L || !blocks[j]) continue;
+    const df_moe_metrics m = df_moe_metrics_of(blocks[j++]);
     sum.load_max_ratio += m.load_max_ratio;
     sum.load_min_ratio += m.load_min_ratio;
     sum.experts_unused_frac += m.experts_unused_frac;
     sum.aux_loss += m.aux_loss;
     sum.bias_abs_max += m.bias_abs_max;
     noaux |= L->cfg.balance == DF_MOE_BALANCE_NOAUX_TC;
-    layers++;
   }
   if (!layers) return 0;
+  const double c = (double)layers * count;
+  int k = 0;
+  out[k++] = (df_moe_metric){"moe/load_max_ratio", sum.load_max_ratio / c};
+  out[k++] = (df_moe_metric){"moe/load_min_ratio", sum.load_min_ratio / c};
+  out[k++] = (df_moe_metric){"moe/experts_unused_frac", sum.experts_unused_frac / c};
+  out[k++] = (df_moe_metric){"moe/aux_loss", sum.aux_loss / c};
+  if (noaux) out[k++] = (df_moe_metric){"moe/bias_abs_max", sum.bias_abs_max / c};
+  return k;
+}
+
+int df_moe_collect_metrics(df_ffn *const *ffns, int n, df_moe_metric out[DF_MOE_MAX_METRICS]) {
+  const double *blocks[64] = {0};
+  int layers = 0;
+  for (int i = 0; i < n && layers < 64; i++) {
+    df_moe_layer *L = df_ffn_moe_layer(ffns[i]);
+    df_moe_metrics m;
+    if (!L || !df_moe_layer_metrics(L, &m)) continue;
+    blocks[layers++] = L->host_record; // read by df_moe_layer_metrics
+  }
+  return metrics_of_blocks(ffns, n, blocks, layers, 1.0, out);
+}
+
+int df_moe_num_layers(df_ffn *const *ffns, int n) {
   int c = 0;
-  out[c++] = (df_moe_metric){"moe/load_max_ratio", sum.load_max_ratio / layers};
-  out[c++] = (df_moe_metric){"moe/load_min_ratio", sum.load_min_ratio / layers};
-  out[c++] = (df_moe_metric){"moe/experts_unused_frac", sum.experts_unused_frac / layers};
-  out[c++] = (df_moe_metric){"moe/aux_loss", sum.aux_loss / layers};
-  if (noaux) out[c++] = (df_moe_metric){"moe/bias_abs_max", sum.bias_abs_max / layers};
+  for (int i = 0; i < n; i++) c += df_ffn_is_moe(ffns[i]);
   return c;
+}
+
+int64_t df_moe_stats_elems(df_ffn *const *ffns, int n) {
+  const int64_t E = df_moe_num_experts(ffns, n);
+  return E > 0 ? (int64_t)df_moe_num_layers(ffns, n) * DF_MOE_STATS(E) : 0;
+}
+
+void df_moe_set_stats(df_ffn *const *ffns, int n, double *sums, double den) {
+  const int64_t E = df_moe_num_experts(ffns, n);
+  for (int i = 0, j = 0; i < n; i++) {
+    df_moe_layer *L = df_ffn_moe_layer(ffns[i]);
+    if (!L) continue;
+    df_moe_layer_set_stats(L, sums ? sums + (int64_t)j * DF_MOE_STATS(E) : NULL, den);
+    j++;
+  }
+}
+
+double df_moe_stats_aux_num(df_ffn *const *ffns, int n, const double *sums) {
+  const int64_t E = df_moe_num_experts(ffns, n);
+  double a = 0.0;
+  for (int j = 0; j < df_moe_num_layers(ffns, n); j++) a += sums[(int64_t)j * DF_MOE_STATS(E) + DF_MOE_STAT_AUX_NUM];
+  return a;
+}
+
+int df_moe_stats_metrics(df_ffn *const *ffns, int n, const double *sums, int micro,
+                         df_moe_metric out[DF_MOE_MAX_METRICS]) {
+  const int64_t E = df_moe_num_experts(ffns, n);
+  const double *blocks[64] = {0};
+  const int layers = df_moe_num_layers(ffns, n) < 64 ? df_moe_num_layers(ffns, n) : 64;
+  for (int j = 0; j < layers; j++) blocks[j] = sums + (int64_t)j * DF_MOE_STATS(E);
+  return micro > 0 ? metrics_of_blocks(ffns, n, blocks, layers, (double)micro, out) : 0;
 }
 
 int64_t df_moe_num_experts(df_ffn *const *ffns, int n) {
@@ -203,3 +260,44 @@ int df_moe_collect_load(df_ffn *const *ffns, int n, int max_layers, int64_t *lay
   }
   return j;
 }
+
+// ---- the "moe" FFN kind (modeling/ffn.h) -----------------------------------------------------------------------
+
+static df_status kind_resolve(const json_t *root, const char *source, void **out, df_error *err) {
+  *out = NULL;
+  df_moe_config *m = calloc(1, sizeof *m);
+  if (!m) return DF_FAIL(err, DF_ERR_NOMEM, source, NULL, "cannot allocate the MoE config");
+  bool is_moe = false;
+  df_status st = df_moe_config_resolve(root, source, &is_moe, m, err);
+  if (st != DF_OK || !is_moe) {
+    free(m);
+    return st;
+  }
+  *out = m;
+  return DF_OK;
+}
+
+static void kind_free(void *cfg) { free(cfg); }
+static void kind_print(const void *cfg, FILE *fp) { df_moe_config_print(cfg, fp); }
+
+static void kind_param_counts(const void *cfg, int64_t H, int64_t *total, int64_t *active) {
+  *total = df_moe_layer_params_total(cfg, H);
+  *active = df_moe_layer_params_active(cfg, H);
+}
+
+static df_status kind_load(const void *cfg, const df_params *p, float *flat, const df_st_model *f,
+                           const df_load_options *opt, bool optional_buffers, df_error *err) {
+  const df_moe_load_options o = {.base = *opt, .centering_optional = optional_buffers};
+  return df_moe_layout_load(cfg, p, flat, f, &o, NULL, err);
+}
+
+const df_ffn_kind df_ffn_moe_kind = {.name = "moe",
+                                     .config_resolve = kind_resolve,
+                                     .config_free = kind_free,
+                                     .config_print = kind_print,
+                                     .is_top_level_key = df_moe_is_top_level_key,
+                                     .param_counts = kind_param_counts,
+                                     .create = df_ffn_moe_create,
+                                     .load = kind_load,
+                                     .set_training = df_moe_set_training,
+                                     .set_rows_per_sample = df_moe_set_rows_per_sample};

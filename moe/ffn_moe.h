@@ -8,15 +8,16 @@
 #include <stdint.h>
 
 #include "base/error.h"
-#include "modeling/draft_config.h"
-#include "modeling/ffn.h"
-#include "modeling/param_table.h"
+#include "modeling/ffn.h" // the one modeling/ header moe/ builds on (the FFN interface, its table and loader)
 #include "moe/config.h"
 #include "moe/layer.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// The "moe" FFN kind (modeling/ffn.h), listed by train/ffn_kinds.c: a draft config naming moe_preset resolves it.
+extern const df_ffn_kind df_ffn_moe_kind;
 
 // The MoE FFN of decoder layer `layer` for the draft's resolved MoE config (cfg->moe); appends its parameters
 // to p (df_moe_params_add order).
@@ -56,6 +57,21 @@ enum { DF_MOE_MAX_METRICS = 8 };
 // moe/experts_unused_frac, moe/aux_loss, and moe/bias_abs_max when a layer uses noaux_tc. Returns the count
 // written to out (0 for dense models).
 int df_moe_collect_metrics(df_ffn *const *ffns, int n, df_moe_metric out[DF_MOE_MAX_METRICS]);
+// ---- statistics on the device (the trainer: one read per optimizer step) ---------------------------------------
+
+// The MoE layers of the model, and the f64 elements of their statistics sums: one DF_MOE_STATS(E) block per MoE
+// layer (kernels/ops_moe.h), in layer order (0 for dense models).
+int df_moe_num_layers(df_ffn *const *ffns, int n);
+int64_t df_moe_stats_elems(df_ffn *const *ffns, int n);
+// Training forwards add their statistics into sums (df_moe_stats_elems f64 on the model's device; NULL: stop), the
+// aux loss weighted by den (the micro-batch's loss_den).
+void df_moe_set_stats(df_ffn *const *ffns, int n, double *sums, double den);
+// From sums read back to the host: Σ_layers Σ_micro aux·den (the aux part of loss_num), and the moe/* metrics
+// averaged over the layers and the `micro` forwards (as df_moe_collect_metrics would per forward).
+double df_moe_stats_aux_num(df_ffn *const *ffns, int n, const double *sums);
+int df_moe_stats_metrics(df_ffn *const *ffns, int n, const double *sums, int micro,
+                         df_moe_metric out[DF_MOE_MAX_METRICS]);
+
 // The expert count of the model's MoE layers (0 for dense models).
 int64_t df_moe_num_experts(df_ffn *const *ffns, int n);
 // Per MoE layer (at most max_layers), the share of routed slots each expert took in its last training

@@ -317,7 +317,7 @@ static df_status add_int(df_st_writer *w, const char *name, const df_param *e, c
 }
 
 static df_status add_entry(df_st_writer *w, const df_moe_layout *l, const df_param *e, const float *flat,
-                           df_st_dtype dtype, int64_t **keep, df_error *err) {
+                           const df_save_options *o, int64_t **keep, df_error *err) {
   char fname[DF_MOE_NAME_MAX];
   int64_t layer = 0;
   df_moe_tensor kind = DF_MOE_T_COUNT;
@@ -325,6 +325,7 @@ static df_status add_entry(df_st_writer *w, const df_moe_layout *l, const df_par
   const bool is_moe = l && df_moe_param_parse(e->name, &layer, &kind);
   const char *name = is_moe ? df_moe_layout_file_name(l, layer, kind, 0, fname, sizeof fname) : e->name;
   if (is_int_dtype(e->dtype)) return add_int(w, name, e, src, keep, err);
+  df_st_dtype dtype = df_save_dtype(o, name);
   if (e->role == DF_ROLE_BUFFER) dtype = DF_ST_F32; // fp32 buffers stay exact (a bf16 bias could flip top-k)
   if (!is_moe || !df_moe_layout_splits(l, kind))
     return df_st_writer_add_f32_as(w, name, dtype, e->ndim, e->shape, src, err);
@@ -357,7 +358,7 @@ df_status df_moe_layout_save(const df_moe_config *m, const df_params *p, const f
   for (int i = 0; i < np && st == DF_OK; i++) {
     const df_param *e = df_params_at(p, i);
     if (o->trainable_only && !e->trainable) continue;
-    st = add_entry(w, l, e, flat, o->dtype, &keep[i], err);
+    st = add_entry(w, l, e, flat, o, &keep[i], err);
   }
   if (st == DF_OK) st = df_st_writer_write(w, path, err);
   df_st_writer_free(w);

@@ -25,9 +25,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
-#include "modeling/param_table.h"
-#include "modeling/safetensors.h"
-#include "modeling/strict_load.h"
+#include "modeling/ffn.h" // the FFN interface: parameter table, safetensors, strict loader
 #include "moe/config.h"
 #include "moe/params.h"
 

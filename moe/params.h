@@ -9,7 +9,7 @@
 
 #include "base/error.h"
 #include "kernels/tensor.h"
-#include "modeling/param_table.h"
+#include "modeling/ffn.h" // the FFN interface (parameter table)
 #include "moe/config.h"
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 // The MoE top-k router in fp32: input centering, logits (x − c)·Wᵀ + b, the score function, selection
-// (balance shift, group limit, top-k), combine weights, per-expert counts, and the backward of all of it.
+// (balance shift, group limit, top-k), combine weights, per-expert counts, and the backward of all of it —
+// composed of ops (kernels/ops_moe.h); nothing here touches tensor data.
 #ifndef DF_MOE_ROUTER_H
 #define DF_MOE_ROUTER_H
 
@@ -7,7 +8,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
-#include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 #include "moe/config.h"
 
 #ifdef __cplusplus
@@ -27,7 +28,7 @@ df_moe_router_spec df_moe_router_spec_from(const df_moe_config *m, int64_t H);
 // Sizes positive, 1 <= k <= E, n_group divides E, the kept groups hold at least k experts.
 df_status df_moe_router_spec_check(const df_moe_router_spec *s, df_error *err);
 
-// One routing of T rows (caller memory; the backward reads logits, scores, indices and weights).
+// One routing of T rows (memory on the context's device; the backward reads logits, scores, indices and weights).
 typedef struct {
   int64_t T;
   float *logits;    // (T, E) ℓ = u·Wᵀ + b
@@ -37,45 +38,36 @@ typedef struct {
   int32_t *counts;  // (E) assignments per expert; Σ = T·k
 } df_moe_routing;
 
-// ---- centering (router input only; the experts see the raw rows) ----------------------------------------
+// The op interface's selection rule for a spec.
+df_moe_route_desc df_moe_router_desc(const df_moe_router_spec *s);
 
-// u = x − (mean of x over each sample's rows): samples are consecutive blocks of rows_per_sample rows of
-// x (T, H). batch_mean (H), when not NULL, receives the mean over all T rows (the EMA stash). T must be a
-// multiple of rows_per_sample. Accumulates in double, in row order: identical for any thread count.
+// ---- centering (router input only; the experts see the raw rows): df_moe_center_* ops on raw device rows -------
+
+// u = x − (mean of x over each sample's rows): samples are consecutive blocks of rows_per_sample rows of x (T, H).
+// batch_mean (H), when not NULL, receives the mean over all T rows (the EMA stash).
 df_status df_moe_center_sample_forward(df_ctx *ctx, const float *x, int64_t T, int64_t H, int64_t rows_per_sample,
                                        float *u, float *batch_mean, df_error *err);
 // dx (= or +=) du − (mean of du over each sample's rows): the per-sample mean stays in the graph.
-void df_moe_center_sample_backward(df_ctx *ctx, const float *du, int64_t T, int64_t H, int64_t rows_per_sample,
-                                   float *dx, bool accumulate);
+df_status df_moe_center_sample_backward(df_ctx *ctx, const float *du, int64_t T, int64_t H, int64_t rows_per_sample,
+                                        float *dx, bool accumulate, df_error *err);
 // u = x − mu (mu (H), the running mean used in eval).
-void df_moe_center_fixed(df_ctx *ctx, const float *x, const float *mu, int64_t T, int64_t H, float *u);
+df_status df_moe_center_fixed(df_ctx *ctx, const float *x, const float *mu, int64_t T, int64_t H, float *u,
+                              df_error *err);
 
 // ---- router ---------------------------------------------------------------------------------------------
 
-// s (T, E) from ℓ (T, E): softmax over E (max-subtracted), sigmoid, or sqrt(softplus) with the stable
-// softplus max(ℓ, 0) + log1p(e^−|ℓ|). Evaluated in double, stored in fp32.
-void df_moe_scores_forward(df_ctx *ctx, df_moe_score_func f, int64_t T, int64_t E, const float *logits, float *scores);
-// dℓ (T, E) from ds (T, E); dlogits may alias dscores.
-void df_moe_scores_backward(df_ctx *ctx, df_moe_score_func f, int64_t T, int64_t E, const float *logits,
-                            const float *scores, const float *dscores, float *dlogits);
+// Selection from r->scores (+ sel_shift (E), the balance controller's bias, when not NULL): df_moe_select.
+df_status df_moe_router_select(df_ctx *ctx, const df_moe_router_spec *s, const float *sel_shift, df_moe_routing *r,
+                               df_error *err);
 
-// Selection from r->scores (+ sel_shift (E), the balance controller's bias, when not NULL): group-limited
-// masking to −inf, top-k, combine weights from the unbiased scores, counts. sel is scratch of
-// df_moe_router_sel_elems floats.
-int64_t df_moe_router_sel_elems(const df_moe_router_spec *s, int64_t T);
-void df_moe_router_select(df_ctx *ctx, const df_moe_router_spec *s, const float *sel_shift, float *sel,
-                          df_moe_routing *r);
-
-// Logits, scores and selection for u (T, H) with router weight w (E, H) and optional logit bias b (E);
-// sel as for df_moe_router_select.
+// Logits, scores and selection for u (T, H) with router weight w (E, H) and optional logit bias b (E).
 df_status df_moe_router_forward(df_ctx *ctx, const df_moe_router_spec *s, const df_tensor *u, const df_tensor *w,
-                                const df_tensor *b, const float *sel_shift, float *sel, df_moe_routing *r,
-                                df_error *err);
+                                const df_tensor *b, const float *sel_shift, df_moe_routing *r, df_error *err);
 
-// dscores (T, E) (written) = ∂/∂s of Σ dweights·weights (dweights (T, k), may be NULL) plus aux_row (E),
-// the gradient of a term that is linear in every row's scores (the switch aux loss), when not NULL.
-void df_moe_router_weights_backward(df_ctx *ctx, const df_moe_router_spec *s, const df_moe_routing *r,
-                                    const float *dweights, const float *aux_row, float *dscores);
+// dscores (T, E) (written) = ∂/∂s of Σ dweights·weights (dweights (T, k), may be NULL) plus aux_row (E), the
+// gradient of a term that is linear in every row's scores (the switch aux loss), when not NULL.
+df_status df_moe_router_weights_backward(df_ctx *ctx, const df_moe_router_spec *s, const df_moe_routing *r,
+                                         const float *dweights, const float *aux_row, float *dscores, df_error *err);
 
 // The whole router backward: dlogits (T, E) is scratch; dw (E, H) += dℓᵀ·u (NULL: no router gradient);
 // du (T, H) = dℓ·W (written). Selection indices are piecewise constant and pass no gradient.

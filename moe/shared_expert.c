@@ -1,11 +1,7 @@
-// The shared expert. The gate is one scalar per token applied to the activations before the down
-// projection: ∂ζ_t = z_t(1 − z_t) · (dy_t·w2) · a_t, where a = swiglu(gate, up) is unscaled.
+// The shared expert, composed of ops (linear, SwiGLU, df_moe_sigmoid_scale, df_moe_scale_rows,
+// df_moe_gate_backward). The gate is one scalar per token applied to the activations before the down projection:
+// ∂ζ_t = z_t(1 − z_t) · (dy_t·w2) · a_t, where a = swiglu(gate, up) is unscaled.
 #include "moe/shared_expert.h"
-
-#include <math.h>
-#include <string.h>
-
-#define SHARED_PAR_MIN 32768
 
 static df_tensor mat(const float *p, df_device dev, int64_t rows, int64_t cols) {
   return df_view((void *)p, DF_F32, dev, 2, (const int64_t[]){rows, cols});
@@ -21,12 +17,6 @@ df_moe_shared_saved df_moe_shared_saved_at(const df_moe_shared_spec *s, int64_t 
   return (df_moe_shared_saved){.gate = mem, .up = mem + T * s->S, .z = s->gated ? mem + 2 * T * s->S : NULL};
 }
 
-static void scale_rows(df_ctx *ctx, float *a, const float *z, int64_t T, int64_t S) {
-#pragma omp parallel for num_threads(df_ctx_num_threads(ctx)) if (T * S > SHARED_PAR_MIN) schedule(static)
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t i = 0; i < S; i++) a[t * S + i] *= z[t];
-}
-
 df_status df_moe_shared_forward(df_ctx *ctx, const df_moe_shared_spec *s, const df_moe_shared_params *p,
                                 const df_tensor *x, const df_moe_shared_saved *sv, float *scratch, df_tensor *y,
                                 df_error *err) {
@@ -40,8 +30,7 @@ df_status df_moe_shared_forward(df_ctx *ctx, const df_moe_shared_spec *s, const 
   if (s->gated) {
     df_tensor zt = mat(sv->z, dev, T, 1);
     DF_TRY(df_linear_forward(ctx, &x2, &p->gate, NULL, &zt, err));
-    for (int64_t t = 0; t < T; t++) sv->z[t] = (float)(1.0 / (1.0 + exp(-(double)sv->z[t])));
-    scale_rows(ctx, scratch, sv->z, T, S);
+    DF_TRY(df_moe_sigmoid_scale(ctx, &zt, &a, err)); // z = sigmoid(ζ), then a *= z
   }
   return df_matmul(ctx, &a, false, &p->w2, true, 1.0f, 1.0f, &y2, err); // y += a·w2ᵀ
 }
@@ -56,19 +45,14 @@ df_status df_moe_shared_backward(df_ctx *ctx, const df_moe_shared_spec *s, df_mo
   df_tensor g = mat(sv->gate, dev, T, S), u = mat(sv->up, dev, T, S), a = mat(act, dev, T, S);
   df_tensor h = mat(hs, dev, T, S), da = mat(dact, dev, T, S);
   DF_TRY(df_swiglu_forward(ctx, &g, &u, s->swiglu_limit, &a, err));
-  memcpy(hs, act, sizeof(float) * (size_t)(T * S));
-  if (s->gated) scale_rows(ctx, hs, sv->z, T, S);
+  DF_TRY(df_copy(ctx, hs, dev, act, dev, sizeof(float) * (size_t)(T * S), err));
+  df_tensor z = df_f32_on(dev, sv->z, T);
+  if (s->gated) DF_TRY(df_moe_scale_rows(ctx, &h, &z, NULL, err));
   // Down projection: e = dy·w2 (= ∂a when ungated); dw2 += dyᵀ·h.
   DF_TRY(df_linear_backward(ctx, &dy2, &h, &p->w2, &da, false, &p->g2, NULL, err));
-  if (s->gated) {
-#pragma omp parallel for num_threads(df_ctx_num_threads(ctx)) if (T * S > SHARED_PAR_MIN) schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-      double dot = 0.0;
-      for (int64_t i = 0; i < S; i++) dot += (double)dact[t * S + i] * act[t * S + i];
-      const double z = sv->z[t];
-      dzeta[t] = (float)(z * (1.0 - z) * dot);
-    }
-    scale_rows(ctx, dact, sv->z, T, S);
+  if (s->gated) { // ∂ζ_t = z_t(1 − z_t)·(e_t·a_t), then ∂a = z·e
+    df_tensor dz = df_f32_on(dev, dzeta, T);
+    DF_TRY(df_moe_gate_backward(ctx, true, &da, &a, &z, NULL, &dz, err));
   }
   df_tensor dg = mat(hs, dev, T, S), du = mat(act, dev, T, S); // h and a are dead now
   DF_TRY(df_swiglu_backward(ctx, &da, &g, &u, s->swiglu_limit, &dg, &du, err));

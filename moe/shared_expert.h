@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
-#include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check in one command: builds draftforge with CUDA for the visible GPU (architecture from nvidia-smi), runs
-# the GPU suite (tests/cuda, plus the CPU-side tile-schedule test) and the GPU benches (bench_gpu_step,
-# bench_gpu_moe), and prints one summary. Sized for ≤ 10 minutes on an H200; every stage has a time limit and the
-# script stops at the first stage that cannot run.
+# the GPU suite (tests/cuda, plus the tile-schedule test and the KV-cache attention's GPU case) and the GPU benches
+# (bench_gpu_step, bench_gpu_moe), and prints one summary. Sized for ≤ 10 minutes on an H200; every stage has a
+# time limit and the script stops at the first stage that cannot run.
 #
 #   scripts/gpu-check.sh            build here (needs the build dependencies of scripts/setup.sh) and run
 #   scripts/gpu-check.sh --pack     on a machine WITHOUT a GPU: build for sm_${GPU_ARCH:-90} and pack the binaries
@@ -24,7 +24,7 @@ esac
 LOGS=${OUT:-$ROOT/build-gpu-logs}
 mkdir -p "$LOGS"
 PACK=$ROOT/build-gpu-pack
-TARGETS=(test_cuda_gpu test_kernels_attn_tiles draftforge bench_gpu_step bench_gpu_moe)
+TARGETS=(test_cuda_gpu test_kernels_attn_tiles test_kernels_causal_attn draftforge bench_gpu_step bench_gpu_moe)
 t0=$(date +%s)
 
 fail() { echo "gpu-check: $*" >&2; exit 1; }
@@ -89,8 +89,12 @@ export DF_FIXTURE_DIR=$ROOT/tests/fixtures DF_SOURCE_DIR=$ROOT DF_DRAFTFORGE_BIN
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 
 echo "== kernel tests ($(since) s) =="
-timeout 60 "$BIN/test_kernels_attn_tiles" >"$LOGS/test_attn_tiles.log" 2>&1
+timeout 40 "$BIN/test_kernels_attn_tiles" >"$LOGS/test_attn_tiles.log" 2>&1
 tiles_rc=$?
+# The target's KV-cache attention on the GPU against the CPU (its test lives with the CPU kernel tests).
+timeout 20 "$BIN/test_kernels_causal_attn" --verbose --filter 'causal_attn/cuda_matches_cpu' \
+  >"$LOGS/test_causal_attn.log" 2>&1
+causal_rc=$?
 # The op and table tests first, the end-to-end step tests (train / step through the CLI) after the benches.
 timeout 210 "$BIN/test_cuda_gpu" --jobs 1 --verbose --filter 'cuda_[!s]*/*' >"$LOGS/test_cuda_ops.log" 2>&1
 suite_rc=$?
@@ -116,9 +120,10 @@ synth2=$(grep -o "Synthesis: .*" "$LOGS/test_cuda_step.log" | tail -1)
 echo
 echo "== gpu-check summary ($(since) s, $gpu) =="
 echo "tile schedule test (CPU): exit $tiles_rc"
+echo "causal (KV-cache) attention GPU vs CPU: exit $causal_rc $(grep -o 'Synthesis: .*' "$LOGS/test_causal_attn.log" | tail -1)"
 echo "GPU op / table tests: exit $suite_rc ${synth:-(no synthesis line: crashed or timed out)}"
 echo "bench_gpu_step: exit $step_rc $(grep -o 'GPU_STEP_SUMMARY.*' "$LOGS/bench_gpu_step.log" | cut -d' ' -f2-)"
 echo "bench_gpu_moe: exit $moe_rc $(grep -o 'GPU_MOE_SUMMARY.*' "$LOGS/bench_gpu_moe.log" | cut -d' ' -f2-)"
 echo "GPU step tests (CLI): exit $e2e_rc ${synth2:-(no synthesis line: crashed or timed out)}"
 echo "logs: $LOGS"
-[ "$tiles_rc" = 0 ] && [ "$suite_rc" = 0 ] && [ "$step_rc" = 0 ] && [ "$moe_rc" = 0 ] && [ "$e2e_rc" = 0 ]
+[ "$tiles_rc" = 0 ] && [ "$causal_rc" = 0 ] && [ "$suite_rc" = 0 ] && [ "$step_rc" = 0 ] && [ "$moe_rc" = 0 ] && [ "$e2e_rc" = 0 ]

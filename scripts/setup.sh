@@ -6,9 +6,11 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config git
   libopenblas-openmp-dev   # GEMM (the OpenMP build: nested calls stay on the calling thread)
+  libxsmm-dev              # JIT GEMM micro-kernels (kernels/cpu/gemm.c)
   libhdf5-dev              # captured hidden-state shards
   libyaml-dev              # recipes
   libjansson-dev           # JSON: configs, safetensors headers
+  libxxhash-dev            # checkpoint manifests (XXH3-64 checksums)
   libcriterion-dev         # the C test suite
   openmpi-bin libopenmpi-dev  # the MPI communicator (CPU data parallel) and mpirun for its tests
   libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event records (train/proto/tb_event.proto)

@@ -4,10 +4,12 @@
 Library:
     ShardWriter(path, target_layer_ids, hidden_size, dtype, has_last_hidden)  append()/close(), atomic
     write_shard(path, samples, target_layer_ids, hidden_size, dtype)           one call for a list of samples
-    validate(path) -> list of problems ([] = valid; the same rules as the C reader)
+    validate(path, scan="sampled") -> list of problems ([] = valid; the same rules as the C reader, plus NaN/Inf
+                                      hidden states by shard, sample and token: scan "sampled" reads
+                                      sampled_count() samples spread over the data, "full" every sample)
     Dataset(path)                                                              len() and [i] -> fp32 sample
 CLI:
-    /usr/bin/python3 tools/hidden_states.py validate PATH    problems on stderr, exit 1 when there are any
+    /usr/bin/python3 tools/hidden_states.py validate PATH [--full]   problems on stderr, exit 1 when there are any
     /usr/bin/python3 tools/hidden_states.py info PATH        attributes, sample and token counts per shard
 Needs h5py and numpy (Debian: python3-h5py, python3-numpy)."""
 import argparse
@@ -24,6 +26,8 @@ MAX_LAYERS = 256  # DF_HS_MAX_LAYERS
 MAX_HIDDEN = 1 << 24
 DEFAULT_CHUNK_ROWS = 64
 TOKEN_CHUNK = 4096
+SCAN_PER_SHARD = 16  # DF_HS_SCAN_PER_SHARD and DF_HS_SCAN_BUDGET_BYTES: a sampled NaN/Inf scan reads up to 16
+SCAN_BUDGET_BYTES = 256 << 20  # samples per shard, but about 256 MiB of stored hidden states at most
 
 ATTRS = ("format", "version", "hidden_size", "target_layer_ids", "dtype", "layer_id_convention")
 # id L = the output of decoder layer L = transformers' hidden_states[L + 1] (SpecForge / SGLang); the only
@@ -341,15 +345,76 @@ def _disagreement(s0, s, p0, p):
     return None
 
 
-def validate(path):
-    """All problems found in a shard or a directory of shards ([] when the data is valid)."""
+def sampled_count(shards):
+    """M, the samples a sampled scan reads (DF_HS_SCAN_PER_SHARD per shard, at most about SCAN_BUDGET_BYTES of
+    stored hidden states, at least one): the C reader's df_hs_scan_sampled_count, computed the same way."""
+    n, t = sum(s["n"] for s in shards), sum(s["t"] for s in shards)
+    s0 = shards[0]
+    elem = 2 if s0["dtype"] == "bfloat16" else 4
+    row = elem * (len(s0["target_layer_ids"]) * s0["hidden_size"] + (s0["hidden_size"] if s0["has_last"] else 0))
+    fit = float(SCAN_BUDGET_BYTES) * float(n) / (float(t) * float(row))
+    return min(n, SCAN_PER_SHARD * len(shards), max(1, int(fit)))
+
+
+def scan_indices(n, m):
+    """The global samples a scan of m of n samples reads: all, or m evenly spaced (first and last included)."""
+    if m >= n:
+        return list(range(n))
+    return [j * (n - 1) // (m - 1) for j in range(m)] if m > 1 else [0]
+
+
+def _first_nonfinite(rows):
+    """(token, column) of the first non-finite value of a [L, W] float array, or None."""
+    bad = ~np.isfinite(rows)
+    if not bad.any():
+        return None
+    flat = int(np.argmax(bad.reshape(-1)))
+    return flat // rows.shape[1], flat % rows.shape[1]
+
+
+def _scan_sample(f, p, s, j, g):
+    """The problem of sample j (global number g) of open shard f (path p, summary s), or None."""
+    conv = bf16_bits_to_f32 if s["dtype"] == "bfloat16" else (lambda x: x.astype(np.float32))
+    r0, r1 = int(s["offsets"][j]), int(s["offsets"][j + 1])
+    for name in (DS_HIDDEN, DS_LAST) if s["has_last"] else (DS_HIDDEN,):
+        rows = conv(f[name][r0:r1])
+        hit = _first_nonfinite(rows)
+        if hit:
+            v = rows[hit[0], hit[1]]
+            what = "NaN" if np.isnan(v) else ("+Inf" if v > 0 else "-Inf")
+            return f"shard {p}: sample {j} (#{g}), token {hit[0]}: {name} column {hit[1]} is {what}"
+    return None
+
+
+def scan_data(shards, full):
+    """NaN/Inf problems of the samples a scan reads, and how many it read. shards: [(path, summary, first)]."""
+    n = sum(s["n"] for _, s, _ in shards)
+    picked = scan_indices(n, n if full else sampled_count([s for _, s, _ in shards]))
+    problems, k = [], 0
+    for p, s, first in shards:
+        mine = [g for g in picked if first <= g < first + s["n"]]
+        if not mine:
+            continue
+        with h5py.File(p, "r") as f:
+            for g in mine:
+                pr = _scan_sample(f, p, s, g - first, g)
+                if pr:
+                    problems.append(pr)
+        k += len(mine)
+    return problems, k
+
+
+def validate(path, scan="sampled"):
+    """All problems found in a shard or a directory of shards ([] when the data is valid). scan: "sampled",
+    "full" or "none" (the NaN/Inf check of the hidden states; validate.last_scan says what it read)."""
     path = str(path)
+    validate.last_scan = (0, 0)
     if not os.path.exists(path):
         return [f"data path {path} does not exist"]
     paths = shard_paths(path)
     if not paths:
         return [f"data directory {path} has no *.h5 shards"]
-    problems, first, total = [], None, 0
+    problems, first, total, shards = [], None, 0, []
     for p in paths:
         s, probs = inspect_shard(p)
         problems += probs
@@ -361,10 +426,18 @@ def validate(path):
             e = _disagreement(first[1], s, first[0], p)
             if e:
                 problems.append(e)
+        shards.append((p, s, total))
         total += s["n"]
     if not problems and total == 0:
         problems.append(f"data path {path} holds no samples")
+    if not problems and scan != "none":
+        probs, read = scan_data(shards, scan == "full")
+        problems += probs
+        validate.last_scan = (read, total)
     return problems
+
+
+validate.last_scan = (0, 0)
 
 
 # ---- reader (tests and tools; training reads with the C reader) -------------------------------------------
@@ -375,7 +448,7 @@ class Dataset:
     (input_ids int32, loss_mask uint8, hidden_states float32 [L, K*H], target_last_hidden_states [L, H])."""
 
     def __init__(self, path):
-        problems = validate(path)
+        problems = validate(path, scan="none")
         if problems:
             raise ValueError("; ".join(problems))
         self.paths = shard_paths(path)
@@ -415,21 +488,40 @@ def info(path, out=sys.stdout):
         print(f"  {p}: samples {s['n']} (from #{first}), tokens {s['t']}{rng}", file=out)
 
 
+def problem_hint(path, problems, full):
+    """The advice that ends validate's and info's error output, as every draftforge error ends with a HINT."""
+    if not os.path.exists(path):
+        return "check the path: a shard (.h5) or a directory of shards"
+    if any("column" in pr for pr in problems):  # NaN/Inf hidden states
+        more = "" if full else "validate --full lists every sample that has them; "
+        return more + "remove or recapture those samples (draftforge capture), or leave the shard out"
+    return "re-create the shard with draftforge capture or tools/hidden_states.py (docs/data-format.md)"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("validate", help="check a shard or directory; exit 1 on problems").add_argument("path")
+    v = sub.add_parser("validate", help="check a shard or directory, NaN/Inf included; exit 1 on problems")
+    v.add_argument("path")
+    v.add_argument("--full", action="store_true",
+                   help=f"scan every sample for NaN/Inf (default: up to {SCAN_PER_SHARD} per shard, spread)")
     sub.add_parser("info", help="print attributes and counts").add_argument("path")
     args = ap.parse_args(argv)
-    problems = validate(args.path)
+    full = args.cmd == "validate" and args.full
+    problems = validate(args.path, scan="full" if full else ("sampled" if args.cmd == "validate" else "none"))
     for pr in problems:
         print(f"error: {pr}", file=sys.stderr)
     if problems:
+        print(f"  HINT: {problem_hint(args.path, problems, full or args.cmd != 'validate')}", file=sys.stderr)
         return 1
     if args.cmd == "info":
         info(args.path)
     else:
-        print(f"{args.path}: valid ({len(Dataset(args.path))} samples)")
+        read, total = validate.last_scan
+        how = "full scan" if full else "sampled scan"
+        more = "" if full or read == total else "; --full reads every sample"
+        print(f"{args.path}: valid ({len(Dataset(args.path))} samples; no NaN/Inf in a {how} of {read} of {total} "
+              f"samples{more})")
     return 0
 
 

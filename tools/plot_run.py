@@ -191,18 +191,28 @@ def main(argv=None):
               file=sys.stderr)
         return 1
     out = args.out or os.path.join(args.run_dir, "plots")
+    try:
+        written = draw(out, args.run_dir, train, evals)
+    except OSError as e:  # the charts' directory or a file in it cannot be written
+        print(f"error: cannot write the charts to {out}: {e.strerror or e}\n"
+              f"  HINT: pass a writable --out directory", file=sys.stderr)
+        return 1
+    for p in written:
+        print(p)
+    return 0
+
+
+def draw(out, run_dir, train, evals):
     os.makedirs(out, exist_ok=True)
-    c = Charts(out, os.path.basename(os.path.normpath(args.run_dir)))
+    c = Charts(out, os.path.basename(os.path.normpath(run_dir)))
     c.lines("loss.png", "loss", [("train", series(train, "loss"), "-"), ("eval", series(evals, "eval/loss"), "o-")])
     c.lines("accuracy.png", "accuracy",
             [("train", series(train, "acc"), "-"), ("eval", series(evals, "eval/acc"), "o-")])
-    plot_tau(c, args.run_dir, train, evals)
+    plot_tau(c, run_dir, train, evals)
     plot_lr_grad(c, train)
     plot_positions(c, train, evals)
     plot_moe(c, train)
-    for p in c.written:
-        print(p)
-    return 0
+    return c.written
 
 
 if __name__ == "__main__":

@@ -136,8 +136,8 @@ def from_recipe(args):
     import yaml
     with open(args.recipe) as f:
         r = yaml.safe_load(f) or {}
-    base = os.path.dirname(os.path.abspath(args.recipe))
-    rel = lambda p: p if p is None or os.path.isabs(p) else os.path.normpath(os.path.join(base, p))  # noqa: E731
+    # relative recipe paths are taken from the current directory, as SpecForge and draftforge take them
+    rel = lambda p: p if p is None else os.path.abspath(os.path.expanduser(p))  # noqa: E731
     data, model = r.get("data") or {}, r.get("model") or {}
     args.target = args.target or rel(model.get("target_model_path"))
     args.data = args.data or rel(data.get("train_data_path"))

@@ -8,12 +8,14 @@ The export's config.json architectures picks the reference:
     DFlashDraftModel      dense DFlash (and Domino)  tools/reference/dflash_step.py
     Qwen3DSparkModel      dense DSpark               tools/reference/dspark_step.py   (recipe strategy dspark)
     DFlashMoEDraftModel   DFlash on an MoE draft     tools/reference/moe_step.py
-    Qwen3MoeDSparkModel   DSpark on an MoE draft     refused: no reference runs DSpark heads on an MoE backbone
+    Qwen3MoeDSparkModel   DSpark on an MoE draft     tools/reference/dspark_moe_step.py (moe_step's backbone,
+                                                     dspark_step's heads and objective, plus the aux loss)
 
 and any other architecture is refused, naming it (exit status 2).
 
 1. The directory is what SGLang loads: config.json with that architecture, no auto_map, a block_size >= 2 and
-   a torch_dtype that matches the tensors; model.safetensors holding exactly the draft's tensors (the
+   a torch_dtype that matches the tensors (the confidence head and an MoE router are always F32, as SGLang keeps
+   them); model.safetensors holding exactly the draft's tensors (the
    reference's parameter table: DSpark adds markov_head.* / confidence_head.*, an MoE draft's tensors are
    named through its checkpoint layout) with their shapes. When transformers is installed, its
    PretrainedConfig also reads config.json.
@@ -42,6 +44,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import dflash_io as dio  # noqa: E402
 import dflash_step as ref  # noqa: E402
+import dspark_moe_step as dspark_moe_ref  # noqa: E402
 import dspark_step as dspark_ref  # noqa: E402
 import moe_step as moe_ref  # noqa: E402
 
@@ -50,10 +53,7 @@ ARCHITECTURES = {
     "DFlashDraftModel": "dflash",
     "Qwen3DSparkModel": "dspark",
     "DFlashMoEDraftModel": "moe",
-}
-REFUSED = {
-    "Qwen3MoeDSparkModel": "DSpark on an MoE draft: tools/reference/dspark_step.py runs a dense backbone and "
-                           "tools/reference/moe_step.py the DFlash objective only, so no reference covers it",
+    "Qwen3MoeDSparkModel": "dspark_moe",
 }
 
 
@@ -62,19 +62,20 @@ class Unsupported(Exception):
 
 
 def export_kind(export_dir: str) -> str:
-    """'dflash', 'dspark' or 'moe' from config.json's architectures; Unsupported names any other."""
+    """'dflash', 'dspark', 'moe' or 'dspark_moe' from config.json's architectures; Unsupported names any other
+    (and a dense class on an MoE draft, which SGLang would load without its experts)."""
     with open(os.path.join(export_dir, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
     archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str) else None
-    if arch in REFUSED:
-        raise Unsupported(f"architectures {archs!r} is not supported: {REFUSED[arch]}")
     if arch not in ARCHITECTURES:
         raise Unsupported(f"architectures {archs!r} is not supported: verify_export checks "
                           f"{', '.join(sorted(ARCHITECTURES))}")
-    if ARCHITECTURES[arch] == "dspark" and cfg.get("moe_preset") is not None:
-        raise Unsupported(f"architectures {archs!r} with moe_preset is not supported: {REFUSED['Qwen3MoeDSparkModel']}")
-    return ARCHITECTURES[arch]
+    kind = ARCHITECTURES[arch]
+    if (cfg.get("moe_preset") is not None) != (kind in ("moe", "dspark_moe")):
+        raise Unsupported(f"architectures {archs!r} {'with' if cfg.get('moe_preset') else 'without'} moe_preset: an MoE "
+                          "draft is served by DFlashMoEDraftModel / Qwen3MoeDSparkModel, a dense one by the dense classes")
+    return kind
 
 
 def expected_tensors(export_dir: str, kind: str) -> dict:
@@ -83,21 +84,25 @@ def expected_tensors(export_dir: str, kind: str) -> dict:
     cfg = dio.load_draft_config(path, None)
     if kind == "dspark":
         return {name: tuple(shape) for name, shape, _ in dspark_ref.param_table(cfg, dspark_ref.load_heads(path, cfg))}
-    if kind == "moe":
+    if kind in ("moe", "dspark_moe"):
         moe = moe_ref.resolve_moe(path)
         if moe is None:
-            raise ValueError(f"{path}: DFlashMoEDraftModel without moe_preset")
+            raise ValueError(f"{path}: an MoE serving class without moe_preset")
         native = {name: np.zeros(shape, np.float32) for name, shape, _, _ in moe_ref.param_table(cfg, moe)}
-        return {name: tuple(a.shape) for name, a in moe_ref.to_file(native, moe).items()}
+        out = {name: tuple(a.shape) for name, a in moe_ref.to_file(native, moe).items()}
+        if kind == "dspark_moe":
+            heads = dspark_ref.param_table(cfg, dspark_ref.load_heads(path, cfg))
+            out.update({n: tuple(s) for n, s, _ in heads if n.startswith(("markov_head.", "confidence_head."))})
+        return out
     return {name: tuple(shape) for name, shape, _ in dio.param_table(cfg)}
 
 
-def safetensors_dtypes(path: str) -> set:
-    """The dtype names in a safetensors header (8-byte little-endian length, then JSON)."""
+def safetensors_dtypes(path: str) -> dict:
+    """{tensor: dtype name} from a safetensors header (8-byte little-endian length, then JSON)."""
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
-    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+    return {k: v["dtype"] for k, v in header.items() if k != "__metadata__"}
 
 
 def check_layout(export_dir: str, kind: str = "dflash") -> List[str]:
@@ -125,8 +130,11 @@ def check_layout(export_dir: str, kind: str = "dflash") -> List[str]:
     want = {"bfloat16": "BF16", "float32": "F32"}.get(cfg_json.get("torch_dtype"))
     if want is None:
         problems.append(f"torch_dtype {cfg_json.get('torch_dtype')!r} is not bfloat16 or float32")
-    elif dtypes and dtypes != {want}:
-        problems.append(f"tensor dtypes {sorted(dtypes)} do not match torch_dtype {cfg_json.get('torch_dtype')}")
+    else:
+        for name, dt in dtypes.items():
+            need = "F32" if name.startswith("confidence_head.") or ".mlp.gate." in name else want
+            if dt != need:
+                problems.append(f"{name}: dtype {dt}, expected {need} (torch_dtype {cfg_json.get('torch_dtype')})")
     try:
         from transformers import PretrainedConfig  # noqa: F401  (optional)
 
@@ -174,7 +182,8 @@ def rel_err(a: float, b: float) -> float:
 
 
 # Loss terms compared with --tol beyond loss_num / loss_den / loss, per kind.
-EXTRA_TERMS = {"dflash": (), "dspark": ("ce_num", "l1_num", "confidence_num"), "moe": ("aux_loss",)}
+EXTRA_TERMS = {"dflash": (), "dspark": ("ce_num", "l1_num", "confidence_num"), "moe": ("aux_loss",),
+               "dspark_moe": ("ce_num", "l1_num", "confidence_num", "aux_loss")}
 
 
 def compare(ref_res, df_dir: str, tol: float, kind: str = "dflash", file_grads=None) -> List[str]:
@@ -234,6 +243,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         recipe = dspark_recipe.base
         warm = dataclasses.replace(dspark_recipe, base=dataclasses.replace(recipe, **warm_at))
         ref_res = dspark_ref.run_step(dspark_ref.prepare(warm), torch.float64)
+    elif kind == "dspark_moe":
+        dspark_recipe = dspark_ref.load_recipe(a.recipe)
+        recipe = dspark_recipe.base
+        warm = dataclasses.replace(dspark_recipe, base=dataclasses.replace(recipe, **warm_at))
+        prep = dspark_moe_ref.prepare(warm)
+        ref_res = dspark_moe_ref.run_step(prep, torch.float64)
+        file_grads = dspark_moe_ref.file_grads(prep, ref_res)
     elif kind == "moe":
         recipe = dio.load_recipe(a.recipe)
         prep = moe_ref.prepare(dataclasses.replace(recipe, **warm_at))

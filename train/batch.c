@@ -46,6 +46,17 @@ static df_status batch_alloc(df_batch *b, df_error *err) {
                  (long long)b->width);
 }
 
+df_status df_batch_alloc(df_batch *b, int64_t B, int64_t S, int64_t width, int64_t hidden_size, df_error *err) {
+  memset(b, 0, sizeof *b);
+  b->B = B, b->S = S, b->width = width, b->hidden_size = hidden_size;
+  b->index = calloc((size_t)B, sizeof *b->index);
+  b->length = calloc((size_t)B, sizeof *b->length);
+  df_status st =
+      b->index && b->length ? batch_alloc(b, err) : DF_FAIL(err, DF_ERR_NOMEM, "batch", NULL, "out of memory");
+  if (st != DF_OK) df_batch_free(b);
+  return st;
+}
+
 df_status df_batch_read(df_hs_dataset *ds, const int64_t *index, int64_t B, int64_t max_length, df_batch *out,
                         df_error *err) {
   return df_batch_read_ex(ds, index, B, max_length, false, out, err);

@@ -46,6 +46,10 @@ df_status df_batch_read_ex(df_hs_dataset *ds, const int64_t *index, int64_t B, i
 df_status df_batch_first(const char *data_path, uint64_t seed, int64_t batch_size, int64_t max_length,
                          const df_draft_config *cfg, df_batch *out, df_error *err);
 
+// An all-zero batch of B samples padded to S rows (index and length zero too), with last_hidden when
+// hidden_size > 0: what a batch source fills. On failure nothing stays allocated.
+df_status df_batch_alloc(df_batch *b, int64_t B, int64_t S, int64_t width, int64_t hidden_size, df_error *err);
+
 void df_batch_free(df_batch *b);
 
 #ifdef __cplusplus

@@ -13,9 +13,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/json_write.h"
 #include "modeling/strict_load.h"
 #include "moe/layout.h"
+#include "train/ckpt_manifest.h"
 #include "train/fsutil.h"
+#include "train/run_dir.h"
 
 #define STEP_FMT "step-%08lld"
 
@@ -157,7 +160,7 @@ static df_status set_link(const char *ckdir, const char *name, int64_t step, df_
 
 static df_status write_config(const char *path, const json_t *cfg, df_error *err) {
   FILE *fp = fopen(path, "w");
-  bool ok = fp && json_dumpf(cfg, fp, JSON_INDENT(2)) == 0 && fputc('\n', fp) != EOF;
+  bool ok = fp && df_json_dumpf(cfg, fp, JSON_INDENT(2)) == 0 && fputc('\n', fp) != EOF;
   ok = fp && fflush(fp) == 0 && fsync(fileno(fp)) == 0 && ok;
   if (fp) ok = fclose(fp) == 0 && ok;
   return ok ? DF_OK
@@ -229,6 +232,8 @@ df_status df_ckpt_write(const char *output_dir, const df_ckpt_state *s, int64_t 
   if (mkdir(tmp, 0777) != 0)
     return DF_FAIL(err, DF_ERR_IO, tmp, "check the output directory", "cannot create %s: %s", tmp, strerror(errno));
   df_status st = write_files(tmp, s, err);
+  if (st == DF_OK) st = df_ckpt_manifest_write(tmp, err); // last: a checkpoint with a manifest was written whole
+  if (st == DF_OK) st = fsync_path(tmp, true, err);
   if (st == DF_OK) st = prune(ckdir, at_or_after, step, err);
   if (st == DF_OK && rename(tmp, final) != 0)
     st = DF_FAIL(err, DF_ERR_IO, final, NULL, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
@@ -239,6 +244,7 @@ df_status df_ckpt_write(const char *output_dir, const df_ckpt_state *s, int64_t 
   DF_TRY(fsync_path(ckdir, true, err));
   DF_TRY(set_link(ckdir, "latest", step, err));
   if (max_checkpoints > 0) DF_TRY(prune(ckdir, older_than_newest, max_checkpoints, err));
+  df_ckpt_remove_stale(ckdir, NULL); // temporaries of writers that died (train/run_dir.h)
   if (out) snprintf(out, n, "%s", final);
   return DF_OK;
 }
@@ -249,7 +255,7 @@ df_status df_ckpt_mark_best(const char *output_dir, int64_t step, const char *me
     return DF_FAIL(err, DF_ERR_INVALID, "output_dir", "use a shorter output_dir", "output_dir is too long");
   DF_TRY(set_link(ckdir, "best", step, err));
   json_t *o = json_pack("{s:I, s:s, s:f}", "step", (json_int_t)step, "metric", metric, "value", value);
-  char *text = o ? json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) : NULL;
+  char *text = o ? df_json_dumps(o, JSON_INDENT(2)) : NULL;
   json_decref(o);
   if (!text) return DF_FAIL(err, DF_ERR_NOMEM, path, NULL, "out of memory");
   size_t n = strlen(text);

@@ -70,10 +70,10 @@ typedef struct {
 // FNV-1a 64 over json_dumps(cfg, JSON_SORT_KEYS | JSON_COMPACT), as 16 hex digits.
 void df_ckpt_config_hash(const json_t *cfg, char out[24]);
 
-// Writes <output_dir>/checkpoints/step-<N>/ (N = progress->step): every file into a temporary directory,
-// fsynced, then renamed into place; checkpoints at steps >= N are removed first (a resumed run rewinds);
-// `latest` points at it; with max_checkpoints > 0 the oldest are deleted, never the one `best` points at.
-// out (may be NULL) receives the directory written.
+// Writes <output_dir>/checkpoints/step-<N>/ (N = progress->step): every file into a temporary directory, the
+// manifest (train/ckpt_manifest.h) last, fsynced, then renamed into place; checkpoints at steps >= N are removed first
+// (a resumed run rewinds); `latest` points at it; with max_checkpoints > 0 the oldest are deleted, never the one `best`
+// points at. out (may be NULL) receives the directory written.
 df_status df_ckpt_write(const char *output_dir, const df_ckpt_state *s, int64_t max_checkpoints, char *out, size_t n,
                         df_error *err);
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "train/checkpoint.h"
 
@@ -315,6 +316,19 @@ static df_status read_groups(const h5io *io, hid_t f, const df_params *t, float 
   return st;
 }
 
+// state.h5 that HDF5 cannot open: missing (not a checkpoint directory) or damaged (present but unreadable).
+static df_status open_failure(const char *path, df_error *err) {
+  struct stat sb;
+  if (stat(path, &sb) != 0)
+    return DF_FAIL(err, DF_ERR_IO, path, "pass a checkpoint directory (it holds state.h5) or a run directory",
+                   "cannot resume: %s does not exist", path);
+  return DF_FAIL(err, DF_ERR_FORMAT, path,
+                 "the checkpoint is damaged (truncated?); resume from an earlier checkpoint, or pass --resume auto to "
+                 "take the newest complete one",
+                 "the checkpoint state %s (%lld bytes) is damaged: it does not open as HDF5", path,
+                 (long long)sb.st_size);
+}
+
 df_status df_ckpt_read(const char *ckpt_dir, const df_params *table, float *params, float *exp_avg, float *exp_avg_sq,
                        df_ckpt_contract *contract, df_ckpt_progress *progress, df_error *err) {
   char path[4200];
@@ -327,9 +341,8 @@ df_status df_ckpt_read(const char *ckpt_dir, const df_params *table, float *para
   H5Eget_auto2(H5E_DEFAULT, &fn, &fd);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-  df_status st = f < 0 ? DF_FAIL(err, DF_ERR_IO, path, "pass a checkpoint directory (it holds state.h5)",
-                                 "cannot open the checkpoint state %s", path)
-                       : read_groups(&io, f, table, params, exp_avg, exp_avg_sq, contract, progress);
+  df_status st =
+      f < 0 ? open_failure(path, err) : read_groups(&io, f, table, params, exp_avg, exp_avg_sq, contract, progress);
   if (f >= 0) H5Fclose(f);
   H5Eset_auto2(H5E_DEFAULT, fn, fd);
   return st;

@@ -1,93 +1,88 @@
-// `draftforge capture --target DIR --data FILE.jsonl --draft-config JSON --out DIR [...]` (train/capture.h).
+// `draftforge capture --target DIR --data FILE.jsonl --draft-config JSON --out DIR [...]` (train/capture.h); its
+// options are a table (train/cli.h).
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "train/capture.h"
+#include "train/cli.h"
 #include "train/commands.h"
 
-static const char *capture_usage =
-    "usage: draftforge capture --target DIR --data FILE.jsonl --draft-config JSON --out DIR\n"
-    "                          [--regenerate] [--max-new-tokens N] [--max-length N] [--samples-per-shard N]\n"
-    "                          [--dtype bfloat16|float32] [--last-hidden auto|yes|no] [--threads N]\n"
-    "\n"
-    "Runs the target (an HF directory: Qwen3, Qwen2 or Llama, dense) over token JSONL (tools/prepare_data.py:\n"
-    "{\"input_ids\": [...], \"loss_mask\": [...]} a line) and writes HDF5 shards (docs/data-format.md) with the\n"
-    "hidden states of the draft config's dflash_config.target_layer_ids (id L = the output of decoder layer L,\n"
-    "transformers' hidden_states[L+1]) and, for a DSpark draft (or --last-hidden yes), the final post-norm state.\n"
-    "--regenerate replaces each response by the target's greedy continuation of the prompt (the tokens before\n"
-    "the first supervised one), up to --max-new-tokens (256) or the end-of-sequence token, as DFlash recommends.\n"
-    "Shard k holds input lines [k*N, (k+1)*N) (N = --samples-per-shard, 1000); rerunning the same command skips\n"
-    "the finished shards and redoes a partial one. Defaults: --max-length 2048, --dtype bfloat16.\n";
+static const df_cli_opt CAPTURE_OPTS[] = {
+    {"--target", "DIR", DF_CLI_VALUE, "required", "the target: an HF directory (Qwen3, Qwen2 or Llama, dense)"},
+    {"--data", "FILE.jsonl", DF_CLI_VALUE, "required",
+     "token JSONL (tools/prepare_data.py: {\"input_ids\": [...], \"loss_mask\": [...]} a line)"},
+    {"--draft-config", "JSON", DF_CLI_VALUE, "required", "the draft config whose target_layer_ids are captured"},
+    {"--out", "DIR", DF_CLI_VALUE, "required", "the shard directory"},
+    {"--regenerate", NULL, DF_CLI_FLAG, "off",
+     "replace each response by the target's greedy continuation of the prompt (as DFlash recommends)"},
+    {"--max-new-tokens", "N", DF_CLI_VALUE, "256", "--regenerate: at most N tokens (or up to end-of-sequence)"},
+    {"--max-length", "N", DF_CLI_VALUE, "2048", "rows per sample, at most"},
+    {"--samples-per-shard", "N", DF_CLI_VALUE, "1000", "shard k holds input lines [k*N, (k+1)*N)"},
+    {"--dtype", "bfloat16|float32", DF_CLI_VALUE, "bfloat16", "how the hidden states are stored"},
+    {"--last-hidden", "auto|yes|no", DF_CLI_VALUE, "auto: for a DSpark draft",
+     "also store the final post-norm state (target_last_hidden_states)"},
+    {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
+    DF_CLI_END};
 
-static bool parse_count(const char *s, long long lo, long long hi, long long *out) {
-  char *end;
-  long long v = strtoll(s, &end, 10);
-  if (!*s || *end || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
+static const df_cli_spec CAPTURE_CLI = {
+    "capture",
+    NULL,
+    0,
+    0,
+    "Runs the target over token JSONL and writes HDF5 shards (docs/data-format.md) with the hidden states of the\n"
+    "draft config's dflash_config.target_layer_ids (id L = the output of decoder layer L, transformers'\n"
+    "hidden_states[L+1]) and, for a DSpark draft (or --last-hidden yes), the final post-norm state. Rerunning the\n"
+    "same command skips the finished shards and redoes a partial one.",
+    CAPTURE_OPTS};
 
 // Returns 0 to run, 1 after --help, 2 on a usage error (printed).
-static int parse_args(int argc, char **argv, df_capture_options *o, int *threads) {
+static int parse_args(int argc, char **argv, df_capture_options *o, int *threads, bool *verbose) {
   *o = (df_capture_options){.max_new_tokens = 256,
                             .max_length = 2048,
                             .samples_per_shard = 1000,
                             .dtype = DF_BF16,
                             .last_hidden = -1,
                             .log = stderr};
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    long long n;
-    if (!strcmp(s, "-h") || !strcmp(s, "--help")) return fputs(capture_usage, stdout), 1;
-    if (!strcmp(s, "--regenerate")) {
-      o->regenerate = true;
-      continue;
-    }
-    if (!v) return fprintf(stderr, "draftforge capture: '%s' needs a value or is unknown\n%s", s, capture_usage), 2;
-    i++;
-    if (!strcmp(s, "--target"))
-      o->target_dir = v;
-    else if (!strcmp(s, "--data"))
-      o->data_path = v;
-    else if (!strcmp(s, "--draft-config"))
-      o->draft_config_path = v;
-    else if (!strcmp(s, "--out"))
-      o->out_dir = v;
-    else if (!strcmp(s, "--max-new-tokens") && parse_count(v, 1, 1 << 20, &n))
-      o->max_new_tokens = n;
-    else if (!strcmp(s, "--max-length") && parse_count(v, 2, 1 << 24, &n))
-      o->max_length = n;
-    else if (!strcmp(s, "--samples-per-shard") && parse_count(v, 1, 1 << 30, &n))
-      o->samples_per_shard = n;
-    else if (!strcmp(s, "--threads") && parse_count(v, 1, 4096, &n))
-      *threads = (int)n;
-    else if (!strcmp(s, "--dtype") && (!strcmp(v, "bfloat16") || !strcmp(v, "float32")))
-      o->dtype = !strcmp(v, "bfloat16") ? DF_BF16 : DF_F32;
-    else if (!strcmp(s, "--last-hidden") && (!strcmp(v, "auto") || !strcmp(v, "yes") || !strcmp(v, "no")))
-      o->last_hidden = !strcmp(v, "auto") ? -1 : !strcmp(v, "yes");
-    else
-      return fprintf(stderr, "draftforge capture: bad argument '%s %s'\n%s", s, v, capture_usage), 2;
+  df_cli_args a;
+  int rc = df_cli_parse(&CAPTURE_CLI, argc, argv, &a);
+  static const char *const dtypes[] = {"bfloat16", "float32", NULL}, *const lasts[] = {"auto", "yes", "no", NULL};
+  long long mnt, ml, sps, th;
+  int dt, last;
+  if (!rc &&
+      !(df_cli_int(&a, "--max-new-tokens", 1, 1 << 20, 256, &mnt) &&
+        df_cli_int(&a, "--max-length", 2, 1 << 24, 2048, &ml) &&
+        df_cli_int(&a, "--samples-per-shard", 1, 1 << 30, 1000, &sps) && df_cli_int(&a, "--threads", 0, 4096, 0, &th) &&
+        df_cli_choice(&a, "--dtype", dtypes, 0, &dt) && df_cli_choice(&a, "--last-hidden", lasts, 0, &last)))
+    rc = DF_EXIT_USAGE;
+  if (!rc) {
+    o->target_dir = df_cli_get(&a, "--target"), o->data_path = df_cli_get(&a, "--data");
+    o->draft_config_path = df_cli_get(&a, "--draft-config"), o->out_dir = df_cli_get(&a, "--out");
+    o->regenerate = df_cli_has(&a, "--regenerate");
+    o->max_new_tokens = mnt, o->max_length = ml, o->samples_per_shard = sps, *threads = (int)th;
+    o->dtype = dt == 0 ? DF_BF16 : DF_F32, o->last_hidden = last == 0 ? -1 : last == 1;
+    *verbose = a.verbose;
   }
+  df_cli_free(&a); // the values point into argv
+  if (rc) return rc;
   if (!o->target_dir || !o->data_path || !o->draft_config_path || !o->out_dir)
-    return fprintf(stderr, "draftforge capture: --target, --data, --draft-config and --out are required\n%s",
-                   capture_usage),
-           2;
+    return df_cli_usage_error(&CAPTURE_CLI, "--target, --data, --draft-config and --out are required");
   return 0;
 }
 
 int df_cmd_capture(int argc, char **argv) {
   df_capture_options o;
   int threads = 0;
-  int rc = parse_args(argc, argv, &o, &threads);
-  if (rc) return rc == 1 ? 0 : rc;
+  bool verbose = false;
+  int rc = parse_args(argc, argv, &o, &threads, &verbose);
+  if (rc) return rc == 1 ? DF_EXIT_OK : rc;
   if (threads > 0) omp_set_num_threads(threads);
   df_capture_report rep;
   df_error err = {0};
   if (df_capture_run(&o, &rep, &err) != DF_OK) {
-    df_error_print(&err);
-    return 1;
+    df_error_print_verbose(&err, verbose);
+    return DF_EXIT_FAILURE;
   }
   printf("captured %lld samples (%lld tokens, %lld generated) from %lld lines into %lld shards in %s (%lld "
          "shards already done, %lld samples dropped without two adjacent supervised tokens) in %.1f s\n",

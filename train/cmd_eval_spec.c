@@ -12,69 +12,71 @@
 
 #include "modeling/target_config.h"
 #include "train/capture.h"
+#include "train/cli.h"
 #include "train/commands.h"
 #include "train/evaluate.h"
 #include "train/export.h"
 #include "train/fsutil.h"
 #include "train/spec_decode.h"
 
-static const char *usage =
-    "usage: draftforge eval --spec-decode --target DIR --draft CKPT_OR_EXPORT --data FILE.jsonl [--out FILE]\n"
-    "                       [--max-new-tokens N] [--max-samples N] [--num-anchors N] [--threads N]\n"
-    "\n"
-    "Greedy speculative decoding with the target (an HF directory) and a DFlash or DSpark draft (a checkpoint,\n"
-    "run or export directory): per prompt of the token JSONL (the tokens before the first supervised one), the\n"
-    "target prefills, the draft proposes a block from the target's features, the target verifies it in one\n"
-    "forward and the accepted prefix plus its bonus token is committed. Reports τ (tokens committed per\n"
-    "verification), the per-position acceptance, and whether the output equals plain greedy decoding (it must:\n"
-    "exit status 1 otherwise). Also runs the offline eval on the sequences the target generated and reports\n"
-    "its simulated τ (tau_simulated). --max-new-tokens 64 per prompt by default; --num-anchors (512) caps the\n"
-    "simulated eval's blocks per sample.\n";
+static const df_cli_opt SPEC_OPTS[] = {
+    {"--spec-decode", NULL, DF_CLI_FLAG, "required", "real speculative decoding (this command)"},
+    {"--target", "DIR", DF_CLI_VALUE, "required", "the target: an HF directory (Qwen3, Qwen2 or Llama, dense)"},
+    {"--draft", "CKPT_OR_EXPORT", DF_CLI_VALUE, "required",
+     "a DFlash or DSpark draft: a checkpoint, a run directory (its latest checkpoint) or an export"},
+    {"--data", "FILE.jsonl", DF_CLI_VALUE, "required",
+     "token JSONL (tools/prepare_data.py); each line's prompt is its tokens before the first supervised one"},
+    {"--out", "FILE", DF_CLI_VALUE, "none: printed only", "also write the report as JSON"},
+    {"--max-new-tokens", "N", DF_CLI_VALUE, "64", "tokens generated per prompt, at most (or up to end-of-sequence)"},
+    {"--max-samples", "N", DF_CLI_VALUE, "every line", "decode the first N prompts"},
+    {"--num-anchors", "N", DF_CLI_VALUE, "512", "the simulated eval's blocks per sample, at most"},
+    {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
+    DF_CLI_END};
+
+static const df_cli_spec SPEC_CLI = {
+    "eval --spec-decode",
+    NULL,
+    0,
+    0,
+    "Greedy speculative decoding with the target and a draft: per prompt the target prefills, the draft proposes a\n"
+    "block from the target's features, the target verifies it in one forward and the accepted prefix plus its\n"
+    "bonus token is committed. Reports tau (tokens committed per verification), the per-position acceptance, and\n"
+    "whether the output equals plain greedy decoding (it must: exit 1 otherwise). Also runs the offline eval on\n"
+    "the sequences the target generated and reports its simulated tau (tau_simulated).",
+    SPEC_OPTS};
 
 typedef struct {
   const char *target, *draft, *data, *out;
   int64_t max_new, max_samples, num_anchors;
   int threads;
+  bool verbose;
 } spec_args;
 
-static bool parse_count(const char *s, long long lo, long long hi, long long *out) {
-  char *end;
-  long long v = strtoll(s, &end, 10);
-  if (!*s || *end || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
+// Returns 0 to run, 1 after --help, 2 on a usage error (printed).
 static int parse(int argc, char **argv, spec_args *a) {
-  *a = (spec_args){.max_new = 64, .num_anchors = 512};
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    long long n;
-    if (!strcmp(s, "-h") || !strcmp(s, "--help")) return fputs(usage, stdout), 1;
-    if (!strcmp(s, "--spec-decode")) continue;
-    if (!v) return fprintf(stderr, "draftforge eval: '%s' needs a value or is unknown\n%s", s, usage), 2;
-    i++;
-    if (!strcmp(s, "--target"))
-      a->target = v;
-    else if (!strcmp(s, "--draft"))
-      a->draft = v;
-    else if (!strcmp(s, "--data"))
-      a->data = v;
-    else if (!strcmp(s, "--out"))
-      a->out = v;
-    else if (!strcmp(s, "--max-new-tokens") && parse_count(v, 1, 1 << 20, &n))
-      a->max_new = n;
-    else if (!strcmp(s, "--max-samples") && parse_count(v, 0, INT32_MAX, &n))
-      a->max_samples = n;
-    else if (!strcmp(s, "--num-anchors") && parse_count(v, 1, 1 << 20, &n))
-      a->num_anchors = n;
-    else if (!strcmp(s, "--threads") && parse_count(v, 1, 4096, &n))
-      a->threads = (int)n;
-    else
-      return fprintf(stderr, "draftforge eval: bad argument '%s %s'\n%s", s, v, usage), 2;
-  }
+  df_cli_args c;
+  int rc = df_cli_parse(&SPEC_CLI, argc, argv, &c);
+  long long mnt = 0, ms = 0, na = 0, th = 0;
+  if (!rc && !(df_cli_int(&c, "--max-new-tokens", 1, 1 << 20, 64, &mnt) &&
+               df_cli_int(&c, "--max-samples", 0, INT32_MAX, 0, &ms) &&
+               df_cli_int(&c, "--num-anchors", 1, 1 << 20, 512, &na) && df_cli_int(&c, "--threads", 0, 4096, 0, &th)))
+    rc = DF_EXIT_USAGE;
+  *a = (spec_args){.target = df_cli_get(&c, "--target"),
+                   .draft = df_cli_get(&c, "--draft"),
+                   .data = df_cli_get(&c, "--data"),
+                   .out = df_cli_get(&c, "--out"),
+                   .max_new = mnt,
+                   .max_samples = ms,
+                   .num_anchors = na,
+                   .threads = (int)th,
+                   .verbose = c.verbose};
+  df_cli_free(&c); // the values point into argv
+  if (rc) return rc;
   if (!a->target || !a->draft || !a->data)
-    return fprintf(stderr, "draftforge eval --spec-decode: --target, --draft and --data are required\n%s", usage), 2;
+    return df_cli_usage_error(&SPEC_CLI, "--target, --draft and --data are required");
+  const char *const paths[] = {a->target, a->draft, a->data};
+  for (int i = 0; i < 3; i++)
+    if (access(paths[i], F_OK) != 0) return df_cli_usage_error(&SPEC_CLI, "%s does not exist", paths[i]);
   return 0;
 }
 
@@ -226,7 +228,7 @@ static df_status run(const spec_args *a, spec_run *r, df_spec_report *s, df_eval
 int df_cmd_eval_spec(int argc, char **argv) {
   spec_args a;
   int rc = parse(argc, argv, &a);
-  if (rc) return rc == 1 ? 0 : rc;
+  if (rc) return rc == 1 ? DF_EXIT_OK : rc;
   if (a.threads > 0) omp_set_num_threads(a.threads);
   spec_run r = {0};
   df_spec_report s = {0};
@@ -242,10 +244,17 @@ int df_cmd_eval_spec(int argc, char **argv) {
       if (st == DF_OK) printf("wrote %s\n", a.out);
     }
   }
-  if (st != DF_OK) df_error_print(&err);
+  if (st == DF_OK && !s.identical_to_greedy)
+    st = DF_FAIL(&err, DF_ERR_NUMERIC, a.data,
+                 "the batched verification and the one-token decode of the target disagree on an argmax (a near-tie "
+                 "in its logits, or a bug): rerun with --threads 1, and report it with the prompt named above",
+                 "speculative decoding changed the output: %lld of %lld prompts differ from greedy decoding (first: "
+                 "prompt %lld at token %lld)",
+                 (long long)s.mismatched_prompts, (long long)s.prompts, (long long)s.first_mismatch_prompt,
+                 (long long)s.first_mismatch_pos);
+  if (st != DF_OK) fflush(stdout), df_error_print_verbose(&err, a.verbose);
   df_eval_report_free(&ev);
   df_spec_report_free(&s);
   run_free(&r);
-  if (st != DF_OK) return 1;
-  return s.identical_to_greedy ? 0 : 1;
+  return st == DF_OK ? DF_EXIT_OK : DF_EXIT_FAILURE;
 }

@@ -4,63 +4,56 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "train/cli.h"
 #include "train/device.h"
 #include "train/recipe.h"
 #include "train/step.h"
 
-static const char *step_usage = "usage: draftforge step RECIPE.yaml --dump DIR [--threads N] [--device D]\n"
-                                "       draftforge step --schema\n"
-                                "\n"
-                                "Runs one DFlash or DSpark micro-step (docs/dflash-step.md; the draft config decides\n"
-                                "which, and training.strategy must agree) on the first batch of the recipe's data and\n"
-                                "writes DIR/grads.safetensors (the F32 gradient of loss_num/loss_den for every\n"
-                                "trainable parameter, DSpark heads included) and DIR/step.json (loss terms and\n"
-                                "metrics; DSpark adds ce/l1/confidence terms and tau_probabilistic). No optimizer\n"
-                                "step. --threads: CPU threads (default: OpenMP's). --device auto|cpu|cuda:\n"
-                                "where it runs (default: training.device). --schema: every recipe key.\n";
+static const df_cli_opt STEP_OPTS[] = {
+    {"--dump", "DIR", DF_CLI_VALUE, "required", "where grads.safetensors and step.json go"},
+    {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
+    {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "training.device (auto)",
+     "where it runs; auto takes CUDA when a GPU is visible and its backend has every op of a step, else the CPU"},
+    {"--schema", NULL, DF_CLI_FLAG, "off", "print every recipe key (type, default, support) and exit"},
+    DF_CLI_END};
+
+static const df_cli_spec STEP_CLI = {
+    "step",
+    "RECIPE.yaml",
+    0,
+    1,
+    "Runs one DFlash or DSpark micro-step (docs/dflash-step.md; the draft config decides which, and\n"
+    "training.strategy must agree) on the first batch of the recipe's data and writes DIR/grads.safetensors (the\n"
+    "F32 gradient of loss_num/loss_den for every trainable parameter, DSpark heads included) and DIR/step.json\n"
+    "(loss terms and metrics; DSpark adds ce/l1/confidence terms and tau_probabilistic). No optimizer step.",
+    STEP_OPTS};
 
 typedef struct {
   const char *recipe, *dump;
   int threads;
-  bool schema, has_device;
+  bool schema, verbose, has_device;
   df_device_choice device;
 } step_args;
 
-static bool parse_threads(const char *s, int *out) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (!*s || *end || v < 0 || v > 4096) return false;
-  *out = (int)v;
-  return true;
-}
-
-// argv holds the arguments after "step". Returns 0 on success, 1 for --help (printed), 2 on a usage error (printed).
-static int parse_step_args(int argc, char **argv, step_args *a) {
-  memset(a, 0, sizeof *a);
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i];
-    if (!strcmp(s, "-h") || !strcmp(s, "--help")) return fputs(step_usage, stdout), 1;
-    if (!strcmp(s, "--schema"))
-      a->schema = true;
-    else if (!strcmp(s, "--dump") && i + 1 < argc)
-      a->dump = argv[++i];
-    else if (!strcmp(s, "--device") && i + 1 < argc) {
-      df_error e = {0};
-      if (df_device_choice_parse(argv[++i], &a->device, &e) != DF_OK)
-        return fprintf(stderr, "draftforge step: %s\n  HINT: %s\n", e.msg, e.hint), 2;
-      a->has_device = true;
-    } else if (!strcmp(s, "--threads") && i + 1 < argc) {
-      if (!parse_threads(argv[++i], &a->threads))
-        return fprintf(stderr, "draftforge step: --threads wants a count, got '%s'\n", argv[i]), 2;
-    } else if (s[0] != '-' && !a->recipe)
-      a->recipe = s;
-    else
-      return fprintf(stderr, "draftforge step: unexpected argument '%s'\n%s", s, step_usage), 2;
-  }
-  if (a->schema) return 0;
-  if (!a->recipe || !a->dump)
-    return fprintf(stderr, "draftforge step: RECIPE.yaml and --dump DIR are required\n%s", step_usage), 2;
+// argv holds the arguments after "step". Returns 0 to run, 1 after --help, 2 on a usage error (printed).
+static int parse_step_args(int argc, char **argv, step_args *s) {
+  memset(s, 0, sizeof *s);
+  df_cli_args a;
+  int rc = df_cli_parse(&STEP_CLI, argc, argv, &a);
+  static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
+  long long threads = 0;
+  int device = 0;
+  if (!rc && !(df_cli_int(&a, "--threads", 0, 4096, 0, &threads) && df_cli_choice(&a, "--device", devices, 0, &device)))
+    rc = DF_EXIT_USAGE;
+  s->has_device = !rc && df_cli_has(&a, "--device"), s->device = (df_device_choice)device;
+  s->recipe = a.npos ? a.pos[0] : NULL, s->dump = df_cli_get(&a, "--dump"), s->threads = (int)threads;
+  s->schema = df_cli_has(&a, "--schema"), s->verbose = a.verbose;
+  df_cli_free(&a);
+  if (rc || s->schema) return rc;
+  if (!s->recipe || !s->dump) return df_cli_usage_error(&STEP_CLI, "RECIPE.yaml and --dump DIR are required");
+  if (access(s->recipe, F_OK) != 0) return df_cli_usage_error(&STEP_CLI, "recipe %s does not exist", s->recipe);
   return 0;
 }
 
@@ -85,8 +78,8 @@ int df_cmd_step(int argc, char **argv) {
   df_step_result r;
   df_error err = {0};
   if (df_step_run(a.recipe, a.dump, a.threads, a.has_device ? &a.device : NULL, &r, &err) != DF_OK) {
-    df_error_print(&err);
-    return 1;
+    df_error_print_verbose(&err, a.verbose);
+    return DF_EXIT_FAILURE;
   }
   print_summary(&r, a.dump);
   df_step_result_free(&r);

@@ -1,76 +1,82 @@
-// `draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N] [--no-prefetch]`:
-// argument parsing, the process's place in the job (train/dist: launcher, deployment.trainer, communicator,
-// the same recipe on every rank) and the closing message around df_train. Exit codes: 0 done (or stopped by a
-// signal with a checkpoint), 1 the run failed (on any rank: the whole job ends), 2 bad arguments.
+// `draftforge train`: the command line around df_train (docs/training.md): options, the checks that make a bad
+// argument exit 2 before anything runs, the process's place in the job (train/dist: launcher,
+// deployment.trainer, communicator, the same recipe on every rank), and the closing message with a resume command
+// that pastes as is. Exit codes: 0 done (or stopped by a signal with a checkpoint), 1 the run failed (on any rank:
+// the whole job ends), 2 bad arguments.
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "train/cli.h"
 #include "train/commands.h"
 #include "train/device.h"
 #include "train/dist/dist.h"
 #include "train/progress.h"
 #include "train/recipe.h"
+#include "train/run_dir.h"
+#include "train/run_plan.h"
 #include "train/trainer.h"
 
-static const char *train_usage =
-    "usage: draftforge train RECIPE.yaml [--set section.key=value ...] [--resume PATH] [--threads N]\n"
-    "                        [--no-prefetch] [--device auto|cpu|cuda]\n"
-    "\n"
-    "Trains the draft the recipe describes (docs/training.md). Checkpoints go to\n"
-    "<output_dir>/checkpoints/step-<N>/, metrics to <output_dir>/metrics.jsonl, and the resolved\n"
-    "recipe to <output_dir>/recipe.resolved.yaml.\n"
-    "  --set K=V      override a recipe key: --set training.max_steps=100, --set output_dir=runs/x\n"
-    "  --resume PATH  continue a run: PATH is its output_dir (latest checkpoint) or one checkpoint\n"
-    "                 directory (same as training.resume_from)\n"
-    "  --threads N    CPU threads (default: OpenMP's)\n"
-    "  --no-prefetch  read batches on the training thread\n"
-    "  --device D     auto, cpu or cuda (default: training.device, itself auto)\n"
-    "SIGINT/SIGTERM finish the current optimizer step, write a checkpoint and exit 0; a second one\n"
-    "stops at once.\n";
+static const df_cli_opt TRAIN_OPTS[] = {
+    {"--set", "KEY=VALUE", DF_CLI_REPEAT, "none",
+     "override a recipe key: --set training.max_steps=100, --set output_dir=runs/x"},
+    {"--resume", "PATH|auto", DF_CLI_VALUE, "training.resume_from, else a new run",
+     "continue a run: its output_dir, checkpoints/ or one checkpoint directory; the run's own recipe.resolved.yaml "
+     "is used (RECIPE.yaml optional). auto: resume output_dir when it has a checkpoint, else start"},
+    {"--overwrite", NULL, DF_CLI_FLAG, "off",
+     "a new run may replace an earlier run's checkpoints and metrics in output_dir"},
+    {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads (resume bit-exact with the same count)"},
+    {"--no-prefetch", NULL, DF_CLI_FLAG, "off", "read batches on the training thread (the batches are the same)"},
+    {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "training.device (auto)",
+     "where it runs; auto takes CUDA when a GPU is visible and its backend has every op of a step, else the CPU"},
+    {"--data-scan", "sampled|full|none", DF_CLI_VALUE, "sampled",
+     "NaN/Inf check of the data at start-up: up to 16 samples per shard spread over the data (at most ~256 "
+     "MiB read), every sample, or none"},
+    DF_CLI_END};
 
-typedef struct {
-  const char *recipe, *resume;
-  const char **sets;
-  int n_sets, threads;
-  bool no_prefetch, has_device;
-  df_device_choice device;
-} train_args;
+static const df_cli_spec TRAIN_CLI = {
+    "train",
+    "RECIPE.yaml",
+    0,
+    1,
+    "Trains the draft the recipe describes (docs/training.md). Checkpoints go to <output_dir>/checkpoints/step-<N>/,\n"
+    "metrics to <output_dir>/metrics.jsonl, the resolved recipe to <output_dir>/recipe.resolved.yaml. RECIPE.yaml\n"
+    "is required except with --resume PATH. SIGINT/SIGTERM finish the current optimizer step, write a checkpoint\n"
+    "and exit 0 (a second one stops at once); a failure after training started writes a checkpoint first.",
+    TRAIN_OPTS};
 
-// argv holds the arguments after "train". Returns 0 on success, 1 for --help (printed), 2 on a usage error.
-static int parse_train_args(int argc, char **argv, train_args *a) {
-  memset(a, 0, sizeof *a);
-  a->sets = calloc((size_t)argc + 1, sizeof *a->sets);
-  if (!a->sets) return fputs("draftforge train: out of memory\n", stderr), 2;
-  for (int i = 0; i < argc; i++) {
-    const char *s = argv[i];
-    if (!strcmp(s, "-h") || !strcmp(s, "--help")) return fputs(train_usage, stdout), 1;
-    if (!strcmp(s, "--set") && i + 1 < argc)
-      a->sets[a->n_sets++] = argv[++i];
-    else if (!strncmp(s, "--set=", 6))
-      a->sets[a->n_sets++] = s + 6;
-    else if (!strcmp(s, "--resume") && i + 1 < argc)
-      a->resume = argv[++i];
-    else if (!strcmp(s, "--no-prefetch"))
-      a->no_prefetch = true;
-    else if (!strcmp(s, "--device") && i + 1 < argc) {
-      df_error e = {0};
-      if (df_device_choice_parse(argv[++i], &a->device, &e) != DF_OK)
-        return fprintf(stderr, "draftforge train: %s\n  HINT: %s\n", e.msg, e.hint), 2;
-      a->has_device = true;
-    } else if (!strcmp(s, "--threads") && i + 1 < argc) {
-      char *end;
-      long v = strtol(argv[++i], &end, 10);
-      if (!*argv[i] || *end || v < 0 || v > 4096)
-        return fprintf(stderr, "draftforge train: --threads wants a count, got '%s'\n", argv[i]), 2;
-      a->threads = (int)v;
-    } else if (s[0] != '-' && !a->recipe)
-      a->recipe = s;
-    else
-      return fprintf(stderr, "draftforge train: unexpected argument '%s'\n%s", s, train_usage), 2;
+static bool exists(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0;
+}
+
+// The command that continues the run, ready to paste: the run's own recipe makes --set unnecessary.
+static void resume_command(const df_train_summary *s, long long threads, char *out, size_t n) {
+  char self[4096], dir[4096];
+  df_self_path(self, sizeof self);
+  df_path_normalize(s->output_dir, dir, sizeof dir);
+  out[0] = 0;
+  df_shell_quote_append(out, n, self);
+  snprintf(out + strlen(out), n - strlen(out), " train --resume ");
+  df_shell_quote_append(out, n, dir);
+  if (threads > 0) snprintf(out + strlen(out), n - strlen(out), " --threads %lld", threads);
+}
+
+// Arguments a run cannot start with are usage errors (exit 2), found before the recipe is read.
+static int check_arguments(const df_cli_args *a, const char *recipe, const char *resume, const char *const *sets,
+                           int n_sets) {
+  if (!recipe && (!resume || !strcmp(resume, "auto")))
+    return df_cli_usage_error(&TRAIN_CLI, "RECIPE.yaml is required%s", resume ? " with --resume auto" : "");
+  if (recipe && !exists(recipe)) return df_cli_usage_error(&TRAIN_CLI, "recipe %s does not exist", recipe);
+  if (resume && strcmp(resume, "auto") && !exists(resume))
+    return df_cli_usage_error(&TRAIN_CLI, "--resume %s does not exist (pass a run directory or a checkpoint)", resume);
+  df_error err = {0};
+  if (df_recipe_check_overrides(sets, n_sets, &err) != DF_OK) {
+    df_error_print_verbose(&err, a->verbose);
+    return DF_EXIT_USAGE;
   }
-  if (!a->recipe) return fprintf(stderr, "draftforge train: RECIPE.yaml is required\n%s", train_usage), 2;
   return 0;
 }
 
@@ -93,13 +99,13 @@ static df_deploy_trainer deploy_of(const df_recipe *rc) {
   return d;
 }
 
-// The job as the launcher started it, checked against the recipe; then every rank must hold the same resolved
-// recipe (same file, --set options and paths), or the ranks would train different things.
-static df_status start_dist(const train_args *a, df_dist *d, df_error *err) {
+// The job as the launcher started it, checked against the recipe the run will use (RECIPE.yaml, or a resumed
+// run's own recipe.resolved.yaml); then every rank must hold the same resolved recipe (same file, --set options
+// and paths), or the ranks would train different things.
+static df_status start_dist(const df_run_plan_options *po, df_dist *d, df_error *err) {
   memset(d, 0, sizeof *d);
-  df_recipe_options ro = {.log = stderr, .overrides = a->sets, .n_overrides = a->n_sets};
   const df_recipe *rc = NULL;
-  DF_TRY(df_recipe_load(a->recipe, &ro, &rc, err));
+  DF_TRY(df_run_plan_peek_recipe(po, &rc, err));
   char *text = NULL;
   size_t len = 0;
   FILE *mem = open_memstream(&text, &len);
@@ -107,11 +113,13 @@ static df_status start_dist(const train_args *a, df_dist *d, df_error *err) {
   if (mem) fclose(mem);
   uint64_t hash = text ? fnv1a(text, len) : 0;
   free(text);
-  df_dist_options o = {.gpu = false, // host buffers: the trainer refuses world > 1 (either device) for now
+  char out[4096];
+  df_path_absolute(rc->output_dir, out, sizeof out); // the same job key whichever way the path is spelled
+  df_dist_options o = {.gpu = false, // the trainer runs on the CPU context (issue 11 brings the CUDA one)
                        .cuda_device = -1,
                        .timeout_s = rc->training.dist_timeout * 60.0,
                        .deploy = deploy_of(rc),
-                       .job_key = fnv1a(rc->output_dir, strlen(rc->output_dir)),
+                       .job_key = fnv1a(out, strlen(out)),
                        .log = stdout};
   if (st == DF_OK) st = df_dist_init(&o, d, err);
   if (st == DF_OK) st = df_dist_check_same(d->comm, "resolved recipe", hash, err);
@@ -119,58 +127,77 @@ static df_status start_dist(const train_args *a, df_dist *d, df_error *err) {
   return st;
 }
 
-// Prints this rank's error, then ends the job everywhere (the other ranks are stopped, not left waiting).
-static int fail_job(df_dist *d, const df_error *err) {
+// Prints this rank's error (a saved-state note first, so the HINT stays the last line), then ends the job
+// everywhere (the other ranks are stopped, not left waiting).
+static int fail_job(df_dist *d, const df_error *err, bool verbose, const char *note, int code) {
   fflush(stdout);
-  df_error_print(err);
+  if (note && note[0]) fputs(note, stderr);
+  df_error_print_verbose(err, verbose);
   fflush(stderr);
-  df_dist_abort(d, 1);
-  return 1;
+  df_dist_abort(d, code);
+  return code;
 }
 
 int df_cmd_train(int argc, char **argv) {
-  train_args a;
-  int rc = parse_train_args(argc, argv, &a);
-  if (rc) {
-    free(a.sets);
-    return rc == 1 ? 0 : rc;
-  }
-  if (a.threads > 0) omp_set_num_threads(a.threads);
+  df_cli_args a;
+  int rc = df_cli_parse(&TRAIN_CLI, argc, argv, &a);
+  if (rc) return df_cli_free(&a), rc == 1 ? DF_EXIT_OK : rc;
+  static const char *const scans[] = {"sampled", "full", "none", NULL};
+  static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
+  long long threads;
+  int scan, n_sets, device;
+  const char *const *sets = df_cli_list(&a, "--set", &n_sets);
+  const char *recipe = a.npos ? a.pos[0] : NULL, *resume = df_cli_get(&a, "--resume");
+  if (!df_cli_int(&a, "--threads", 0, 4096, 0, &threads) || !df_cli_choice(&a, "--data-scan", scans, 0, &scan) ||
+      !df_cli_choice(&a, "--device", devices, 0, &device))
+    return df_cli_free(&a), DF_EXIT_USAGE;
+  if ((rc = check_arguments(&a, recipe, resume, sets, n_sets))) return df_cli_free(&a), rc;
+  if (threads > 0) omp_set_num_threads((int)threads);
+  df_run_plan_options po = {.recipe_path = recipe, .overrides = sets, .n_overrides = n_sets, .resume = resume};
   df_dist d;
   df_error err = {0};
-  if (start_dist(&a, &d, &err) != DF_OK) {
-    free(a.sets);
-    return fail_job(&d, &err);
+  if (start_dist(&po, &d, &err) != DF_OK) {
+    df_cli_free(&a);
+    return fail_job(&d, &err, a.verbose, NULL, DF_EXIT_FAILURE);
   }
   df_progress_term *term = NULL; // a terminal gets the refreshing progress line (train/progress.h)
   if (df_progress_is_terminal(stdout) && df_progress_term_open(stdout, 0, &term, &err) != DF_OK) term = NULL;
-  df_train_options o = {.recipe_path = a.recipe,
-                        .overrides = a.sets,
-                        .n_overrides = a.n_sets,
-                        .resume = a.resume,
-                        .threads = a.threads,
+  df_train_options o = {.recipe_path = recipe,
+                        .overrides = sets,
+                        .n_overrides = n_sets,
+                        .resume = resume,
+                        .overwrite = df_cli_has(&a, "--overwrite"),
+                        .data_scan = (df_data_scan)scan,
+                        .threads = (int)threads,
                         .log = term ? df_progress_term_log(term) : stdout,
                         .progress = term,
                         .handle_signals = true,
-                        .no_prefetch = a.no_prefetch,
-                        .has_device = a.has_device,
-                        .device = a.device,
+                        .no_prefetch = df_cli_has(&a, "--no-prefetch"),
+                        .has_device = df_cli_has(&a, "--device"),
+                        .device = (df_device_choice)device,
                         .comm = d.comm};
   df_train_summary s;
   const int rank = d.comm ? df_comm_rank(d.comm) : 0;
   df_status st = df_train(&o, &s, &err);
   df_progress_term_close(term);
-  free(a.sets);
+  char cmd[8400], note[8400 + 4000 + 200] = ""; // room for the longest command and checkpoint path
+  resume_command(&s, threads, cmd, sizeof cmd);
+  if (st != DF_OK && s.saved_after_error)
+    snprintf(note, sizeof note, "the run failed after step %lld; its state was saved first: %.4000s\nresume with: %s\n",
+             (long long)s.last_step, s.last_checkpoint, cmd);
   if (st == DF_OK) st = df_dist_finish(&d, &err);
-  if (st != DF_OK) return fail_job(&d, &err);
-  if (rank != 0) return 0; // rank 0 speaks for the job
+  if (st != DF_OK) {
+    bool verbose = a.verbose;
+    df_cli_free(&a);
+    return fail_job(&d, &err, verbose, note, s.bad_arguments ? DF_EXIT_USAGE : DF_EXIT_FAILURE);
+  }
+  if (rank != 0) return df_cli_free(&a), DF_EXIT_OK; // rank 0 speaks for the job
   if (s.stopped_by_signal)
-    printf(
-        "stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: draftforge train %s --resume %s%s\n",
-        (long long)s.last_step, (long long)s.stop_step, s.last_checkpoint, a.recipe, s.output_dir,
-        a.n_sets ? "  (and the same --set options)" : "");
+    printf("stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: %s\n", (long long)s.last_step,
+           (long long)s.stop_step, s.last_checkpoint, cmd);
   else
     printf("done: step %lld of %lld (%lld skipped); last checkpoint %s\n", (long long)s.last_step,
            (long long)s.stop_step, (long long)s.skipped_steps, s.last_checkpoint[0] ? s.last_checkpoint : "(none)");
-  return 0;
+  df_cli_free(&a);
+  return DF_EXIT_OK;
 }

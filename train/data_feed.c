@@ -2,7 +2,6 @@
 // reader thread that owns the HDF5 handle and reads batch c+1 into a second buffer while batch c trains.
 #include "train/data_feed.h"
 
-#include <hdf5.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +15,8 @@ struct df_feed {
   int64_t batch_size, max_length;
   uint64_t seed;
   int rank, world;
-  bool last_hidden;  // also read target_last_hidden_states (DSpark)
-  df_hs_dataset *ds; // owned by the reader thread while it runs, else by the caller
+  bool last_hidden;     // also read target_last_hidden_states (DSpark)
+  df_batch_source *src; // owned by the reader thread while it runs, else by the caller
   int64_t n, batches_per_epoch;
 
   int64_t epoch, cursor; // the next batch handed out
@@ -60,7 +59,7 @@ static void feed_batch_indices(df_feed *f, int64_t epoch, int64_t cursor) {
 
 static df_status feed_read(df_feed *f, int64_t epoch, int64_t cursor, df_batch *out, df_error *err) {
   feed_batch_indices(f, epoch, cursor);
-  return df_batch_read_ex(f->ds, f->index, f->batch_size, f->max_length, f->last_hidden, out, err);
+  return df_batch_source_read(f->src, f->index, f->batch_size, f->max_length, f->last_hidden, out, err);
 }
 
 static void *feed_reader_main(void *arg) {
@@ -102,30 +101,26 @@ static void feed_discard_locked(df_feed *f) {
 }
 
 static df_status feed_check_data(df_feed *f, const df_feed_options *opt, df_error *err) {
-  const df_hs_info *info = df_hs_get_info(f->ds);
-  if (opt->cfg)
-    DF_TRY(df_hs_check_target(f->ds, opt->cfg->dflash.num_target_layer_ids, opt->cfg->dflash.target_layer_ids,
-                              opt->cfg->hidden_size, err));
-  if (opt->need_last_hidden && !info->has_last_hidden)
-    return DF_FAIL(err, DF_ERR_INVALID, opt->path, "recapture the data with target_last_hidden_states (DSpark)",
-                   "the data has no %s dataset, which this draft needs", DF_HS_DS_LAST_HIDDEN);
-  f->n = info->num_samples;
+  if (opt->need_last_hidden && !f->src->has_last_hidden)
+    return DF_FAIL(err, DF_ERR_INVALID, f->path, "recapture the data with target_last_hidden_states (DSpark)",
+                   "the data has no target_last_hidden_states, which this draft needs");
+  f->n = f->src->num_samples;
   f->batches_per_epoch = f->n / ((int64_t)f->world * f->batch_size);
   if (f->batches_per_epoch < 1)
-    return DF_FAIL(err, DF_ERR_INVALID, opt->path,
+    return DF_FAIL(err, DF_ERR_INVALID, f->path,
                    "lower training.batch_size or add data (the last partial global batch is dropped)",
                    "%lld samples cannot fill one global batch of %d rank(s) x %lld", (long long)f->n, f->world,
                    (long long)f->batch_size);
   f->perm = malloc((size_t)f->n * sizeof *f->perm);
   f->index = malloc((size_t)f->batch_size * sizeof *f->index);
   if (!f->perm || !f->index)
-    return DF_FAIL(err, DF_ERR_NOMEM, opt->path, NULL, "out of memory for the order of %lld samples", (long long)f->n);
+    return DF_FAIL(err, DF_ERR_NOMEM, f->path, NULL, "out of memory for the order of %lld samples", (long long)f->n);
   f->perm_epoch = -1;
   return DF_OK;
 }
 
 static df_status feed_check_options(const df_feed_options *opt, df_error *err) {
-  if (!opt->path || !*opt->path)
+  if (!opt->source && (!opt->path || !*opt->path))
     return DF_FAIL(err, DF_ERR_INVALID, "data.hidden_states_path", "set data.hidden_states_path in the recipe",
                    "no data path given");
   if (opt->batch_size < 1)
@@ -139,30 +134,32 @@ static df_status feed_check_options(const df_feed_options *opt, df_error *err) {
 
 df_status df_feed_open(const df_feed_options *opt, df_feed **out, df_error *err) {
   *out = NULL;
-  DF_TRY(feed_check_options(opt, err));
-  df_feed *f = calloc(1, sizeof *f);
-  if (!f) return DF_FAIL(err, DF_ERR_NOMEM, opt->path, NULL, "out of memory");
+  df_status st = feed_check_options(opt, err);
+  df_feed *f = st == DF_OK ? calloc(1, sizeof *f) : NULL;
+  const char *label = opt->source ? opt->source->label : opt->path;
+  if (f) f->path = strdup(label ? label : "data");
+  if (st == DF_OK && (!f || !f->path)) st = DF_FAIL(err, DF_ERR_NOMEM, label, NULL, "out of memory");
+  if (st != DF_OK) { // the feed owns a given source from here on, also when it fails
+    if (f) free(f->path), free(f);
+    df_batch_source_close(opt->source);
+    return st;
+  }
   f->batch_size = opt->batch_size, f->max_length = opt->max_length, f->seed = opt->seed;
   f->rank = opt->rank, f->world = opt->world_size, f->last_hidden = opt->need_last_hidden;
-  f->path = strdup(opt->path);
-  if (!f->path) {
-    free(f);
-    return DF_FAIL(err, DF_ERR_NOMEM, opt->path, NULL, "out of memory");
-  }
-  df_status st = df_hs_open(opt->path, &f->ds, err);
+  f->src = opt->source;
+  if (!f->src) st = df_hs_source_open(opt->path, opt->cfg, opt->need_last_hidden, &f->src, err);
   if (st == DF_OK) st = feed_check_data(f, opt, err);
-  // The reader thread reads HDF5 while the caller may too (eval, checkpoints): that needs a thread-safe
-  // libhdf5 (Debian's is). Without one the feed reads on the caller's thread; the batches are the same.
-  hbool_t threadsafe = 0;
-  H5is_library_threadsafe(&threadsafe);
-  if (st == DF_OK && opt->prefetch && threadsafe) {
+  // The reader thread reads while the caller may read other data too (eval, checkpoints): the source says
+  // whether it allows that (HDF5 needs a thread-safe libhdf5, as Debian's is). Otherwise the feed reads on the
+  // caller's thread; the batches are the same.
+  if (st == DF_OK && opt->prefetch && f->src->concurrent) {
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     f->slot = SLOT_IDLE;
     if (pthread_create(&f->thread, NULL, feed_reader_main, f) != 0) {
       pthread_cond_destroy(&f->cv);
       pthread_mutex_destroy(&f->mu);
-      st = DF_FAIL(err, DF_ERR_IO, opt->path, "run with prefetch off", "cannot start the data reader thread");
+      st = DF_FAIL(err, DF_ERR_IO, f->path, "run with prefetch off", "cannot start the data reader thread");
     } else {
       f->threaded = true;
       pthread_mutex_lock(&f->mu);
@@ -191,7 +188,7 @@ void df_feed_close(df_feed *f) {
     pthread_mutex_destroy(&f->mu);
   }
   df_batch_free(&f->cur);
-  df_hs_close(f->ds);
+  df_batch_source_close(f->src);
   free(f->perm), free(f->index), free(f->path);
   free(f);
 }

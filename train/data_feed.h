@@ -1,6 +1,7 @@
 // The training data feed: per-epoch order (docs/dflash-step.md §1), data-parallel striding by rank,
 // drop_last, truncation and padding (train/batch.h), with a reader thread that prefetches the next
-// micro-batch while the current one trains. Its position (epoch, cursor) is checkpointable.
+// micro-batch while the current one trains. Its position (epoch, cursor) is checkpointable. Batches come from a
+// batch source (train/batch_source.h): captured shards, or the target run online (train/online_source.h).
 #ifndef DF_TRAIN_DATA_FEED_H
 #define DF_TRAIN_DATA_FEED_H
 
@@ -9,6 +10,7 @@
 #include "base/error.h"
 #include "modeling/draft_config.h"
 #include "train/batch.h"
+#include "train/batch_source.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,7 +19,7 @@ extern "C" {
 typedef struct df_feed df_feed;
 
 typedef struct {
-  const char *path;   // data.hidden_states_path (file or shard directory)
+  const char *path;   // data.hidden_states_path (file or shard directory), read when source is NULL
   int64_t batch_size; // per-rank micro-batch
   int64_t max_length; // <= 0: no truncation
   uint64_t seed;      // training.seed; epoch e uses seed + e (DATA stream)
@@ -25,6 +27,9 @@ typedef struct {
   bool prefetch;              // start the reader thread
   const df_draft_config *cfg; // data must match (K, target_layer_ids, H); may be NULL
   bool need_last_hidden;      // DSpark: the shards must carry target_last_hidden_states
+  // Another source (the online target; cfg is then not checked here: the source was opened for it). The feed
+  // owns it from df_feed_open on, whether that succeeds or not.
+  df_batch_source *source;
 } df_feed_options;
 
 // The epoch order is perm(seed + epoch), cut into global batches of world · batch_size samples (the last

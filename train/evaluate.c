@@ -229,9 +229,22 @@ static df_status eval_collect(df_ctx *ctx, df_dflash_model *m, const df_eval_opt
 
 // ---- the loop ----------------------------------------------------------------------------------------------------
 
+// The batch's samples whose rows hold NaN/Inf (padding rows are zero), added to rep.
+static void note_nonfinite(const df_hs_dataset *ds, const df_batch *bt, df_hs_scan_report *rep) {
+  for (int64_t i = 0; i < bt->B; i++) {
+    const float *h = bt->hidden + i * bt->S * bt->width;
+    const float *last = bt->last_hidden ? bt->last_hidden + i * bt->S * bt->hidden_size : NULL;
+    df_hs_bad_value bad = {0};
+    rep->scanned++;
+    if (!df_hs_find_nonfinite(h, bt->length[i], bt->width, last, bt->hidden_size, &bad)) continue;
+    df_hs_bad_value_locate(ds, bt->index[i], &bad);
+    df_hs_scan_add(rep, &bad);
+  }
+}
+
 static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
-                           df_hs_dataset *ds, const df_eval_options *o, df_eval_report *r, df_error *err) {
-  int64_t n = df_hs_get_info(ds)->num_samples;
+                           df_batch_source *src, const df_eval_options *o, df_eval_report *r, df_error *err) {
+  int64_t n = src->num_samples;
   if (o->max_samples > 0 && o->max_samples < n) n = o->max_samples;
   bool teacher = r->dspark && dspark_needs_teacher(m, o); // DSpark: read target_last_hidden_states too
   int64_t *index = malloc((size_t)o->batch_size * sizeof *index);
@@ -243,8 +256,9 @@ static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_confi
     int64_t B = n - first < o->batch_size ? n - first : o->batch_size;
     for (int64_t i = 0; i < B; i++) index[i] = first + i;
     df_batch bt;
-    st = df_batch_read_ex(ds, index, B, o->max_length, teacher, &bt, err);
+    st = df_batch_source_read(src, index, B, o->max_length, teacher, &bt, err);
     if (st != DF_OK) break;
+    note_nonfinite(df_batch_source_dataset(src), &bt, &r->nonfinite);
     r->num_samples += B, r->num_batches++;
     st = eval_batch(ctx, m, cfg, fz, &bt, o, &ev, &r->skipped_samples, err);
     df_batch_free(&bt);
@@ -255,8 +269,8 @@ static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_confi
   return st;
 }
 
-df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
-                      const char *data_path, const df_eval_options *opt, df_eval_report *out, df_error *err) {
+df_status df_evaluate_source(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+                             df_batch_source *src, const df_eval_options *opt, df_eval_report *out, df_error *err) {
   memset(out, 0, sizeof *out);
   DF_TRY(eval_check(cfg, frozen, opt, err));
   double t0 = now_s();
@@ -268,18 +282,18 @@ df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cf
     df_eval_report_free(out);
     return DF_FAIL(err, DF_ERR_NOMEM, "eval", NULL, "out of memory");
   }
-  df_hs_dataset *ds = NULL;
-  df_status st = df_hs_open(data_path, &ds, err);
-  if (st == DF_OK)
-    st = df_hs_check_target(ds, cfg->dflash.num_target_layer_ids, cfg->dflash.target_layer_ids, cfg->hidden_size, err);
+  df_status st = DF_OK;
+  if (out->dspark && dspark_needs_teacher(m, opt) && !src->has_last_hidden)
+    st = DF_FAIL(err, DF_ERR_INVALID, "target_last_hidden_states",
+                 "capture the eval data with target_last_hidden_states (DSpark needs the target's final hidden states)",
+                 "the eval data %s has no target_last_hidden_states, which this draft's objective reads", src->label);
   // MoE: eval forwards route with the running centering mean, apply and stash nothing and have no aux loss
   // (the loss is the objective alone); the model is handed back in training mode.
   df_dflash_model_set_training(m, false);
-  if (st == DF_OK) st = eval_loop(ctx, m, cfg, frozen, ds, opt, out, err);
+  if (st == DF_OK) st = eval_loop(ctx, m, cfg, frozen, src, opt, out, err);
   df_dflash_model_set_training(m, true);
-  df_hs_close(ds);
   if (st == DF_OK && out->num_blocks == 0)
-    st = DF_FAIL(err, DF_ERR_INVALID, data_path, "evaluate on data with supervised tokens (loss_mask = 1)",
+    st = DF_FAIL(err, DF_ERR_INVALID, src->label, "evaluate on data with supervised tokens (loss_mask = 1)",
                  "no sample of the eval data has two adjacent supervised tokens: nothing to evaluate");
   if (st != DF_OK) {
     df_eval_report_free(out);
@@ -288,6 +302,16 @@ df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cf
   eval_finish(out);
   out->seconds = now_s() - t0;
   return DF_OK;
+}
+
+df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+                      const char *data_path, const df_eval_options *opt, df_eval_report *out, df_error *err) {
+  memset(out, 0, sizeof *out);
+  df_batch_source *src = NULL;
+  DF_TRY(df_hs_source_open(data_path, cfg, false, &src, err));
+  df_status st = df_evaluate_source(ctx, m, cfg, frozen, src, opt, out, err);
+  df_batch_source_close(src);
+  return st;
 }
 
 // ---- output ----------------------------------------------------------------------------------------------
@@ -308,6 +332,14 @@ void df_eval_report_print(const df_eval_report *r, FILE *fp) {
   if (r->skipped_samples)
     fprintf(fp, "  (%lld samples without two adjacent supervised tokens have no block)\n",
             (long long)r->skipped_samples);
+  for (int i = 0; i < r->nonfinite.nreported; i++) {
+    char t[900];
+    df_hs_bad_value_text(&r->nonfinite.bad[i], t, sizeof t);
+    fprintf(fp, "  warning: %s\n", t);
+  }
+  if (r->nonfinite.bad_samples > r->nonfinite.nreported)
+    fprintf(fp, "  warning: and %lld more samples with NaN/Inf hidden states\n",
+            (long long)(r->nonfinite.bad_samples - r->nonfinite.nreported));
 }
 
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
@@ -347,13 +379,19 @@ static json_t *report_json(const df_eval_report *r, const char *checkpoint, cons
   json_object_set_new(o, "block_size", json_integer(r->block_size));
   json_object_set_new(o, "seconds", json_real(r->seconds));
   if (r->dspark) dspark_json(o, r);
+  if (r->nonfinite.bad_samples) {
+    json_t *bad = json_array();
+    for (int i = 0; i < r->nonfinite.nreported; i++)
+      json_array_append_new(bad, json_integer(r->nonfinite.bad[i].sample));
+    json_object_set_new(o, "nonfinite_samples", bad);
+  }
   return o;
 }
 
 df_status df_eval_report_write_json(const df_eval_report *r, const char *checkpoint, const char *data, const char *path,
                                     df_error *err) {
   json_t *o = report_json(r, checkpoint, data);
-  df_status st = df_write_json_atomic(path, o, JSON_INDENT(2) | JSON_REAL_PRECISION(17),
+  df_status st = df_write_json_atomic(path, o, JSON_INDENT(2),
                                       "check that the directory exists and is writable (or pass --out FILE)", err);
   json_decref(o);
   return st;

@@ -10,6 +10,8 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "modeling/dflash_model.h"
+#include "train/hs_scan.h"
+#include "train/batch_source.h"
 #include "train/recipe.h"
 #include "train/step.h"
 
@@ -57,6 +59,9 @@ typedef struct {
   bool dspark, has_teacher, has_confidence;
   double ce_num, l1_num, conf_num, conf_err_num, teacher_agree_num, tau_num, tau_den;
   double ce_loss, l1_loss, confidence_loss, confidence_abs_error, teacher_agreement, tau_probabilistic;
+  // Samples whose hidden states (or teacher states) hold NaN/Inf, found as they are read (train/hs_scan.h): a
+  // non-finite result names them.
+  df_hs_scan_report nonfinite;
 } df_eval_report;
 
 // Runs the draft forward-only over the samples of data_path (a shard or shard directory captured for cfg)
@@ -66,6 +71,9 @@ typedef struct {
 // is written. out is owned by the caller (df_eval_report_free).
 df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                       const char *data_path, const df_eval_options *opt, df_eval_report *out, df_error *err);
+// The same over any batch source (train/batch_source.h: captured shards or online data), which stays open.
+df_status df_evaluate_source(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+                             df_batch_source *src, const df_eval_options *opt, df_eval_report *out, df_error *err);
 void df_eval_report_free(df_eval_report *r);
 
 // Human-readable summary, a few lines.

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/json_write.h"
 #include "modeling/dflash_model.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
@@ -214,7 +215,7 @@ static df_status write_config(const json_t *cfg, const char *dir, df_error *err)
   if (!path_join(path, sizeof path, dir, "config.json"))
     return DF_FAIL(err, DF_ERR_INVALID, dir, "use a shorter --out path", "path too long");
   FILE *fp = fopen(path, "w");
-  bool ok = fp && json_dumpf(cfg, fp, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) == 0 && fputc('\n', fp) != EOF;
+  bool ok = fp && df_json_dumpf(cfg, fp, JSON_INDENT(2)) == 0 && fputc('\n', fp) != EOF;
   ok = fp && fflush(fp) == 0 && fsync(fileno(fp)) == 0 && ok;
   if (fp) ok = fclose(fp) == 0 && ok;
   if (ok) return DF_OK;
@@ -238,7 +239,9 @@ static df_status write_export(const df_moe_config *moe, const df_params *p, cons
                    "cannot create the export directory: %s", strerror(errno));
   if (!path_join(st_path, sizeof st_path, tmp, DF_ST_SINGLE_NAME))
     return DF_FAIL(err, DF_ERR_INVALID, out_dir, "use a shorter --out path", "path too long");
-  df_save_options so = {.dtype = dt};
+  // What SGLang keeps in fp32: the DSpark confidence head and the MoE router (gate.weight, gate.bias).
+  static const char *const keep_f32[] = {DF_DSPARK_CONFIDENCE_PREFIX, ".mlp.gate."};
+  df_save_options so = {.dtype = dt, .f32_names = keep_f32, .n_f32_names = 2};
   df_status st = write_config(cfg, tmp, err);
   if (st == DF_OK) st = df_moe_layout_save(moe, p, w, st_path, &so, err); // moe NULL: df_params_save
   if (st == DF_OK && exists && rename(out_dir, old) != 0)
@@ -272,7 +275,7 @@ static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_df
   if (!cfg->moe) return DF_OK;
   json_t *ej = NULL;
   DF_TRY(df_export_moe_draft_json(cfg->json, cfg->moe, &ej, err));
-  char *text = json_dumps(ej, JSON_COMPACT | JSON_REAL_PRECISION(17));
+  char *text = df_json_dumps(ej, JSON_COMPACT);
   json_decref(ej);
   if (!text) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "out of memory");
   df_status st = df_draft_config_from_json(text, strlen(text), cfg->source, ecfg, err);
@@ -282,6 +285,37 @@ static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_df
     st = df_export_fold_centering(cfg->moe, df_dflash_model_params(m), df_dflash_model_weights(m),
                                   df_dflash_model_params(*em), df_dflash_model_weights(*em), err);
   return st;
+}
+
+// The mask id the export writes: the checkpoint's (config.json carries the resolved one), else --mask-token-id;
+// the two must agree. SGLang's DSpark refuses a config without one and its DFlash silently takes the target
+// tokenizer's <|MASK|> id instead, so an export always carries it.
+static df_status export_mask_id(const df_draft_config *cfg, const df_export_options *opt, int64_t *out, df_error *err) {
+  int64_t have = cfg->dflash.mask_token_id;
+  if (have >= 0 && opt->has_mask_token_id && opt->mask_token_id != have)
+    return DF_FAIL(err, DF_ERR_INVALID, "--mask-token-id", "drop --mask-token-id: the checkpoint records its own",
+                   "%s: --mask-token-id %lld disagrees with the checkpoint's dflash_config.mask_token_id %lld",
+                   cfg->source, (long long)opt->mask_token_id, (long long)have);
+  *out = have >= 0 ? have : opt->has_mask_token_id ? opt->mask_token_id : -1;
+  if (*out >= 0) return DF_OK;
+  return DF_FAIL(err, DF_ERR_INVALID, "dflash_config.mask_token_id",
+                 "pass --mask-token-id N with the recipe's model.mask_token_id (checkpoints written by this version "
+                 "record it in config.json)",
+                 "%s has no mask token id: SGLang's DSpark would refuse the export and its DFlash would use the "
+                 "tokenizer's <|MASK|> id instead of the one the draft was trained with",
+                 cfg->source);
+}
+
+static void fill_info(const char *dir, const json_t *norm, const df_draft_config *cfg, const df_params *p, int64_t mask,
+                      df_export_info *info) {
+  snprintf(info->checkpoint, sizeof info->checkpoint, "%s", dir);
+  info->num_tensors = df_params_count(p);
+  info->num_params = df_params_param_numel(p);
+  const char *arch = json_string_value(json_array_get(json_object_get(norm, "architectures"), 0));
+  snprintf(info->architecture, sizeof info->architecture, "%s", arch ? arch : "?");
+  info->mask_token_id = mask;
+  info->confidence_head = cfg->kind == DF_DRAFT_DSPARK && cfg->dflash.enable_confidence_head;
+  info->needs_external = cfg->moe != NULL;
 }
 
 df_status df_export(const char *checkpoint, const char *out_dir, const df_export_options *opt, df_export_info *info,
@@ -297,26 +331,25 @@ df_status df_export(const char *checkpoint, const char *out_dir, const df_export
   DF_TRY(df_draft_config_from_file(cfg_path, &cfg, err));
   df_ctx *ctx = NULL;
   df_dflash_model *m = NULL;
-  json_t *norm = NULL;
+  json_t *resolved = NULL, *norm = NULL;
   const df_draft_config *ecfg = NULL; // MoE: the export draft (folded centering)
   df_dflash_model *em = NULL;
-  df_status st = df_export_moe_check(cfg->moe, err);
+  int64_t mask = -1;
+  df_status st = export_mask_id(cfg, opt, &mask, err);
+  if (st == DF_OK) st = df_export_moe_check(cfg->moe, err);
   if (st == DF_OK) st = load_model(dir, cfg, opt->threads, &ctx, &m, err);
   if (st == DF_OK) st = moe_export_model(cfg, ctx, m, &ecfg, &em, err);
   const char *torch_dtype = opt->dtype == DF_ST_BF16 ? "bfloat16" : "float32";
-  if (st == DF_OK)
-    st = df_export_normalize_config(cfg->json, torch_dtype, opt->expect_block_size, cfg_path, &norm, err);
+  if (st == DF_OK) st = df_draft_config_resolved_json(cfg, mask, &resolved, err);
+  if (st == DF_OK) st = df_export_normalize_config(resolved, torch_dtype, opt->expect_block_size, cfg_path, &norm, err);
   if (st == DF_OK) st = df_export_moe_config_updates(norm, cfg->moe, cfg->kind == DF_DRAFT_DSPARK, err);
   df_dflash_model *out_m = em ? em : m;
   if (st == DF_OK)
     st = write_export(ecfg ? ecfg->moe : cfg->moe, df_dflash_model_params(out_m), df_dflash_model_weights(out_m), norm,
                       out_dir, opt->dtype, err);
-  if (st == DF_OK && info) {
-    snprintf(info->checkpoint, sizeof info->checkpoint, "%s", dir);
-    info->num_tensors = df_params_count(df_dflash_model_params(out_m));
-    info->num_params = df_params_param_numel(df_dflash_model_params(out_m));
-  }
+  if (st == DF_OK && info) fill_info(dir, norm, cfg, df_dflash_model_params(out_m), mask, info);
   json_decref(norm);
+  json_decref(resolved);
   df_dflash_model_free(em);
   df_draft_config_free(ecfg);
   df_dflash_model_free(m);

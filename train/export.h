@@ -36,19 +36,28 @@ df_status df_export_normalize_config(const json_t *src, const char *torch_dtype,
                                      const char *where, json_t **out, df_error *err);
 
 typedef struct {
-  df_st_dtype dtype;         // DF_ST_BF16 (round to nearest even) or DF_ST_F32; anything else is refused
+  df_st_dtype dtype;         // DF_ST_BF16 (round to nearest even) or DF_ST_F32; anything else is refused. The
+                             // DSpark confidence head is written F32 either way (SGLang keeps it in fp32).
   int64_t expect_block_size; // > 0: the normaliser's --block-size check
   int threads;               // CPU threads for loading (0: OpenMP default)
+  bool has_mask_token_id;    // --mask-token-id: for a checkpoint whose config.json has none (written before
+  int64_t mask_token_id;     // checkpoints carried the resolved id); it must agree with one that has one
 } df_export_options;
 
 typedef struct {
   char checkpoint[4096]; // the resolved checkpoint directory
   int num_tensors;
   int64_t num_params;
+  char architecture[64]; // what config.json names: the class SGLang builds
+  int64_t mask_token_id; // written into dflash_config
+  bool confidence_head;  // DSpark: the export carries confidence_head.* (F32)
+  bool needs_external;   // the class is not in stock SGLang 0.5.23 (MoE drafts: SGLANG_EXTERNAL_MODEL_PACKAGE)
 } df_export_info;
 
 // Strictly loads the checkpoint's weights into the draft's parameter table (a missing, extra or misshapen
-// tensor fails, named), normalises its config.json, and writes out_dir/{config.json, model.safetensors} into
+// tensor fails, named), resolves its config (df_draft_config_resolved_json: mask id, target layers, block size,
+// DSpark head keys, mirrored RoPE — a checkpoint without a mask id needs opt->mask_token_id), normalises it,
+// and writes out_dir/{config.json, model.safetensors} into
 // a temporary sibling directory renamed into place. An existing out_dir is replaced only when it looks like an
 // export (regular files, config.json among them) or is empty. info may be NULL.
 // MoE drafts (moe.md §4.5, §6.11, §9): recipes the serving classes cannot run are refused first

@@ -18,9 +18,9 @@ df_status df_export_moe_check(const df_moe_config *m, df_error *err) {
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, "scoring_func", SERVE_HINT,
                    "cannot export: the serving class routes with softmax scores, this draft with %s",
                    df_moe_score_func_name(m->scoring_func));
-  if (m->balance == DF_MOE_BALANCE_NOAUX_TC)
+  if (m->balance != DF_MOE_BALANCE_NONE) // the same rule as the qwen layout's (moe/config_serving.c)
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, "balance", SERVE_HINT,
-                   "cannot export: balance noaux_tc (topk_method \"noaux_tc\", a selection bias) is not served");
+                   "cannot export: balance %s (a selection bias) is not served", df_moe_balance_name(m->balance));
   if (m->n_group != 1 || m->topk_group != 1)
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, m->n_group != 1 ? "n_group" : "topk_group", SERVE_HINT,
                    "cannot export: group-limited routing (n_group %lld, topk_group %lld) is not served",
@@ -48,18 +48,21 @@ df_status df_export_moe_check(const df_moe_config *m, df_error *err) {
 // Router centering is folded into the logit bias, so the export routes with a bias and without centering.
 static bool folds(const df_moe_config *m) { return m->router_center != DF_MOE_CENTER_NONE; }
 
+// A folded draft config: a logit bias, no centering keys.
+static void drop_centering(json_t *cfg) {
+  json_object_set_new(cfg, "moe_router_bias", json_true());
+  json_t *dc = json_object_get(cfg, "dflash_config");
+  if (json_is_object(dc)) {
+    json_object_del(dc, "moe_router_center");
+    json_object_del(dc, "moe_router_center_momentum");
+  }
+}
+
 df_status df_export_moe_draft_json(const json_t *src, const df_moe_config *m, json_t **out, df_error *err) {
   *out = NULL;
   json_t *cfg = json_deep_copy(src);
   if (!cfg) return DF_FAIL(err, DF_ERR_NOMEM, "config.json", NULL, "out of memory copying the config");
-  if (m && folds(m)) {
-    json_object_set_new(cfg, "moe_router_bias", json_true());
-    json_t *dc = json_object_get(cfg, "dflash_config");
-    if (json_is_object(dc)) {
-      json_object_del(dc, "moe_router_center");
-      json_object_del(dc, "moe_router_center_momentum");
-    }
-  }
+  if (m && folds(m)) drop_centering(cfg);
   *out = cfg;
   return DF_OK;
 }
@@ -70,12 +73,10 @@ df_status df_export_moe_config_updates(json_t *cfg, const df_moe_config *m, bool
   DF_TRY(df_moe_serving_fields(m, &fields, err)); // the qwen layout refuses what its block cannot run, too
   json_object_update(cfg, fields);
   json_decref(fields);
-  json_object_set_new(cfg, "moe_router_bias", json_boolean(m->moe_router_bias || folds(m)));
-  json_t *dc = json_object_get(cfg, "dflash_config");
-  if (json_is_object(dc) && folds(m)) {
-    json_object_del(dc, "moe_router_center");
-    json_object_del(dc, "moe_router_center_momentum");
-  }
+  if (folds(m))
+    drop_centering(cfg);
+  else
+    json_object_set_new(cfg, "moe_router_bias", json_boolean(m->moe_router_bias));
   json_object_set_new(cfg, "architectures", json_pack("[s]", dspark ? "Qwen3MoeDSparkModel" : "DFlashMoEDraftModel"));
   return DF_OK;
 }

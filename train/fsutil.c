@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/json_write.h"
+
 df_status df_mkdirs(const char *path, const char *hint, df_error *err) {
   char p[4096];
   snprintf(p, sizeof p, "%s", path);
@@ -37,7 +39,7 @@ df_status df_write_file_atomic(const char *path, const char *data, size_t len, c
 }
 
 df_status df_write_json_atomic(const char *path, const json_t *o, size_t flags, const char *hint, df_error *err) {
-  char *text = o ? json_dumps(o, flags) : NULL;
+  char *text = o ? df_json_dumps(o, flags) : NULL;
   size_t n = text ? strlen(text) : 0;
   char *buf = text ? realloc(text, n + 2) : NULL;
   if (!buf) {

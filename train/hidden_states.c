@@ -203,7 +203,9 @@ static df_status list_shards(const char *dir, char ***out, int *count, df_error 
   closedir(d);
   if (n == 0) {
     free(v);
-    return DF_FAIL(err, DF_ERR_FORMAT, dir, "a data directory holds shards named *.h5 (tools/import_specforge.py)",
+    return DF_FAIL(err, DF_ERR_FORMAT, dir,
+                   "a data directory holds shards named *.h5; SpecForge's capture (*.ckpt) converts with "
+                   "tools/import_specforge.py DIR --out NEW_DIR, then --set data.hidden_states_path=NEW_DIR",
                    "data directory %s has no *.h5 shards", dir);
   }
   qsort(v, (size_t)n, sizeof *v, cmp_str);
@@ -295,6 +297,18 @@ static const hs_shard *locate(const df_hs_dataset *ds, int64_t i, int64_t *local
   }
   *local = i - ds->shards[lo].first;
   return &ds->shards[lo];
+}
+
+void df_hs_shard(const df_hs_dataset *ds, int k, const char **path, int64_t *first, int64_t *count) {
+  const hs_shard *s = &ds->shards[k];
+  if (path) *path = s->path;
+  if (first) *first = s->first;
+  if (count) *count = s->n;
+}
+
+int df_hs_shard_of(const df_hs_dataset *ds, int64_t i, int64_t *local) {
+  const hs_shard *s = locate(ds, i, local);
+  return (int)(s - ds->shards);
 }
 
 static df_status check_index_arg(const df_hs_dataset *ds, int64_t i, df_error *err) {

@@ -58,6 +58,11 @@ df_status df_hs_open(const char *path, df_hs_dataset **out, df_error *err);
 void df_hs_close(df_hs_dataset *ds);
 const df_hs_info *df_hs_get_info(const df_hs_dataset *ds);
 
+// Shard k (0 <= k < num_shards): its path, the global number of its first sample, and its sample count.
+void df_hs_shard(const df_hs_dataset *ds, int k, const char **path, int64_t *first, int64_t *count);
+// The shard holding global sample i (in range) and i's number inside it.
+int df_hs_shard_of(const df_hs_dataset *ds, int64_t i, int64_t *local);
+
 // Rows in sample i (before any truncation).
 df_status df_hs_sample_length(const df_hs_dataset *ds, int64_t i, int64_t *len, df_error *err);
 

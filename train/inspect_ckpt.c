@@ -11,6 +11,7 @@
 
 #include "modeling/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/ckpt_manifest.h"
 
 static bool has_state(const char *dir) {
   char p[4300];
@@ -227,13 +228,26 @@ df_status df_inspect_checkpoint(const char *dir, FILE *out, df_error *err) {
   void *fd;
   H5Eget_auto2(H5E_DEFAULT, &fn, &fd);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  bool has_manifest = false; // the manifest first: it names a file truncated or changed after the save
+  df_error damage = {0};
+  bool damaged = df_ckpt_manifest_verify(dir, &has_manifest, &damage) != DF_OK;
+  static const char *const damaged_hint = "the checkpoint changed after it was written: take an earlier one "
+                                          "(draftforge train --resume auto takes the newest complete one)";
   hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
   if (f < 0) {
     H5Eset_auto2(H5E_DEFAULT, fn, fd);
+    if (damaged) return DF_FAIL(err, damage.status, damage.where, damaged_hint, "%s", damage.msg);
     return DF_FAIL(err, DF_ERR_IO, path, "the checkpoint is incomplete or damaged; pick another one",
                    "cannot open %s as HDF5", path);
   }
   fprintf(out, "checkpoint %s\n", dir);
+  int problems = 0;
+  if (damaged)
+    fprintf(out, "PROBLEM: %s\n", damage.msg), problems++;
+  else
+    fprintf(out, "manifest: %s\n",
+            has_manifest ? "every file has its recorded size and XXH3-64 checksum"
+                         : "none (written before checkpoints had manifests): not verified");
   hsize_t idx = 0;
   fprintf(out, "state.h5:\n");
   H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, &idx, print_attr, out); // format, version (the recipe is long)
@@ -251,7 +265,6 @@ df_status df_inspect_checkpoint(const char *dir, FILE *out, df_error *err) {
   if (g >= 0) H5Gclose(g);
   layout L;
   df_status st = read_layout(f, path, &L, err);
-  int problems = 0;
   if (st == DF_OK) {
     const int64_t total = dataset_len(f, "params");
     if (dataset_len(f, "optimizer/exp_avg") != total || dataset_len(f, "optimizer/exp_avg_sq") != total) {
@@ -269,7 +282,8 @@ df_status df_inspect_checkpoint(const char *dir, FILE *out, df_error *err) {
   H5Eset_auto2(H5E_DEFAULT, fn, fd);
   if (st != DF_OK) return st;
   if (problems)
-    return DF_FAIL(err, DF_ERR_INVALID, dir, "resume from an earlier checkpoint (draftforge train --resume DIR)",
+    return DF_FAIL(err, DF_ERR_INVALID, dir,
+                   damaged ? damaged_hint : "resume from an earlier checkpoint (draftforge train --resume DIR)",
                    "%d problem(s) in checkpoint %s", problems, dir);
   return DF_OK;
 }

@@ -15,11 +15,15 @@ static const char *usage = "usage: draftforge <command> [args]\n"
                            "  step RECIPE.yaml --dump DIR  one micro-step with a gradient dump (see step --help)\n"
                            "  export CKPT --out DIR  write the HF directory SGLang serves (see export --help)\n"
                            "  eval CKPT --recipe R   evaluate a checkpoint or export        (see eval --help)\n"
+                           "  eval --spec-decode --target DIR --draft CKPT --data F  real speculative decoding, tau\n"
                            "  capture --target DIR --data F --draft-config J --out DIR  hidden states from the target\n"
                            "  inspect FILE...     print a safetensors file, a config, HDF5 shards, or a checkpoint\n"
                            "  plot RUN_DIR        PNG charts of a run's metrics.jsonl          (see plot --help)\n"
                            "  schema [--markdown] every recipe key: type, default, status (docs/recipe-reference.md)\n"
-                           "  --version           print the version and the backends built in\n";
+                           "  --version           print the version and the backends built in\n"
+                           "\n"
+                           "Every command answers --help with its options and their defaults. Exit codes: 0 success,\n"
+                           "1 failure, 2 bad usage or bad arguments.\n";
 
 static int print_version(void) {
   printf("draftforge %s\n", DF_VERSION);
@@ -33,10 +37,11 @@ static int print_version(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    fputs(usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    fprintf(stderr, "%sdraftforge: no command given\n  HINT: draftforge <command> --help describes a command\n", usage);
+    return 2;
   }
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) return fputs(usage, stdout), 0;
   if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return print_version();
   if (!strcmp(argv[1], "inspect")) return df_cmd_inspect(argc - 2, argv + 2);
   if (!strcmp(argv[1], "train")) return df_cmd_train(argc - 2, argv + 2);
@@ -44,13 +49,8 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "export")) return df_cmd_export(argc - 2, argv + 2);
   if (!strcmp(argv[1], "eval")) return df_cmd_eval(argc - 2, argv + 2);
   if (!strcmp(argv[1], "plot")) return df_cmd_plot(argc - 2, argv + 2);
-  if (!strcmp(argv[1], "schema")) {
-    bool md = argc > 2 && !strcmp(argv[2], "--markdown");
-    if (argc > 2 + md) return fprintf(stderr, "usage: draftforge schema [--markdown]\n"), 2;
-    md ? df_recipe_print_reference(stdout) : df_recipe_print_schema(stdout);
-    return 0;
-  }
+  if (!strcmp(argv[1], "schema")) return df_cmd_schema(argc - 2, argv + 2);
   if (!strcmp(argv[1], "capture")) return df_cmd_capture(argc - 2, argv + 2);
-  fprintf(stderr, "draftforge: unknown command '%s'\n%s", argv[1], usage);
+  fprintf(stderr, "draftforge: unknown command '%s'\n%s  HINT: draftforge --help lists the commands\n", argv[1], usage);
   return 2;
 }

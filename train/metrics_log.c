@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/json_write.h"
 #include "train/tb_writer.h"
 
 static const char *const TIMING_KEYS[] = {"tokens_per_s", "step_time_s", "data_wait_s", "eval_time_s",
@@ -66,7 +67,7 @@ df_status df_metrics_open(df_metrics_log *l, const char *output_dir, int64_t kee
 }
 
 df_status df_metrics_append(df_metrics_log *l, const json_t *obj, df_error *err) {
-  char *text = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(17));
+  char *text = df_json_dumps(obj, JSON_COMPACT);
   bool ok = text && fputs(text, l->fp) != EOF && fputc('\n', l->fp) != EOF && fflush(l->fp) == 0;
   free(text);
   if (!ok) return DF_FAIL(err, DF_ERR_IO, l->path, "check the disk", "cannot append to %s", l->path);

@@ -24,8 +24,8 @@ typedef struct {
 // Opens <output_dir>/metrics.jsonl for appending after dropping every line whose "step" is greater than
 // keep_through (0: a fresh run keeps nothing). The rewrite is atomic (temporary file + rename).
 df_status df_metrics_open(df_metrics_log *l, const char *output_dir, int64_t keep_through, df_error *err);
-// Appends obj as one compact line (doubles with 17 significant digits, so equal bits print equal) and flushes;
-// with l->tb set, also writes it to the TensorBoard event file (train/tb_writer.h).
+// Appends obj as one compact line (doubles in the shortest text that reads back, base/json_write.h, so equal
+// bits print equal) and flushes; with l->tb set, also writes it to the TensorBoard event file (train/tb_writer.h).
 df_status df_metrics_append(df_metrics_log *l, const json_t *obj, df_error *err);
 void df_metrics_close(df_metrics_log *l); // closes l->tb too
 

@@ -88,26 +88,45 @@ static bool python_imports(const char *python, const char *module) {
   return df_pytools_wait(pid, -1, &rc) && rc == 0;
 }
 
+static bool is_file(const char *p);
+
+// The tools venv scripts/setup.sh creates (.venv-tools beside tools/), when there is one.
+static bool tools_venv_python(char *out, size_t n) {
+  char tools[PATH_MAX];
+  df_error ignored;
+  if (df_pytools_script("prepare_data.py", tools, sizeof tools, &ignored) != DF_OK) return false;
+  char *slash = strrchr(tools, '/');
+  if (!slash) return false;
+  *slash = '\0';
+  if ((size_t)snprintf(out, n, "%.3900s/../.venv-tools/bin/python", tools) >= n) return false;
+  return is_file(out);
+}
+
 df_status df_pytools_python(const char *module, const char *pip_name, const char *need, const char *where, char *out,
                             size_t n, df_error *err) {
   const char *forced = getenv("DRAFTFORGE_PYTHON");
-  const char *candidates[] = {forced && forced[0] ? forced : "python3", forced && forced[0] ? NULL : "/usr/bin/python3",
-                              NULL};
+  char venv[PATH_MAX];
+  const bool free_choice = !(forced && forced[0]);
+  const char *candidates[] = {free_choice ? "python3" : forced, free_choice ? "/usr/bin/python3" : NULL,
+                              free_choice && tools_venv_python(venv, sizeof venv) ? venv : NULL, NULL};
   for (int i = 0; candidates[i]; i++)
     if (python_imports(candidates[i], module)) {
       snprintf(out, n, "%s", candidates[i]);
       return DF_OK;
     }
   char hint[256];
-  snprintf(hint, sizeof hint, "pip install %s (into the Python draftforge runs: $DRAFTFORGE_PYTHON, else python3)",
+  snprintf(hint, sizeof hint,
+           "pip install %s (into the Python draftforge runs: $DRAFTFORGE_PYTHON, else python3), or run "
+           "scripts/setup.sh (.venv-tools)",
            pip_name);
   if (forced && forced[0])
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, where, hint,
                    "%s needs the Python package '%s', which DRAFTFORGE_PYTHON=%s cannot import", need, pip_name,
                    forced);
   return DF_FAIL(err, DF_ERR_UNSUPPORTED, where, hint,
-                 "%s needs the Python package '%s', which neither python3 nor /usr/bin/python3 can import", need,
-                 pip_name);
+                 "%s needs the Python package '%s', which neither python3, /usr/bin/python3 nor .venv-tools can "
+                 "import",
+                 need, pip_name);
 }
 
 static bool is_file(const char *p) {

@@ -14,7 +14,8 @@ extern "C" {
 #endif
 
 // The interpreter that can `import module`: $DRAFTFORGE_PYTHON when set (and only it), else the first of
-// `python3` on PATH and /usr/bin/python3 that imports it. The error names the pip package (pip_name) and who
+// `python3` on PATH, /usr/bin/python3 and the tools venv of scripts/setup.sh (.venv-tools beside tools/) that
+// imports it. The error names the pip package (pip_name) and who
 // needs it (need, e.g. "tracking.report_to = wandb"); where names that key.
 df_status df_pytools_python(const char *module, const char *pip_name, const char *need, const char *where, char *out,
                             size_t n, df_error *err);

@@ -2,12 +2,12 @@
 // default-only keys), required keys, cross-key rules, and the resolution into the immutable df_recipe.
 #include "train/recipe.h"
 
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
 
 #include "train/recipe_internal.h"
+#include "train/run_dir.h"
 
 typedef struct {
   df_recipe pub; // first: df_recipe_free casts back
@@ -77,25 +77,19 @@ static void list_keys(const char *section, char *buf, size_t n) {
   if (shown < total) snprintf(buf + len, n - len, ", and %d more", total - shown);
 }
 
-static void log_all_keys(FILE *log, const char *section) {
-  const df_recipe_key *t = df_recipe_schema();
-  fprintf(log, "valid keys in %s%s%s:\n", section[0] ? "section '" : "the top level", section, section[0] ? "'" : "");
-  for (int i = 0; i < df_recipe_schema_count(); i++)
-    if (!strcmp(t[i].section, section))
-      fprintf(log, "  %-36s %-16s default %s%s\n", t[i].key, df_recipe_type_name(t[i].type),
-              df_recipe_key_default_text(&t[i]), t[i].support == DF_RS_DEFAULT_ONLY ? "  (default only)" : "");
-}
-
 static df_status fail_unknown(walker *w, const char *section, const char *key, df_rpos pos) {
+  static const char more[] = " (`draftforge schema` lists every key)";
   char where[256], hint[256];
   const char *near = closest_key(section, key);
   int len = near ? snprintf(hint, sizeof hint, "did you mean '%.60s'? valid keys: ", near)
                  : snprintf(hint, sizeof hint, "valid keys: ");
-  list_keys(section, hint + len, sizeof hint - (size_t)len);
+  list_keys(section, hint + len, sizeof hint - (size_t)len - sizeof more);
+  snprintf(hint + strlen(hint), sizeof hint - strlen(hint), "%s", more);
   snprintf(where, sizeof where, "%s%s%s", section, section[0] ? "." : "", key);
-  if (w->opt && w->opt->log) log_all_keys(w->opt->log, section);
-  return DF_FAIL(w->err, DF_ERR_INVALID, where, hint, "%s:%d:%d: unknown key '%s' in %s%s%s", pos.file, pos.line,
-                 pos.col, key, section[0] ? "section '" : "the top level", section, section[0] ? "'" : "");
+  char mean[96] = "";
+  if (near) snprintf(mean, sizeof mean, " (did you mean '%.60s'?)", near);
+  return DF_FAIL(w->err, DF_ERR_INVALID, where, hint, "%s:%d:%d: unknown key '%s' in %s%s%s%s", pos.file, pos.line,
+                 pos.col, key, section[0] ? "section '" : "the top level", section, section[0] ? "'" : "", mean);
 }
 
 // ---- the walk ----------------------------------------------------------------------------------------------
@@ -107,7 +101,10 @@ static df_status fail_unsupported(walker *w, const df_recipe_key *k, const df_rv
   df_recipe_key_path(k, kp, sizeof kp);
   df_rvalue_text(k, v, val, sizeof val);
   char hint[256];
-  snprintf(hint, sizeof hint, "remove %s or set it to its default (%s)", k->key, df_recipe_key_default_text(k));
+  if (k->hint)
+    snprintf(hint, sizeof hint, "%s", k->hint);
+  else
+    snprintf(hint, sizeof hint, "remove %s or set it to its default (%s)", k->key, df_recipe_key_default_text(k));
   return DF_FAIL(w->err, DF_ERR_UNSUPPORTED, kp, hint, "%s:%d:%d: %s = %s is not supported by draftforge yet: %s",
                  w->file, v->line, v->col, kp, val, k->note ? k->note : "not implemented");
 }
@@ -242,6 +239,17 @@ static df_status apply_override(walker *w, const char *text) {
   return st;
 }
 
+df_status df_recipe_check_overrides(const char *const *overrides, int n, df_error *err) {
+  df_rvalue *vals = calloc((size_t)df_recipe_schema_count(), sizeof *vals);
+  if (!vals) return DF_FAIL(err, DF_ERR_NOMEM, "--set", NULL, "out of memory");
+  walker w = {"--set", NULL, NULL, vals, err};
+  df_status st = DF_OK;
+  for (int i = 0; i < n && st == DF_OK; i++) st = apply_override(&w, overrides[i]);
+  for (int i = 0; i < df_recipe_schema_count(); i++) df_rvalue_clear(&vals[i]);
+  free(vals);
+  return st;
+}
+
 // Absent keys take their defaults; required keys must be present; defaults must be implemented too.
 static df_status fill_defaults(walker *w) {
   const df_recipe_key *t = df_recipe_schema();
@@ -272,20 +280,6 @@ static const df_rvalue *val(const recipe_impl *r, const char *section, const cha
   return i < 0 ? NULL : &r->vals[i];
 }
 
-// A relative path written in the file is taken from the recipe's directory.
-static df_status resolve_path(recipe_impl *r, const char *section, const char *key, const char *base_dir,
-                              df_error *err) {
-  df_rvalue *v = (df_rvalue *)val(r, section, key);
-  if (!v || v->is_null || !v->present || v->from_cli || !v->s[0] || v->s[0] == '/' || !base_dir) return DF_OK;
-  size_t n = strlen(base_dir) + strlen(v->s) + 2;
-  char *p = malloc(n);
-  if (!p) return DF_FAIL(err, DF_ERR_NOMEM, key, NULL, "out of memory");
-  snprintf(p, n, "%s/%s", base_dir, v->s);
-  free(v->s);
-  v->s = p;
-  return DF_OK;
-}
-
 static const char *str_or_null(const df_rvalue *v) { return v->is_null || !v->s[0] ? NULL : v->s; }
 
 static int64_t int_or_zero(const df_rvalue *v) { return v->is_null ? 0 : v->i; }
@@ -307,6 +301,7 @@ static void build_trainer(const recipe_impl *r, df_recipe *p) {
   p->training.adam_eps = val(r, "training", "adam_eps")->f;
   p->training.max_consecutive_skips = val(r, "training", "max_consecutive_skips")->i;
   p->training.save_interval = val(r, "training", "save_interval")->i;
+  p->training.save_interval_minutes = val(r, "training", "save_interval_minutes")->f;
   p->training.eval_interval = val(r, "training", "eval_interval")->i;
   p->training.log_interval = val(r, "training", "log_interval")->i;
   p->training.max_checkpoints = val(r, "training", "max_checkpoints")->i;
@@ -348,9 +343,18 @@ static void build_public(recipe_impl *r, const char *name) {
   p->model.lm_head_key = val(r, "model", "lm_head_key")->s;
   const df_rvalue *mask = val(r, "model", "mask_token_id");
   p->model.has_mask_token_id = !mask->is_null, p->model.mask_token_id = mask->is_null ? -1 : mask->i;
-  p->data.hidden_states_path = val(r, "data", "hidden_states_path")->s;
+  p->data.hidden_states_path = str_or_null(val(r, "data", "hidden_states_path"));
+  p->data.train_data_path = str_or_null(val(r, "data", "train_data_path"));
+  if (!p->data.train_data_path) p->data.train_data_path = str_or_null(val(r, "data", "prompts_path"));
   p->data.eval_hidden_states_path = str_or_null(val(r, "data", "eval_hidden_states_path"));
+  p->data.eval_data_path = str_or_null(val(r, "data", "eval_data_path"));
   p->data.max_length = val(r, "data", "max_length")->i;
+  p->data.chat_template = val(r, "data", "chat_template")->s;
+  p->data.cache_dir = val(r, "data", "cache_dir")->s;
+  p->data.train_only_last_turn = val(r, "data", "train_only_last_turn")->b;
+  p->data.is_preformatted = val(r, "data", "is_preformatted")->b;
+  p->data.max_prompts = int_or_zero(val(r, "data", "max_prompts"));
+  p->data.online_feature_dtype = val(r, "data", "online_feature_dtype")->choice == 1 ? DF_F32 : DF_BF16;
   p->training.strategy =
       strcmp(val(r, "training", "strategy")->s, "dspark") == 0 ? DF_STRATEGY_DSPARK : DF_STRATEGY_DFLASH;
   p->training.batch_size = val(r, "training", "batch_size")->i;
@@ -376,19 +380,40 @@ static df_status trainer_checks(const recipe_impl *r, const char *file, df_error
                    "raise training.total_steps (it fixes the LR schedule) or lower training.max_steps",
                    "%s: training.max_steps = %lld is past training.total_steps = %lld, where the schedule ends", file,
                    (long long)max->i, (long long)total->i);
-  if (val(r, "training", "eval_interval")->i > 0 && !val(r, "data", "eval_hidden_states_path")->s[0])
+  const bool eval_set = val(r, "data", "eval_hidden_states_path")->s[0] || val(r, "data", "eval_data_path")->s[0];
+  if (val(r, "training", "eval_interval")->i > 0 && !eval_set)
     return DF_FAIL(err, DF_ERR_INVALID, "training.eval_interval",
-                   "set data.eval_hidden_states_path, or training.eval_interval: 0",
-                   "%s: training.eval_interval = %lld needs data.eval_hidden_states_path", file,
+                   "set data.eval_hidden_states_path (captured) or data.eval_data_path (online), or "
+                   "training.eval_interval: 0",
+                   "%s: training.eval_interval = %lld needs eval data", file,
                    (long long)val(r, "training", "eval_interval")->i);
+  return DF_OK;
+}
+
+// The data sources: exactly one for training (SpecForge's rule), at most one for eval, online-only keys.
+static df_status data_checks(const recipe_impl *r, const char *file, df_error *err) {
+  const bool hs = val(r, "data", "hidden_states_path")->s[0], td = val(r, "data", "train_data_path")->s[0];
+  const bool pp = val(r, "data", "prompts_path")->s[0];
+  if (hs + td + pp != 1)
+    return DF_FAIL(
+        err, DF_ERR_INVALID, hs + td + pp ? "data.train_data_path" : "data.hidden_states_path",
+        "offline: data.hidden_states_path (captured shards); online: data.train_data_path (conversations "
+        "or a token JSONL)",
+        "%s: set exactly one of data.train_data_path, data.prompts_path and data.hidden_states_path (%d set)", file,
+        hs + td + pp);
+  if (val(r, "data", "eval_hidden_states_path")->s[0] && val(r, "data", "eval_data_path")->s[0])
+    return DF_FAIL(err, DF_ERR_INVALID, "data.eval_data_path", "keep one eval source",
+                   "%s: data.eval_hidden_states_path and data.eval_data_path are both set", file);
+  const df_rvalue *mp = val(r, "data", "max_prompts");
+  if (hs && !mp->is_null && mp->i > 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "data.max_prompts", "remove it, or train online (data.train_data_path)",
+                   "%s: data.max_prompts limits online data; this run reads data.hidden_states_path", file);
   return DF_OK;
 }
 
 // Rules between keys that SpecForge's validators enforce and that touch keys draftforge accepts.
 static df_status cross_checks(const recipe_impl *r, const char *file, df_error *err) {
-  if (!val(r, "data", "hidden_states_path")->s[0])
-    return DF_FAIL(err, DF_ERR_INVALID, "data.hidden_states_path", "point it at the captured .h5 data",
-                   "%s: data.hidden_states_path is empty", file);
+  DF_TRY(data_checks(r, file, err));
   if (!val(r, "model", "target_model_path")->s[0])
     return DF_FAIL(err, DF_ERR_INVALID, "model.target_model_path", "point it at the target model directory",
                    "%s: model.target_model_path is empty", file);
@@ -403,10 +428,7 @@ static df_status cross_checks(const recipe_impl *r, const char *file, df_error *
 
 static df_status resolve(recipe_impl *r, const char *file, const char *base_dir, df_error *err) {
   DF_TRY(cross_checks(r, file, err));
-  const df_recipe_key *t = df_recipe_schema();
-  for (int i = 0; i < df_recipe_schema_count(); i++)
-    if (t[i].type == DF_RT_PATH) DF_TRY(resolve_path(r, t[i].section, t[i].key, base_dir, err));
-  return DF_OK;
+  return df_recipe_resolve_paths(r->vals, file, base_dir, err);
 }
 
 // ---- entry points ------------------------------------------------------------------------------------------
@@ -453,6 +475,7 @@ static df_status walk_document(walker *w, yaml_document_t *doc) {
     return DF_FAIL(w->err, DF_ERR_FORMAT, w->file,
                    "the top level holds sections such as model:, data:", "%s:%d:%d: the recipe is not a mapping",
                    w->file, (int)root->start_mark.line + 1, (int)root->start_mark.column + 1);
+  DF_TRY(df_recipe_feature_gate(doc, w->file, w->opt, w->err));
   DF_TRY(walk_mapping(w, root, ""));
   for (int i = 0; w->opt && i < w->opt->n_overrides; i++) DF_TRY(apply_override(w, w->opt->overrides[i]));
   return fill_defaults(w);
@@ -482,6 +505,7 @@ df_status df_recipe_parse(const char *text, size_t len, const char *name, const 
     return st;
   }
   build_public(r, r->pub.path);
+  if (opt && opt->log) df_recipe_print_inert(r->vals, opt->log);
   *out = &r->pub;
   return DF_OK;
 }
@@ -513,13 +537,9 @@ df_status df_recipe_load(const char *path, const df_recipe_options *opt, const d
   char *text = NULL;
   size_t len = 0;
   DF_TRY(read_file(path, &text, &len, err));
-  char *copy = strdup(path);
-  if (!copy) {
-    free(text);
-    return DF_FAIL(err, DF_ERR_NOMEM, path, NULL, "out of memory");
-  }
-  df_status st = df_recipe_parse(text, len, path, dirname(copy), opt, out, err);
-  free(copy), free(text);
+  // Relative paths are taken from the current directory, as SpecForge (run from its checkout) takes them.
+  df_status st = df_recipe_parse(text, len, path, NULL, opt, out, err);
+  free(text);
   return st;
 }
 

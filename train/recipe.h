@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "base/error.h"
+#include "kernels/tensor.h"
 #include "strategies/dflash.h"
 
 #ifdef __cplusplus
@@ -34,8 +35,9 @@ typedef enum {
   DF_REPORT_MLFLOW
 } df_report_to;
 
-// What a recipe resolves to. Paths are absolute or relative to the working directory: a relative path in the
-// file is resolved against the recipe's own directory. Optional values absent from the file are NULL / flagged.
+// What a recipe resolves to. Paths are absolute: a relative one (in the file or a --set) is resolved against the
+// current directory, as SpecForge resolves it, and a model path may be a Hugging Face hub id found in the local
+// cache (train/recipe_paths.c). Optional values absent from the file are NULL / flagged.
 typedef struct df_recipe {
   const char *path; // the recipe file ("<memory>" name for df_recipe_parse)
   const char *run_id;
@@ -50,9 +52,18 @@ typedef struct df_recipe {
     int64_t mask_token_id;
   } model;
   struct {
+    // Exactly one training source: captured shards (offline), or online data the target turns into features
+    // during the run (train/online_data.h). NULL: not given.
     const char *hidden_states_path;
-    const char *eval_hidden_states_path; // NULL: no eval set
+    const char *train_data_path;         // data.train_data_path, else data.prompts_path (read the same way)
+    const char *eval_hidden_states_path; // at most one eval source; NULL: none
+    const char *eval_data_path;
     int64_t max_length;
+    // online data: conversations are prepared by tools/prepare_data.py with these; max_prompts 0 = all
+    const char *chat_template, *cache_dir;
+    bool train_only_last_turn, is_preformatted;
+    int64_t max_prompts;
+    df_dtype online_feature_dtype; // DF_BF16 or DF_F32
   } data;
   struct {
     df_strategy strategy;
@@ -73,6 +84,7 @@ typedef struct df_recipe {
     double weight_decay, adam_beta1, adam_beta2, adam_eps;
     int64_t max_consecutive_skips;
     int64_t save_interval, eval_interval, log_interval, max_checkpoints; // intervals: 0 = off
+    double save_interval_minutes;                                        // wall-clock saving (extension); 0 = off
     const char *resume_from;                                             // NULL: a fresh run
     double dist_timeout;                                                 // minutes (train/dist)
     df_shard_kind fsdp_sharding;
@@ -96,23 +108,34 @@ typedef struct df_recipe {
 } df_recipe;
 
 typedef struct {
-  // When set, problems whose full text does not fit a df_error (the valid-key list of a section) are also
-  // written here in full.
+  // Notes and warnings (NULL: quiet). Errors go into the df_error only; an unknown key's error names the
+  // closest valid key and points at `draftforge schema` for the full list.
   FILE *log;
   // Command-line overrides, "section.key=value" (a top-level key without a section: "output_dir=runs/x";
   // nested sections with dots: "deployment.trainer.nnodes=1"). The value is read as YAML (flow lists work) and
-  // checked like the file's; it replaces the file's value. Relative paths are taken from the working directory.
+  // checked like the file's; it replaces the file's value.
   const char *const *overrides;
   int n_overrides;
 } df_recipe_options;
 
 // Reads and resolves a recipe file. On failure *out is NULL and err names the key (section.key), the file,
-// line and column. opt may be NULL.
+// line and column. opt may be NULL; with opt->log the inert keys the recipe sets are listed there once.
 df_status df_recipe_load(const char *path, const df_recipe_options *opt, const df_recipe **out, df_error *err);
-// The same on len bytes of YAML; name labels messages, base_dir resolves relative paths (NULL: the cwd).
+// The same on len bytes of YAML; name labels messages, base_dir resolves relative paths (NULL: the current
+// directory, which is what df_recipe_load uses).
 df_status df_recipe_parse(const char *text, size_t len, const char *name, const char *base_dir,
                           const df_recipe_options *opt, const df_recipe **out, df_error *err);
 void df_recipe_free(const df_recipe *r);
+
+// Checks --set overrides on their own (syntax, key, type, range, support), before any recipe is read: a failure
+// is the command line's fault (exit code 2).
+df_status df_recipe_check_overrides(const char *const *overrides, int n, df_error *err);
+
+// The first schema key (in schema order) whose value differs between a and b, skipping the keys `skip` accepts
+// (it gets "section.key"); paths are compared absolute and normalised. Returns false when none differs; else
+// fills key and the two values as text.
+bool df_recipe_first_difference(const df_recipe *a, const df_recipe *b, bool (*skip)(const char *key), char *key,
+                                size_t kn, char *va, size_t van, char *vb, size_t vbn);
 
 // The fully resolved recipe as YAML: every key of the schema with its value (defaults and overrides included,
 // paths as resolved), section by section. Loading the output gives the same df_recipe.

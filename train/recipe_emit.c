@@ -1,5 +1,5 @@
 // The resolved recipe as YAML (<output_dir>/recipe.resolved.yaml): every schema key with the value the run
-// used, defaults and --set overrides included, relative paths made absolute so the file loads from anywhere.
+// used, defaults and --set overrides included, every path absolute (as resolved) so the file loads from anywhere.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,8 +94,8 @@ static void emit_section(const emitter *e, const char *section, int indent) {
     }
     char child[160];
     df_recipe_key_path(&t[i], child, sizeof child);
-    // A section without rows of its own (deployment.disaggregated) is only ever accepted as null.
-    if (!df_recipe_schema_is_section(child)) {
+    // A section draftforge refuses (deployment.disaggregated) is only ever accepted as null.
+    if (!df_recipe_schema_is_section(child) || t[i].support == DF_RS_DEFAULT_ONLY) {
       fputs(" null\n", e->fp);
       continue;
     }

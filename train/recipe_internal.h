@@ -53,4 +53,16 @@ const char *df_rvalue_text(const df_recipe_key *k, const df_rvalue *v, char *buf
 const char *df_recipe_key_default_text(const df_recipe_key *k);
 const char *df_recipe_type_name(df_recipe_type t);
 
+// Every DF_RT_PATH value made absolute against base_dir (NULL: the current directory) the way SpecForge
+// resolves paths; relative inputs must exist, model paths may be hub ids in the HF cache (train/recipe_paths.c).
+df_status df_recipe_resolve_paths(df_rvalue *vals, const char *file, const char *base_dir, df_error *err);
+
+// Refuses a recipe that asks for a feature draftforge lacks (EAGLE-3, P-EAGLE, Domino, online capture,
+// disaggregated deployment) with one line naming the key and what to do instead; reads the document and the
+// --set overrides before any key is checked (train/recipe_features.c).
+df_status df_recipe_feature_gate(yaml_document_t *doc, const char *file, const df_recipe_options *opt, df_error *err);
+
+// The inert keys the recipe sets (written in the file or by --set), listed on one line (train/recipe_features.c).
+void df_recipe_print_inert(const df_rvalue *vals, FILE *fp);
+
 #endif

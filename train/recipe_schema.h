@@ -10,15 +10,17 @@ extern "C" {
 #endif
 
 typedef enum {
-  DF_RT_STRING,      // a string (plain or quoted); a plain scalar that reads as a number or bool is rejected
-  DF_RT_PATH,        // a string naming a file or directory, resolved against the recipe's directory
-  DF_RT_INT,         // an integer (a float with no fraction is accepted, as pydantic does)
-  DF_RT_FLOAT,       // a number
-  DF_RT_BOOL,        // true/false (and YAML 1.1's yes/no/on/off, as PyYAML reads them)
-  DF_RT_ENUM,        // one of `choices`
-  DF_RT_INT_LIST,    // a sequence of integers
-  DF_RT_STRING_LIST, // a sequence of strings
-  DF_RT_SECTION,     // a nested mapping whose keys are the rows with section "<parent>.<key>" (or "<key>")
+  DF_RT_STRING,       // a string (plain or quoted); a plain scalar that reads as a number or bool is rejected
+  DF_RT_PATH,         // a file or directory, resolved against the current directory as SpecForge does
+  DF_RT_INT,          // an integer (a float with no fraction is accepted, as pydantic does)
+  DF_RT_FLOAT,        // a number
+  DF_RT_BOOL,         // true/false (and YAML 1.1's yes/no/on/off, as PyYAML reads them)
+  DF_RT_ENUM,         // one of `choices`
+  DF_RT_INT_LIST,     // a sequence of integers
+  DF_RT_STRING_LIST,  // a sequence of strings
+  DF_RT_SECTION,      // a nested mapping whose keys are the rows with section "<parent>.<key>" (or "<key>")
+  DF_RT_MAPPING_LIST, // a sequence of mappings whose keys are the rows with section "<parent>.<key>[]"; only
+                      // inside sections draftforge refuses, so the items are listed, not validated
 } df_recipe_type;
 
 typedef enum {
@@ -42,6 +44,10 @@ typedef struct {
   const char *const *supported; // DF_RT_ENUM: the subset draftforge implements; NULL = all of them
   df_recipe_support support;
   const char *note; // why it is inert or not implemented; shown in errors and the schema print
+  bool input;       // DF_RT_PATH read by the run: a relative value must exist (named with the directory it was
+                    // resolved against)
+  bool hub;         // ... or, like transformers' from_pretrained, may be a Hugging Face hub id found in the cache
+  const char *hint; // what to do instead when a value is refused (NULL: "remove it or set its default")
 } df_recipe_key;
 
 // The table, in SpecForge's order; df_recipe_schema_count() rows.

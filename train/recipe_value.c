@@ -36,7 +36,8 @@ const char *df_recipe_key_path(const df_recipe_key *k, char *buf, size_t n) {
 
 const char *df_recipe_type_name(df_recipe_type t) {
   static const char *const names[] = {
-      "string", "path", "integer", "number", "boolean", "choice", "list of integers", "list of strings", "mapping"};
+      "string",          "path",    "integer",         "number", "boolean", "choice", "list of integers",
+      "list of strings", "mapping", "list of mappings"};
   return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "?";
 }
 
@@ -230,6 +231,10 @@ df_status df_rvalue_from_node(const df_recipe_key *k, yaml_document_t *doc, yaml
     return scalar_value(k, k->type, pos, &s, v, err);
   }
   if (node->type == YAML_SEQUENCE_NODE && list) return list_value(k, doc, node, pos, v, err);
+  if (node->type == YAML_SEQUENCE_NODE && k->type == DF_RT_MAPPING_LIST) { // rows of refused sections only
+    v->n = (int)(node->data.sequence.items.top - node->data.sequence.items.start);
+    return DF_OK;
+  }
   char what[160];
   snprintf(what, sizeof what, "expected %s, got a %s", df_recipe_type_name(k->type),
            node->type == YAML_SEQUENCE_NODE ? "list" : "mapping");
@@ -284,7 +289,7 @@ const char *df_rvalue_text(const df_recipe_key *k, const df_rvalue *v, char *buf
     snprintf(buf, n, "%lld", (long long)v->i);
   else if (k->type == DF_RT_FLOAT)
     snprintf(buf, n, "%g", v->f);
-  else if (k->type == DF_RT_INT_LIST || k->type == DF_RT_STRING_LIST)
+  else if (k->type == DF_RT_INT_LIST || k->type == DF_RT_STRING_LIST || k->type == DF_RT_MAPPING_LIST)
     snprintf(buf, n, "a list of %d", v->n);
   else if (k->type == DF_RT_SECTION)
     snprintf(buf, n, "a mapping");

@@ -45,7 +45,10 @@ df_stage_spec df_step_stage_spec(const df_draft_config *cfg, const df_step_froze
 //   Σ_i (num_i + A_i·den_i) / Σ_i den_i — each micro-batch's aux loss weighted like its objective.
 // A micro-batch with no loss weight (loss_den = 0) adds nothing and back-propagates no aux gradient.
 // Data parallel: the aux loss is the global batch's (moe/layer.c reduces the routing), and its weight is the
-// micro-batch's global loss_den — this rank reports aux·(its own loss_den), so the ranks' sums add to aux·Σden.
+// micro-batch's global loss_den — each rank adds aux·(its own loss_den) to the MoE sums, so the ranks' sums add
+// to aux·Σden, and the aux gradient's scale is grad_scale·Σden.
+// With opt->moe_stats (the trainer) the aux loss reaches loss_num on the device (the layers add aux·loss_den into
+// the MoE sums, df_moe_set_stats) and nothing is read here; otherwise the layers' records are read back.
 static df_status moe_aux_begin(df_dflash_model *m, const df_step_options *opt, double loss_den, double *aux,
                                df_error *err) {
   int n = 0;
@@ -58,7 +61,7 @@ static df_status moe_aux_begin(df_dflash_model *m, const df_step_options *opt, d
     DF_TRY(df_moe_allreduce(opt->dp_sum, &d, 1, false, err));
     den = d;
   }
-  *aux = den > 0 ? df_moe_aux_loss_sum(ffns, n) : 0.0;
+  *aux = den > 0 && !opt->moe_stats ? df_moe_aux_loss_sum(ffns, n) : 0.0;
   const double scale = den > 0 ? (opt->grad_scale > 0 ? opt->grad_scale * den : 1.0) : 0.0;
   df_moe_set_aux_grad_scale(ffns, n, (float)scale);
   return DF_OK;
@@ -151,7 +154,12 @@ static df_status micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *c
   df_tensor stats = opt->stats ? *opt->stats : st->stats;
   if (!opt->stats) DF_TRY(df_fill(ctx, &stats, 0.0, err));
   df_tensor hidden;
-  DF_TRY(df_stage_forward(ctx, m, fz->embed, fz->vocab, st, &hidden, err));
+  int nf = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(m, &nf);
+  if (opt->moe_stats) df_moe_set_stats(ffns, nf, opt->moe_stats, st->loss_den);
+  df_status fw = df_stage_forward(ctx, m, fz->embed, fz->vocab, st, &hidden, err);
+  if (opt->moe_stats) df_moe_set_stats(ffns, nf, NULL, 0.0);
+  DF_TRY(fw);
   if (!opt->accumulate) df_dflash_model_zero_grads(m); // DSpark's heads add their gradients in the objective
   DF_TRY(objective(ctx, m, cfg, fz, opt, st, &hidden, &stats, err));
   DF_TRY(moe_aux_begin(m, opt, st->loss_den, aux, err));
@@ -221,6 +229,10 @@ static df_status load_all(step_run *r, const char *recipe, int threads, const df
   df_recipe_options ro = {.log = stderr};
   DF_TRY(df_recipe_load(recipe, &ro, &r->recipe, err));
   const df_recipe *rc = r->recipe;
+  if (!rc->data.hidden_states_path)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "data.train_data_path",
+                   "capture the data (draftforge capture) and set data.hidden_states_path for the step dump",
+                   "draftforge step reads one batch of captured hidden states; this recipe trains online");
   DF_TRY(df_run_resources_load(rc, &r->res, err));
   DF_TRY(load_model(r, threads, device, err));
   return df_batch_first(rc->data.hidden_states_path, rc->training.seed, rc->training.batch_size, rc->data.max_length,
@@ -294,8 +306,7 @@ df_status df_step_write_json(const df_step_result *r, const char *dir, df_error 
   char path[4096];
   snprintf(path, sizeof path, "%s/step.json", dir);
   json_t *o = result_json(r);
-  df_status st =
-      df_write_json_atomic(path, o, JSON_INDENT(2) | JSON_REAL_PRECISION(17), "check the --dump directory", err);
+  df_status st = df_write_json_atomic(path, o, JSON_INDENT(2), "check the --dump directory", err);
   json_decref(o);
   return st;
 }

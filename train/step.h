@@ -42,10 +42,12 @@ typedef struct {
   // Device residency (train/stage.h). stage: the caller's double-buffered stage, reused across micro-steps (NULL:
   // a temporary one). stats: an f64 vector on the context's device that the step's metric sums are *added* to —
   // DF_BLOCK_STATS(bs) for DFlash, DF_DSPARK_STATS(bs) for DSpark — and nothing is read back; the metrics then
-  // carry only what the host knows (loss_den, num_blocks, bs, aux_loss, and loss_num = aux_loss·loss_den). NULL:
-  // the step reads its own sums back once and fills the metrics in full.
+  // carry only what the host knows (loss_den, num_blocks, bs). NULL: the step reads its own sums back once and
+  // fills the metrics in full. moe_stats (MoE drafts, with stats): df_moe_stats_elems f64 on the device that the
+  // MoE layers add their statistics into (the aux loss weighted by loss_den: its part of loss_num; moe/ffn_moe.h).
   df_stage *stage;
   df_tensor *stats;
+  double *moe_stats;
   // Data parallel (the trainer on several ranks): the batch is this rank's share of a global batch, and the
   // anchors replay the global batch's stream (strategies/dflash.h). NULL: the batch is the whole batch.
   const df_dflash_global_batch *global;

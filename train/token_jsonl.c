@@ -73,9 +73,25 @@ static df_status parse_line(df_token_jsonl *r, json_t *o, df_error *err) {
   return DF_OK;
 }
 
+// Parses the line in r->buf (already counted in r->line).
+static df_status parse_buf(df_token_jsonl *r, df_error *err) {
+  json_error_t je;
+  json_t *o = json_loads(r->buf, 0, &je);
+  if (!o || !json_is_object(o)) {
+    char what[256];
+    snprintf(what, sizeof what, "not a JSON object (%s)", o ? "another value" : je.text);
+    json_decref(o);
+    return fail_at(r, err, what);
+  }
+  df_status st = parse_line(r, o, err);
+  json_decref(o);
+  return st;
+}
+
 df_status df_token_jsonl_next(df_token_jsonl *r, bool *done, df_error *err) {
   *done = false;
   for (;;) {
+    off_t at = ftello(r->fp);
     ssize_t got = getline(&r->buf, &r->buf_cap, r->fp);
     if (got < 0) {
       *done = true;
@@ -85,18 +101,18 @@ df_status df_token_jsonl_next(df_token_jsonl *r, bool *done, df_error *err) {
     size_t k = 0;
     while (r->buf[k] == ' ' || r->buf[k] == '\t' || r->buf[k] == '\r' || r->buf[k] == '\n') k++;
     if (!r->buf[k]) continue;
-    json_error_t je;
-    json_t *o = json_loads(r->buf, 0, &je);
-    if (!o || !json_is_object(o)) {
-      char what[256];
-      snprintf(what, sizeof what, "not a JSON object (%s)", o ? "another value" : je.text);
-      json_decref(o);
-      return fail_at(r, err, what);
-    }
-    df_status st = parse_line(r, o, err);
-    json_decref(o);
-    return st;
+    r->offset = (int64_t)at;
+    return parse_buf(r, err);
   }
+}
+
+df_status df_token_jsonl_read_at(df_token_jsonl *r, int64_t offset, int64_t line, df_error *err) {
+  r->line = line;
+  if (fseeko(r->fp, (off_t)offset, SEEK_SET) != 0 || getline(&r->buf, &r->buf_cap, r->fp) < 0)
+    return DF_FAIL(err, DF_ERR_IO, r->path, "do not change the data file while it is in use",
+                   "%s: cannot read line %lld again (the file was truncated?)", r->path, (long long)line);
+  r->offset = offset;
+  return parse_buf(r, err);
 }
 
 df_status df_token_jsonl_count(const char *path, int64_t *n, df_error *err) {

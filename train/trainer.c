@@ -58,7 +58,7 @@ static double now_s(void) {
 // loss_num, accuracy, τ, per-position counts) arrive with the one read at the optimizer boundary.
 typedef struct {
   double loss_num, loss_den, acc_num, acc_den, accept_len_sum;
-  double host_loss_num; // Σ aux_loss·loss_den (MoE drafts), the part of loss_num computed on the host
+  double host_loss_num; // the part of loss_num not in the objective's sums: Σ aux_loss·loss_den (MoE drafts)
   int64_t num_blocks, tokens, epoch, bs;
   double *pos_num, *pos_den; // (bs)
   double data_wait_s;
@@ -69,12 +69,14 @@ typedef struct {
   // MoE: per MoE layer (moe_ids) the experts' shares of routed slots (moe_layers, moe_E), summed likewise
   int moe_layers;
   int64_t moe_E, *moe_ids;
-  double *moe_load, *moe_cur;
+  double *moe_load;
 } window;
 
 typedef struct {
   bool skipped;
   const char *skip_reason;
+  char skip_detail[1200]; // which samples of the window hold NaN/Inf (or that none does)
+  json_t *skip_samples;   // their global numbers (owned; NULL unless skipped)
   double loss, acc, lr, grad_norm, clip_coef;
   double step_time_s;
 } step_result;
@@ -88,26 +90,22 @@ static void window_reset(window *w) {
   w->moe_n = w->moe_micro = 0;
 }
 
-// The moe/* metrics of the micro-batch that just ran (its training forward), added to the window's sums.
-static void window_add_moe(window *w, df_dflash_model *m) {
+// The moe/* metrics and the per-layer expert load of the window, from the MoE layers' device sums (read with the
+// window's stats block): layer averages over the window's micro-batches.
+static void window_finish_moe(window *w, df_dflash_model *m, const double *sums) {
   int n = 0;
   df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
-  df_moe_metric cur[DF_MOE_MAX_METRICS];
-  const int c = df_moe_collect_metrics(ffns, n, cur);
-  if (!c) return;
-  if (!w->moe_micro) {
-    w->moe_n = c;
-    for (int i = 0; i < c; i++) w->moe[i] = (df_moe_metric){cur[i].name, 0.0};
+  w->moe_n = df_moe_stats_metrics(ffns, n, sums, w->moe_micro, w->moe);
+  if (!w->moe_load || !w->moe_micro) return;
+  const int64_t E = w->moe_E;
+  w->moe_layers = 0;
+  for (int i = 0; i < n; i++) {
+    if (!df_ffn_is_moe(ffns[i])) continue;
+    const double *blk = sums + (int64_t)w->moe_layers * DF_MOE_STATS(E) + DF_MOE_STAT_LOAD;
+    w->moe_ids[w->moe_layers] = ffns[i]->layer;
+    memcpy(w->moe_load + (int64_t)w->moe_layers * E, blk, sizeof(double) * (size_t)E);
+    w->moe_layers++;
   }
-  for (int i = 0; i < c && i < w->moe_n; i++) w->moe[i].value += cur[i].value;
-  w->moe_micro++;
-  if (!w->moe_load) return;
-  int got = df_moe_collect_load(ffns, n, n, w->moe_ids, w->moe_cur);
-  if (w->moe_micro == 1) {
-    w->moe_layers = got;
-    memset(w->moe_load, 0, (size_t)(got * w->moe_E) * sizeof(double));
-  }
-  for (int64_t i = 0; got == w->moe_layers && i < got * w->moe_E; i++) w->moe_load[i] += w->moe_cur[i];
 }
 
 // {"<decoder layer>": [share of expert 0, ...], ...}: the window's mean expert load per MoE layer.
@@ -134,6 +132,12 @@ static void window_add(window *w, const df_dflash_metrics *m, const df_batch *b)
 // The device sums, once read back: DFlash's block stats or DSpark's (its loss_num from the α-weighted terms).
 static void window_finish(const df_trainer *t, window *w, const double *st) {
   const int64_t bs = w->bs;
+  if (t->nstats > t->nobj) { // MoE: the aux loss's part of loss_num and the moe/* metrics, from the device sums
+    int n = 0;
+    df_ffn *const *ffns = df_dflash_model_ffns(t->model, &n);
+    w->host_loss_num += df_moe_stats_aux_num(ffns, n, st + t->nobj);
+    window_finish_moe(w, t->model, st + t->nobj);
+  }
   if (t->draft->kind != DF_DRAFT_DSPARK) {
     w->loss_num = st[DF_BSTAT_LOSS_NUM] + w->host_loss_num;
     w->acc_num = st[DF_BSTAT_ACC_NUM], w->acc_den = st[DF_BSTAT_ACC_DEN];
@@ -196,7 +200,8 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
   df_tensor all = df_f64_on(df_ctx_device(t->ctx), t->stats_buf, t->nstats + DF_NORM_STATS);
   DF_TRY(df_fill(t->ctx, &all, 0.0, err)); // the window's sums, and {norm, coef, ok} = 0 until the norm runs
   df_step_options opt = t->step_opt;
-  opt.stage = t->stage, opt.stats = &t->win_stats;
+  opt.stage = t->stage, opt.stats = &t->obj_stats;
+  opt.moe_stats = t->nstats > t->nobj ? (double *)t->stats_buf + t->nobj : NULL;
   if (t->world > 1) opt.global = &t->global;
   for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
     const df_batch *b;
@@ -204,6 +209,8 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     DF_TRY(df_feed_next(t->feed, &b, &wait, err));
     w->data_wait_s += wait;
     if (t->world > 1) DF_TRY(df_trainer_dp_global_batch(t, b, err)); // this rank's share of the global batch
+    df_trainer_note_batch(t, b->index, b->B, k == 0);                // a skipped step names its samples
+    if (df_dflash_model_is_moe(t->model)) t->state_dirty = true;     // MoE forwards update router buffers
     df_dflash_metrics m;
     int64_t N;
     df_error micro_err = {0};
@@ -214,8 +221,8 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     }
     if (st != DF_OK) return *err = micro_err, st;
     window_add(w, &m, b);
-    window_add_moe(w, t->model);
-    if (t->log && step == t->start_step + 1 && k == 0) // the arena is sized by the first batch's shape
+    if (df_dflash_model_is_moe(t->model)) w->moe_micro++; // its statistics went into the device sums
+    if (t->log && step == t->start_step + 1 && k == 0)    // the arena is sized by the first batch's shape
       fprintf(t->log, "  activations %.1f MiB for a batch of %lld x %lld (grows with longer batches)\n",
               (double)df_dflash_model_activation_bytes(t->model) / (1 << 20), (long long)b->B, (long long)b->S);
     df_dflash_metrics_free(&m);
@@ -310,6 +317,7 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
     const int64_t n = df_params_numel(t->table);
     df_tensor p = df_f32_on(dev, df_dflash_model_weights(t->model), n), m = df_f32_on(dev, t->exp_avg, n);
     df_tensor v = df_f32_on(dev, t->exp_avg_sq, n);
+    t->state_dirty = true; // from the update until the progress record follows
     DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->norm_stats, NULL, err));
   }
   const size_t bytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
@@ -352,6 +360,8 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
   json_object_set_new(o, "clip_coef", df_metrics_real(r->clip_coef));
   json_object_set_new(o, "skipped", json_boolean(r->skipped));
   if (r->skipped) json_object_set_new(o, "skip_reason", json_string(r->skip_reason));
+  if (r->skipped && r->skip_detail[0]) json_object_set_new(o, "skip_detail", json_string(r->skip_detail));
+  if (r->skipped && r->skip_samples) json_object_set(o, "skip_samples", r->skip_samples);
   json_object_set_new(o, "loss_den", json_real(w->loss_den));
   json_object_set_new(o, "tokens", json_integer(w->tokens));
   json_object_set_new(o, "num_blocks", json_integer(w->num_blocks));
@@ -360,7 +370,7 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
   // MoE: moe/load_max_ratio, moe/load_min_ratio, moe/experts_unused_frac, moe/aux_loss (+ moe/bias_abs_max for
   // noaux_tc): layer averages, averaged over the window's micro-batches
   for (int i = 0; w->moe_micro > 0 && i < w->moe_n; i++)
-    json_object_set_new(o, w->moe[i].name, df_metrics_real(w->moe[i].value / (double)w->moe_micro));
+    json_object_set_new(o, w->moe[i].name, df_metrics_real(w->moe[i].value)); // already averaged
   if (w->moe_micro > 0 && w->moe_layers > 0) json_object_set_new(o, "moe/expert_load", moe_load_json(w));
   // timing (df_metrics_is_timing_key): differs between identical runs
   json_object_set_new(o, "tokens_per_s", json_real(r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : 0.0));
@@ -398,9 +408,11 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
   df_progress_format(&p, buf, sizeof buf);
   if (term) {
     df_progress_term_update(term, buf, line || step == t->stop_step);
+    if (r->skipped && r->skip_detail[0]) fprintf(t->log, "skipped step %lld: %s\n", (long long)step, r->skip_detail);
     return DF_OK;
   }
   fprintf(t->log, "%s\n", buf);
+  if (r->skipped && r->skip_detail[0]) fprintf(t->log, "  skipped step %lld: %s\n", (long long)step, r->skip_detail);
   fflush(t->log);
   return DF_OK;
 }
@@ -415,13 +427,27 @@ static void eval_dspark_json(json_t *o, const df_eval_report *r) {
   json_object_set_new(o, "eval/tau_probabilistic", df_metrics_real(r->tau_probabilistic));
 }
 
+// Eval samples with NaN/Inf hidden states: named in the eval line and the log (such an eval never counts as best).
+static void eval_nonfinite(const df_trainer *t, json_t *o, const df_eval_report *rep, int64_t step) {
+  const df_hs_scan_report *nf = &rep->nonfinite;
+  if (!nf->bad_samples) return;
+  json_t *bad = json_array();
+  for (int i = 0; i < nf->nreported; i++) json_array_append_new(bad, json_integer(nf->bad[i].sample));
+  json_object_set_new(o, "eval/nonfinite_samples", bad);
+  if (!t->log) return;
+  char first[900];
+  df_hs_bad_value_text(&nf->bad[0], first, sizeof first);
+  fprintf(t->log, "warning: eval @ step %lld: %lld eval sample(s) hold NaN/Inf hidden states, first %s\n",
+          (long long)step, (long long)nf->bad_samples, first);
+}
+
 // Held-out eval (train/evaluate.h): an eval line in metrics.jsonl; *improved when τ beats the best so far.
 static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *improved, df_error *err) {
   const df_recipe *rc = t->recipe;
   df_eval_options eo = df_eval_options_from_recipe(rc, t->step_opt.mask_token_id); // DSpark alphas included
   df_eval_report rep;
   double t0 = now_s();
-  DF_TRY(df_evaluate(t->ctx, t->model, t->draft, &t->frozen, rc->data.eval_hidden_states_path, &eo, &rep, err));
+  DF_TRY(df_evaluate_source(t->ctx, t->model, t->draft, &t->frozen, t->eval_src, &eo, &rep, err));
   json_t *o = json_object();
   json_object_set_new(o, "step", json_integer(step));
   json_object_set_new(o, "epoch", json_integer(epoch));
@@ -431,6 +457,7 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   json_object_set_new(o, "eval/per_position_acc", per_position(rep.pos_acc_num, rep.pos_acc_den, rep.block_size));
   json_object_set_new(o, "eval/samples", json_integer(rep.num_samples));
   if (rep.dspark) eval_dspark_json(o, &rep);
+  eval_nonfinite(t, o, &rep, step);
   json_object_set_new(o, "eval_time_s", json_real(now_s() - t0));
   df_status st = df_metrics_append(&t->metrics, o, err);
   json_decref(o);
@@ -442,7 +469,8 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   else if (t->log)
     fprintf(t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f\n", (long long)step, rep.loss, rep.acc, tau);
   df_eval_report_free(&rep);
-  *improved = st == DF_OK && isfinite(tau) && (!t->prog.has_best || tau > t->prog.best_eval_tau);
+  *improved = st == DF_OK && isfinite(tau) && isfinite(rep.loss) && !rep.nonfinite.bad_samples &&
+              (!t->prog.has_best || tau > t->prog.best_eval_tau);
   if (*improved) t->prog.has_best = true, t->prog.best_eval_tau = tau, t->prog.best_step = step;
   return st;
 }
@@ -504,18 +532,37 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
                      .exp_avg_sq = bufs[2],
                      .contract = &t->contract,
                      .progress = &t->prog,
-                     .draft_config = t->draft->json,
+                     .draft_config = t->res.resolved_config,
                      .recipe_yaml = t->recipe_yaml,
                      .moe = t->draft->moe};
   if (st == DF_OK)
     st = df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
                        sizeof t->last_ckpt, err);
   free(staged);
-  if (st == DF_OK && t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
-  return st;
+  if (st != DF_OK) return st;
+  t->last_saved_step = t->prog.step, t->last_save_s = now_s();
+  if (t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
+  return DF_OK;
 }
 
 // ---- the loop --------------------------------------------------------------------------------------------------
+
+// A run that fails after training started keeps its work: a checkpoint of the last complete step, as a signal
+// would write — unless the state is mid-update, a numeric stop (its state is what went wrong), or the step is
+// saved already, or a data-parallel job (its ranks are no longer in step). A failure to save is added to the original
+// error's message.
+static void save_after_error(df_trainer *t, df_train_summary *sum, df_error *err) {
+  if (t->world > 1 || err->status == DF_ERR_NUMERIC || t->state_dirty || t->prog.step <= t->last_saved_step ||
+      t->prog.step == t->start_step)
+    return;
+  df_error save_err = {0};
+  if (df_trainer_save(t, &save_err) == DF_OK) {
+    sum->saved_after_error = true;
+    return;
+  }
+  size_t n = strlen(err->msg);
+  snprintf(err->msg + n, sizeof err->msg - n, " (and the checkpoint after it failed too: %s)", save_err.msg);
+}
 
 // Eval and checkpoints are rank 0's (the other ranks hold the same weights and wait at the next collective). A
 // checkpoint is written whole into a temporary directory and renamed: a rank that dies meanwhile never leaves a
@@ -526,8 +573,10 @@ static df_status after_step(df_trainer *t, int64_t step, const window *w, df_err
   if (t->rank != 0 && !t->zero) return DF_OK;
   if (t->rank == 0 && rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
     DF_TRY(run_eval(t, step, w->epoch, &improved, err));
+  double minutes = rc->training.save_interval_minutes; // wall-clock saving (a draftforge extension)
+  bool due = minutes > 0 && now_s() - t->last_save_s >= 60.0 * minutes;
   bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
-              step == t->stop_step || t->stop;
+              step == t->stop_step || t->stop || due;
   if (t->zero) { // rank 0's decision (its eval may have improved): the save gathers every rank's moments
     int32_t f = save;
     DF_TRY(df_comm_broadcast(t->comm, &f, 1, DF_COMM_I32, 0, err));
@@ -545,6 +594,7 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   df_ctx_reset_transfer_stats(t->ctx);
   DF_TRY(run_window(t, step, w, err));
   DF_TRY(optimizer_step(t, step, w, r, err));
+  if (r->skipped) df_trainer_explain_skip(t, r->skip_detail, sizeof r->skip_detail, &r->skip_samples);
   const df_train_hooks *hooks = t->opt->hooks;
   if (hooks && hooks->after_step) hooks->after_step(hooks->ctx, step, df_ctx_transfer_stats(t->ctx));
   df_ckpt_progress *p = &t->prog;
@@ -555,6 +605,7 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   p->skipped_steps += r->skipped;
   df_feed_position(t->feed, &p->epoch, &p->cursor);
   p->anchor_rng = t->sampler.rng;
+  t->state_dirty = false; // the state and its progress record describe step `step` again
   r->step_time_s = now_s() - t0;
   DF_TRY(log_step(t, step, w, r, now_s() - t_start, err));
   if (r->skipped && p->consecutive_skips >= t->recipe->training.max_consecutive_skips)
@@ -577,28 +628,30 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
   if (w.moe_E > 0) {
     w.moe_ids = calloc((size_t)nffn, sizeof(int64_t));
     w.moe_load = calloc((size_t)(nffn * w.moe_E), sizeof(double));
-    w.moe_cur = calloc((size_t)(nffn * w.moe_E), sizeof(double));
-    moe_ok = w.moe_ids && w.moe_load && w.moe_cur;
+    moe_ok = w.moe_ids && w.moe_load;
   }
   if (!w.pos_num || !w.pos_den || !moe_ok) {
-    free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load), free(w.moe_cur);
+    free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load);
     return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
   }
   if (t->prog.step >= t->stop_step && t->log)
     fprintf(t->log, "nothing to do: the run is at step %lld and stops at %lld (raise training.max_steps)\n",
             (long long)t->prog.step, (long long)t->stop_step);
   double t_start = now_s();
+  t->last_save_s = t_start;
   df_status st = DF_OK;
   while (st == DF_OK && t->prog.step < t->stop_step) {
     step_result r;
     st = one_step(t, &w, &r, t_start, err);
+    json_decref(r.skip_samples);
     if (st == DF_OK && !r.skipped) sum->last_loss = r.loss;
     if (st == DF_OK && t->stop) {
       sum->stopped_by_signal = true;
       break;
     }
   }
-  free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load), free(w.moe_cur);
+  free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load);
+  if (st != DF_OK) save_after_error(t, sum, err);
   return st;
 }
 
@@ -616,8 +669,16 @@ df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error 
     st = train_loop(&t, sum, err);
     signals_restore(&sg);
   }
+  sum->bad_arguments = t.plan.bad_arguments;
   sum->last_step = t.prog.step;
   sum->skipped_steps = t.prog.skipped_steps;
+  if (t.online) {
+    df_online_stats os = df_online_target_stats(t.online);
+    sum->online_samples = os.samples, sum->online_tokens = os.tokens, sum->online_target_s = os.forward_s;
+    if (t.log)
+      fprintf(t.log, "online: the target prefilled %lld samples (%lld tokens) in %.1f s\n", (long long)os.samples,
+              (long long)os.tokens, os.forward_s);
+  }
   snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.last_ckpt);
   df_trainer_teardown(&t);
   return st;

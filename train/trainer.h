@@ -32,18 +32,30 @@ typedef struct {
   void (*after_step)(void *ctx, int64_t step, df_transfer_stats transfers);
 } df_train_hooks;
 
+// Start-up scan of the training and eval data for NaN/Inf hidden states (train/hs_scan.h).
+typedef enum { DF_DATA_SCAN_SAMPLED = 0, DF_DATA_SCAN_FULL, DF_DATA_SCAN_NONE } df_data_scan;
+
 typedef struct {
-  const char *recipe_path;
+  const char *recipe_path;      // RECIPE.yaml; may be NULL when resuming a run directory (its recipe.resolved.yaml)
   const char *const *overrides; // --set section.key=value (train/recipe.h)
   int n_overrides;
-  const char *resume; // --resume PATH: a run directory or a checkpoint directory (wins over training.resume_from)
-  int threads;        // CPU threads (0: OpenMP's default)
-  FILE *log;          // progress lines and notes (NULL: quiet)
+  // --resume PATH (wins over training.resume_from): a run directory, its checkpoints/, a checkpoint directory, or
+  // "auto" (resume when output_dir has a checkpoint, else start). A resume continues in the run it resumes, with
+  // the run's own recipe (train/run_plan.h).
+  const char *resume;
+  bool overwrite;         // a fresh run may replace an earlier run's checkpoints and metrics in output_dir
+  df_data_scan data_scan; // default: a sampled scan
+  int threads;            // CPU threads (0: OpenMP's default)
+  FILE *log;              // progress lines and notes (NULL: quiet)
   // A terminal (train/progress.h): the progress line is redrawn there every step, and log should be its log
   // stream. NULL: a plain progress line on log at each log step.
   struct df_progress_term *progress;
   bool handle_signals; // SIGINT/SIGTERM finish the current optimizer step, checkpoint and stop
   bool no_prefetch;    // read batches on the training thread (the batches are the same)
+  // Online data: prefill the next batch on the feed's reader thread while the step runs. Off by default: the CPU
+  // target and the step then compete for the same cores, which measured slower than taking turns (docs/target.md
+  // "Online training"); the batches are the same either way.
+  bool online_overlap;
   const df_train_hooks *hooks;
   bool has_device;                   // --device given: it wins over training.device
   df_device_choice device;           // auto | cpu | cuda (train/device.h)
@@ -59,12 +71,20 @@ typedef struct {
   int64_t skipped_steps;  // NaN/Inf skips, whole run
   bool stopped_by_signal; // SIGINT/SIGTERM: stopped early with a checkpoint
   char output_dir[4096];
-  char last_checkpoint[4200]; // "" when none was written
+  char last_checkpoint[4200]; // the newest checkpoint of the run ("" when it has none): written, or resumed from
+  bool saved_after_error;     // the run failed after training started and a checkpoint of its state was written
+  bool bad_arguments;         // it failed because RECIPE.yaml or a --set disagrees with the run it resumes
   double last_loss;           // of the last step that updated (NaN if none)
+  // Online data (train/online_source.h): what the target computed in this invocation (0 offline): samples and
+  // tokens prefilled, seconds in its forward (training batches, prefetched ones and eval together).
+  int64_t online_samples, online_tokens;
+  double online_target_s;
 } df_train_summary;
 
 // Runs (or resumes) the recipe's training to its stop step. A stop by signal returns DF_OK with
 // stopped_by_signal set; N consecutive NaN/Inf skips return DF_ERR_NUMERIC (no checkpoint is written for them).
+// Any other error after training started first writes a checkpoint of the last complete step (saved_after_error),
+// unless the state was mid-update or is not finite.
 df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error *err);
 
 #ifdef __cplusplus

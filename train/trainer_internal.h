@@ -9,7 +9,9 @@
 #include "train/data_feed.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
+#include "train/online_data.h"
 #include "train/recipe.h"
+#include "train/run_plan.h"
 #include "train/step.h"
 #include "train/trainer.h"
 #include "train/trainer_resources.h"
@@ -26,6 +28,8 @@ typedef struct {
   df_ctx *ctx;
   df_dflash_model *model;
   df_feed *feed;
+  df_online_target *online;  // the target of online data (NULL: offline), shared by the feed's and eval's sources
+  df_batch_source *eval_src; // the eval set (captured or online), open when training.eval_interval > 0
   df_step_options step_opt;
 
   // optimizer state, all on the context's device: the model's fp32 weights are the masters; the AdamW moments and
@@ -34,11 +38,13 @@ typedef struct {
   float *exp_avg, *exp_avg_sq;
   uint8_t *mask;
   // device residency: the double-buffered micro-batch stage, and one f64 vector holding the window's metric sums
-  // (nstats) followed by the optimizer's {norm, coef, ok} — the one block read back per optimizer step
+  // (nstats: the objective's nobj, then the MoE layers' statistics sums) followed by the optimizer's {norm, coef, ok}
+  // — the one block read back per optimizer step. win_stats covers all nstats (the go/no-go guard), obj_stats the
+  // objective's part.
   df_stage *stage;
   void *stats_buf;
-  df_tensor win_stats, norm_stats;
-  int64_t nstats;
+  df_tensor win_stats, obj_stats, norm_stats;
+  int64_t nstats, nobj;
   double *stats_host; // page-locked copy of stats_buf
 
   df_lr_schedule sched;
@@ -69,6 +75,13 @@ typedef struct {
   int64_t shard_size, shard_off, shard_len;
   float *zero_buf;
   float *zero_full; // resume: the checkpoint's full moments (2n) while they are handed out
+  // resume and failure handling (train/run_plan.h, train/trainer_data.c)
+  df_run_plan plan;
+  int64_t last_saved_step; // the step of the newest checkpoint of this run (-1: none)
+  double last_save_s;      // monotonic time of the last save (or the start), for training.save_interval_minutes
+  bool state_dirty;        // the saved state (weights, moments, MoE buffers) is mid-update: no checkpoint now
+  int64_t *win_samples;    // the global sample numbers of the current window's micro-batches
+  int64_t n_win_samples, cap_win_samples;
 } df_trainer;
 
 // Loads the recipe (with overrides), the configs, the frozen target pieces, the model, the data feed; sets
@@ -105,5 +118,16 @@ df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_fu
 
 // Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).
 df_status df_trainer_save(df_trainer *t, df_error *err);
+
+// ---- data checks (train/trainer_data.c) ----
+
+// Start-up: every data path the recipe names opens and validates (every shard), the eval data was captured for
+// this draft, and neither holds NaN/Inf hidden states (a sampled scan unless opt->data_scan says otherwise).
+df_status df_trainer_check_data(df_trainer *t, df_error *err);
+// Notes the samples of a micro-batch of the current window (reset: a new window starts).
+void df_trainer_note_batch(df_trainer *t, const int64_t *index, int64_t B, bool reset);
+// A skipped step: which of the window's samples hold NaN/Inf hidden states. Writes a sentence naming them (or
+// saying the data is finite) into detail and their global numbers into a new JSON array *samples.
+void df_trainer_explain_skip(df_trainer *t, char *detail, size_t n, json_t **samples);
 
 #endif

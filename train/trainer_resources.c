@@ -80,6 +80,7 @@ df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config
   if (st == DF_OK) st = df_draft_config_check_target(out->draft, out->target, err);
   if (st == DF_OK) st = load_pieces(rc, out, err);
   if (st == DF_OK) st = resolve_mask_token(rc, out, &out->mask_token_id, err);
+  if (st == DF_OK) st = df_draft_config_resolved_json(out->draft, out->mask_token_id, &out->resolved_config, err);
   if (st != DF_OK) df_run_resources_free(out);
   return st;
 }
@@ -97,6 +98,7 @@ df_status df_run_resources_place(df_run_resources *r, df_ctx *ctx, df_error *err
 }
 
 void df_run_resources_free(df_run_resources *r) {
+  json_decref(r->resolved_config);
   if (r->placed) df_buffer_free(r->placed, r->dev_embed), df_buffer_free(r->placed, r->dev_head);
   free(r->scaled_head);
   df_target_pieces_free(&r->pieces);

@@ -23,6 +23,9 @@ typedef struct {
   float *scaled_head;    // lm_head / logits_mup_width_multiplier (NULL when the target has none)
   df_step_frozen frozen; // embed and the (scaled) head, as the step reads them (on the device once placed)
   int64_t mask_token_id; // model.mask_token_id, else the draft config's dflash_config.mask_token_id
+  // The draft config with the resolved mask id, target layers, block size, heads and RoPE written out
+  // (df_draft_config_resolved_json): what every checkpoint writes as config.json.
+  json_t *resolved_config;
   df_ctx *placed;        // the context df_run_resources_place uploaded the pieces to (NULL: host copies only)
   float *dev_embed, *dev_head;
 } df_run_resources;

@@ -3,11 +3,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/ffn_moe.h"
 #include "train/device.h"
 #include "train/fsutil.h"
 #include "train/trainer_internal.h"
 
 // ---- resources ---------------------------------------------------------------------------------------------------
+
+// The training source (train/online_data.h): captured shards of data.hidden_states_path, or online data of
+// data.train_data_path; and, when the run evaluates, the eval source (data.eval_hidden_states_path or
+// data.eval_data_path), opened here so a bad eval set fails before the first step. Online sources share one target.
+static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **train_src, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  const bool online = rc->data.train_data_path != NULL;
+  df_data_source_options so = {.rc = rc,
+                               .path = online ? rc->data.train_data_path : rc->data.hidden_states_path,
+                               .key = online ? "data.train_data_path" : "data.hidden_states_path",
+                               .allow_hidden_states = !online,
+                               .allow_online = online,
+                               .cfg = t->draft,
+                               .need_last_hidden = need_last,
+                               .threads = t->opt->threads,
+                               .overlap = t->opt->online_overlap,
+                               .log = t->log,
+                               .target = &t->online};
+  DF_TRY(df_data_source_open(&so, train_src, err));
+  if (rc->training.eval_interval <= 0) return DF_OK;
+  const bool online_eval = rc->data.eval_data_path != NULL;
+  so.path = online_eval ? rc->data.eval_data_path : rc->data.eval_hidden_states_path;
+  so.key = online_eval ? "data.eval_data_path" : "data.eval_hidden_states_path";
+  so.allow_hidden_states = !online_eval, so.allow_online = online_eval;
+  so.need_last_hidden = false; // eval checks what its objective reads (train/evaluate.c)
+  df_status st = df_data_source_open(&so, &t->eval_src, err);
+  if (st != DF_OK) df_batch_source_close(*train_src), *train_src = NULL;
+  return st;
+}
 
 static df_status load_resources(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
@@ -35,7 +65,13 @@ static df_status load_resources(df_trainer *t, df_error *err) {
   t->frozen = t->res.frozen;
   DF_TRY(df_dflash_model_create(t->draft, t->ctx, &t->model, err));
   t->table = df_dflash_model_params(t->model);
-  df_feed_options fo = {.path = rc->data.hidden_states_path,
+  // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
+  const bool need_last =
+      dspark && (rc->training.dspark_l1_loss_alpha > 0 || rc->training.dspark_confidence_head_alpha > 0);
+  df_batch_source *train_src = NULL;
+  DF_TRY(open_sources(t, need_last, &train_src, err));
+  df_feed_options fo = {.path = train_src->label,
+                        .source = train_src,
                         .batch_size = rc->training.batch_size,
                         .max_length = rc->data.max_length,
                         .seed = rc->training.seed,
@@ -43,9 +79,7 @@ static df_status load_resources(df_trainer *t, df_error *err) {
                         .world_size = t->world,
                         .prefetch = !t->opt->no_prefetch,
                         .cfg = t->draft,
-                        // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
-                        .need_last_hidden = dspark && (rc->training.dspark_l1_loss_alpha > 0 ||
-                                                       rc->training.dspark_confidence_head_alpha > 0)};
+                        .need_last_hidden = need_last};
   return df_feed_open(&fo, &t->feed, err);
 }
 
@@ -89,11 +123,15 @@ static df_status alloc_optimizer(df_trainer *t, df_error *err) {
   df_status st = df_copy(t->ctx, t->mask, dev, mask, DF_DEV_CPU, (size_t)numel, err);
   free(mask);
   DF_TRY(st);
-  t->nstats = t->draft->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  t->nobj = t->draft->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  int nf = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nf);
+  t->nstats = t->nobj + df_moe_stats_elems(ffns, nf);
   const size_t sbytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
   DF_TRY(df_buffer_alloc(t->ctx, sbytes, &t->stats_buf, err));
   DF_TRY(df_host_alloc(t->ctx, sbytes, (void **)&t->stats_host, err));
   t->win_stats = df_f64_on(dev, t->stats_buf, t->nstats);
+  t->obj_stats = df_f64_on(dev, t->stats_buf, t->nobj);
   t->norm_stats = df_f64_on(dev, (double *)t->stats_buf + t->nstats, DF_NORM_STATS);
   df_stage_spec spec = df_step_stage_spec(t->draft, &t->frozen, &t->step_opt, df_dflash_model_dspark_heads(t->model));
   return df_stage_create(t->ctx, &spec, &t->stage, err);
@@ -189,14 +227,12 @@ static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *ha
 
 // Rank 0 reads and checks the checkpoint and hands its state to the other ranks (no shared filesystem needed);
 // a checkpoint it refuses ends the job on every rank.
-static df_status resume(df_trainer *t, const char *path, df_error *err) {
+static df_status resume(df_trainer *t, const char *dir, df_error *err) {
   const df_recipe *rc = t->recipe;
-  char dir[4200] = "";
   const int64_t numel = df_params_numel(t->table);
   if (t->zero && !(t->zero_full = malloc(2 * sizeof(float) * (size_t)numel)))
     return DF_FAIL(err, DF_ERR_NOMEM, "resume", NULL, "out of memory for %lld moments", (long long)(2 * numel));
   if (t->rank == 0) {
-    DF_TRY(df_ckpt_resolve(path, dir, sizeof dir, err));
     df_ckpt_contract have;
     DF_TRY(read_state(t, dir, &have, err));
     DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
@@ -206,6 +242,8 @@ static df_status resume(df_trainer *t, const char *path, df_error *err) {
   t->zero_full = NULL;
   DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
   t->sampler.rng = t->prog.anchor_rng;
+  snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", dir); // the run's newest checkpoint until it writes one
+  t->last_saved_step = t->prog.step;
   if (t->log) {
     fprintf(t->log, "resuming from %s: step %lld, epoch %lld, batch %lld\n", dir, (long long)t->prog.step,
             (long long)t->prog.epoch, (long long)t->prog.cursor);
@@ -240,17 +278,31 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   t->comm = opt->comm, t->rank = opt->comm ? df_comm_rank(opt->comm) : 0;
   t->world = opt->comm ? df_comm_size(opt->comm) : 1;
   if (t->rank != 0) t->log = NULL; // rank 0 speaks for the job
-  df_recipe_options ro = {.log = t->log ? stderr : NULL, .overrides = opt->overrides, .n_overrides = opt->n_overrides};
-  DF_TRY(df_recipe_load(opt->recipe_path, &ro, &t->recipe, err));
+  t->last_saved_step = -1;
+  df_run_plan_options po = {.recipe_path = opt->recipe_path,
+                            .overrides = opt->overrides,
+                            .n_overrides = opt->n_overrides,
+                            .resume = opt->resume,
+                            .overwrite = opt->overwrite,
+                            .log = t->log};
+  DF_TRY(df_run_plan_make(&po, &t->recipe, &t->plan, err)); // fresh or resume, and the recipe it runs with
+  // Every rank has decided from the directory as it was before rank 0 (the only writer) touches it.
+  if (t->world > 1) DF_TRY(df_comm_barrier(t->comm, err));
   DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
   DF_TRY(df_trainer_dp_check(t, err));
+  DF_TRY(df_trainer_check_data(t, err)); // every data path now, not at the first eval
   DF_TRY(plan_schedule(t, err));
   DF_TRY(alloc_optimizer(t, err));
   fill_contract(t);
-  if (t->rank == 0) DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
-  const char *from = opt->resume ? opt->resume : t->recipe->training.resume_from;
-  DF_TRY(from ? resume(t, from, err) : fresh_start(t, err));
+  if (t->rank == 0) {
+    DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
+    DF_TRY(df_run_plan_apply(&t->plan, t->recipe, t->log, err)); // --overwrite
+    char ckdir[4200];
+    snprintf(ckdir, sizeof ckdir, "%.4000s/" DF_CKPT_DIR, t->recipe->output_dir);
+    df_ckpt_remove_stale(ckdir, t->log);
+  }
+  DF_TRY(t->plan.resume ? resume(t, t->plan.from.ckpt, err) : fresh_start(t, err));
   if (t->rank == 0) DF_TRY(write_resolved(t, err));
   if (t->rank == 0) DF_TRY(df_trainer_observe_open(t, err));
   t->start_step = t->prog.step;
@@ -259,9 +311,12 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
 }
 
 void df_trainer_teardown(df_trainer *t) {
+  free(t->win_samples);
   df_metrics_close(&t->metrics);
   df_trainer_observe_close(t); // after the close: the tracker forwards metrics.jsonl to its end
   df_feed_close(t->feed);
+  df_batch_source_close(t->eval_src);
+  df_online_target_free(t->online); // after every source on it
   df_stage_free(t->stage);
   if (t->ctx) {
     df_buffer_free(t->ctx, t->exp_avg), df_buffer_free(t->ctx, t->exp_avg_sq), df_buffer_free(t->ctx, t->mask);

@@ -1,14 +1,15 @@
 // CPU block-masked attention (DFlash), flash style. Per (sample b, block n, kv head g) the G = nH/nKV query
 // heads × bs rows form one query tile that walks its visible keys (context [lo, anchor), then its own block)
-// in key tiles with an online softmax; the Q×KV mask and score matrix never exist. Tile GEMMs go to
-// OpenBLAS, which runs single-threaded on the calling thread inside our OpenMP regions.
-#include <cblas.h>
+// in key tiles with an online softmax; the Q×KV mask and score matrix never exist. Scores are kept transposed,
+// sᵀ (keys × tile rows), so every tile GEMM reads K and V as stored (kernels/cpu/gemm.h, on the calling
+// thread) and the softmax statistics vectorise across the tile's rows.
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vexp.h"
 
 // Keys per score tile: the M × 256 scores and the 256-row K/V slices stay in L2.
@@ -85,17 +86,20 @@ static inline int64_t k_off(const attn_geom *g, int64_t b, int64_t j, int64_t kh
   return ((b * g->KV + j) * g->nKV + kh) * g->hd;
 }
 
-// Tile rows in packed order: dst[r] = alpha · src row r (q-like tensor).
-static void pack_rows(const attn_geom *g, const qtile *t, const float *src, float alpha, float *dst) {
+// Tile rows in packed order: dst[r] = alpha · src row r (q-like tensor); with dst_t also transposed,
+// dst_t[i·M + r] (hd × M).
+static void pack_rows(const attn_geom *g, const qtile *t, const float *src, float alpha, float *dst, float *dst_t) {
   for (int64_t r = 0; r < g->M; r++) {
     const float *s = src + q_off(g, t, r);
     float *d = dst + r * g->hd;
     for (int64_t i = 0; i < g->hd; i++) d[i] = alpha * s[i];
+    if (dst_t)
+      for (int64_t i = 0; i < g->hd; i++) dst_t[i * g->M + r] = d[i];
   }
 }
 
 // Puts −inf on the scores a window hides: context keys before anchor + o − (W−1), block keys after o.
-static void mask_scores(const attn_geom *g, const qtile *t, const krun *kr, float *s) {
+static void mask_scores(const attn_geom *g, const qtile *t, const krun *kr, float *st) {
   if (g->W == 0) return;
   for (int64_t r = 0; r < g->M; r++) {
     int64_t o = r % g->bs, c0, c1;
@@ -106,70 +110,78 @@ static void mask_scores(const attn_geom *g, const qtile *t, const krun *kr, floa
     }
     c0 = c0 < 0 ? 0 : c0;
     c1 = c1 > kr->n ? kr->n : c1;
-    for (int64_t c = c0; c < c1; c++) s[r * kr->n + c] = -INFINITY;
+    for (int64_t c = c0; c < c1; c++) st[c * g->M + r] = -INFINITY;
   }
 }
 
-// s (M × n) = (scale·q) · Kᵀ for one key run, masked.
-static void scores(const attn_geom *g, const qtile *t, const krun *kr, const float *qs, float *s) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->M, (int)kr->n, (int)g->hd, 1.0f, qs, (int)g->hd, kr->k,
-              (int)g->ld, 0.0f, s, (int)kr->n);
-  mask_scores(g, t, kr, s);
+// sᵀ (n × M) = K (n × hd) · (scale·q)ᵀ (hd × M) for one key run, masked.
+static void scores(const attn_geom *g, const qtile *t, const krun *kr, const float *qs_t, float *st) {
+  df_cpu_sgemm(1, false, false, kr->n, g->M, g->hd, 1.0f, kr->k, g->ld, qs_t, g->M, 0.0f, st, g->M);
+  mask_scores(g, t, kr, st);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Forward
 
 typedef struct {
-  float *qs;    // (M, hd) scale · q
-  float *acc;   // (M, hd) unnormalised output
-  float *s;     // (M, KEY_TILE) scores, then probabilities
-  float *m, *l; // (M) running max and sum
+  float *qs_t;    // (hd, M) (scale · q)ᵀ
+  float *acc;     // (M, hd) unnormalised output
+  float *st;      // (KEY_TILE, M) scores, then probabilities, transposed
+  float *m, *l;   // (M) running max and sum
+  float *mx, *sh; // (M) this run's new max, and the shift its exponentials use
+  float *alpha;   // (M) rescale of the old sum and output
 } fwd_scratch;
 
 static size_t fwd_scratch_floats(const attn_geom *g) {
-  size_t f = (size_t)(2 * g->M * g->hd + g->M * KEY_TILE + 2 * g->M);
+  size_t f = (size_t)(2 * g->M * g->hd + g->M * KEY_TILE + 5 * g->M);
   return (f + 15) / 16 * 16; // each thread's slice starts on a cache line
 }
 
 static fwd_scratch fwd_scratch_at(const attn_geom *g, float *base) {
-  fwd_scratch w = {.qs = base, .acc = base + g->M * g->hd, .s = base + 2 * g->M * g->hd};
-  w.m = w.s + g->M * KEY_TILE;
-  w.l = w.m + g->M;
+  fwd_scratch w = {.qs_t = base, .acc = base + g->M * g->hd, .st = base + 2 * g->M * g->hd};
+  w.m = w.st + g->M * KEY_TILE;
+  w.l = w.m + g->M, w.mx = w.l + g->M, w.sh = w.mx + g->M, w.alpha = w.sh + g->M;
   return w;
 }
 
-// One online-softmax step: s becomes exp(s − m_new), l and acc are rescaled to the new running max.
+// One online-softmax step over n keys, across the tile's rows: sᵀ becomes exp(s − m_new), l and acc are
+// rescaled to the new running max. A row the window hides from the whole run (and from all before) keeps
+// m = −inf: its exponentials are 0 and nothing is rescaled.
 static void online_softmax_step(const attn_geom *g, int64_t n, fwd_scratch *w) {
-  for (int64_t r = 0; r < g->M; r++) {
-    float *sr = w->s + r * n, mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t c = 0; c < n; c++) mx = sr[c] > mx ? sr[c] : mx;
-    float mnew = w->m[r] > mx ? w->m[r] : mx;
-    if (mnew == -INFINITY) { // the window hides this whole run from the row
-      memset(sr, 0, sizeof(float) * (size_t)n);
-      continue;
+  const int64_t M = g->M;
+  float *mx = w->mx, *sh = w->sh, *alpha = w->alpha, *l = w->l;
+  memcpy(mx, w->m, sizeof(float) * (size_t)M);
+  for (int64_t c = 0; c < n; c++) {
+    const float *sr = w->st + c * M;
+#pragma omp simd
+    for (int64_t r = 0; r < M; r++) mx[r] = sr[r] > mx[r] ? sr[r] : mx[r];
+  }
+  for (int64_t r = 0; r < M; r++) {
+    sh[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+    alpha[r] = mx[r] == -INFINITY ? 1.0f : df_exp_nonpos(w->m[r] - mx[r]);
+    l[r] *= alpha[r];
+  }
+  for (int64_t c = 0; c < n; c++) {
+    float *sr = w->st + c * M;
+#pragma omp simd
+    for (int64_t r = 0; r < M; r++) {
+      const float p = df_exp_nonpos(sr[r] - sh[r]);
+      sr[r] = p;
+      l[r] += p;
     }
-    float alpha = df_exp_nonpos(w->m[r] - mnew), sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < n; c++) {
-      float p = df_exp_nonpos(sr[c] - mnew);
-      sr[c] = p;
-      sum += p;
-    }
-    w->l[r] = w->l[r] * alpha + sum;
-    w->m[r] = mnew;
-    if (alpha != 1.0f)
-      for (int64_t i = 0; i < g->hd; i++) w->acc[r * g->hd + i] *= alpha;
+  }
+  for (int64_t r = 0; r < M; r++) {
+    w->m[r] = mx[r];
+    if (alpha[r] != 1.0f)
+      for (int64_t i = 0; i < g->hd; i++) w->acc[r * g->hd + i] *= alpha[r];
   }
 }
 
 static void fwd_run(const attn_geom *g, const qtile *t, const krun *kr, fwd_scratch *w) {
-  scores(g, t, kr, w->qs, w->s);
+  scores(g, t, kr, w->qs_t, w->st);
   online_softmax_step(g, kr->n, w);
-  // acc (M, hd) += P (M, n) · V (n, hd)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g->M, (int)g->hd, (int)kr->n, 1.0f, w->s, (int)kr->n,
-              kr->v, (int)g->ld, 1.0f, w->acc, (int)g->hd);
+  // acc (M, hd) += P (M, n) · V (n, hd), P read from its transpose
+  df_cpu_sgemm(1, true, false, g->M, g->hd, kr->n, 1.0f, w->st, g->M, kr->v, g->ld, 1.0f, w->acc, g->hd);
 }
 
 // out rows = acc / l and lse = m + log l; rows that saw no key get 0 and −inf.
@@ -187,7 +199,10 @@ static void fwd_tile(const attn_geom *g, const qtile *t, bool keep, const float 
   memset(w->acc, 0, sizeof(float) * (size_t)(g->M * g->hd));
   for (int64_t r = 0; r < g->M; r++) w->m[r] = -INFINITY, w->l[r] = 0.0f;
   if (keep) {
-    pack_rows(g, t, q, g->scale, w->qs);
+    for (int64_t r = 0; r < g->M; r++) {
+      const float *s = q + q_off(g, t, r);
+      for (int64_t i = 0; i < g->hd; i++) w->qs_t[i * g->M + r] = g->scale * s[i];
+    }
     for (int64_t j0 = t->lo; j0 < t->a; j0 += KEY_TILE) {
       int64_t off = k_off(g, t->b, j0, t->g);
       krun kr = {.k = k + off, .v = v + off, .j0 = j0, .n = t->a - j0 < KEY_TILE ? t->a - j0 : KEY_TILE};
@@ -216,7 +231,7 @@ df_status df_cpu_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc,
   int64_t items = g.B * g.N * g.nKV;
 #pragma omp parallel num_threads(nt)
   {
-    omp_set_num_threads(1); // this task's ICV: OpenBLAS stays on this thread even in an inactive (1-thread) region
+    omp_set_num_threads(1); // this task's ICV: any OpenBLAS call stays on this thread
     fwd_scratch w = fwd_scratch_at(&g, scratch + per * (size_t)omp_get_thread_num());
     // Latest blocks first: anchors are sorted, so the heaviest tiles start early and the tail is short.
 #pragma omp for schedule(dynamic, 1)
@@ -233,45 +248,49 @@ df_status df_cpu_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc,
 // Backward
 
 typedef struct {
-  float *qs, *dout, *dq; // (M, hd) scale · q, dout, unscaled dq
-  float *p, *ds;         // (M, KEY_TILE) probabilities, then dP and dS
-  float *lse, *dsum;     // (M) lse and D = rowsum(dout ∘ out)
+  float *qs, *qs_t;     // (M, hd) scale · q and its transpose (hd, M)
+  float *dout, *dout_t; // (M, hd) dout and its transpose
+  float *dq;            // (M, hd) unscaled dq
+  float *pt, *dst;      // (KEY_TILE, M) probabilities, then dP and dS, transposed
+  float *lse, *dsum;    // (M) lse and D = rowsum(dout ∘ out)
 } bwd_scratch;
 
 static size_t bwd_scratch_floats(const attn_geom *g) {
-  size_t f = (size_t)(3 * g->M * g->hd + 2 * g->M * KEY_TILE + 2 * g->M);
+  size_t f = (size_t)(5 * g->M * g->hd + 2 * g->M * KEY_TILE + 2 * g->M);
   return (f + 15) / 16 * 16;
 }
 
 static bwd_scratch bwd_scratch_at(const attn_geom *g, float *base) {
-  bwd_scratch w = {.qs = base, .dout = base + g->M * g->hd, .dq = base + 2 * g->M * g->hd};
-  w.p = w.dq + g->M * g->hd;
-  w.ds = w.p + g->M * KEY_TILE;
-  w.lse = w.ds + g->M * KEY_TILE;
+  const int64_t mh = g->M * g->hd;
+  bwd_scratch w = {.qs = base, .qs_t = base + mh, .dout = base + 2 * mh, .dout_t = base + 3 * mh, .dq = base + 4 * mh};
+  w.pt = w.dq + mh;
+  w.dst = w.pt + g->M * KEY_TILE;
+  w.lse = w.dst + g->M * KEY_TILE;
   w.dsum = w.lse + g->M;
   return w;
 }
 
-// The five tile GEMMs of the flash backward for one key run.
+// The five tile GEMMs of the flash backward for one key run, on transposed scores.
 static void bwd_run(const attn_geom *g, const qtile *t, const krun *kr, bwd_scratch *w) {
-  int M = (int)g->M, n = (int)kr->n, hd = (int)g->hd, ld = (int)g->ld, ldd = (int)kr->ldd;
-  scores(g, t, kr, w->qs, w->p);
-  for (int64_t r = 0; r < g->M; r++) {
-    float *pr = w->p + r * n, L = w->lse[r];
+  const int64_t M = g->M, n = kr->n, hd = g->hd, ld = g->ld, ldd = kr->ldd;
+  scores(g, t, kr, w->qs_t, w->pt);
+  for (int64_t c = 0; c < n; c++) {
+    float *pr = w->pt + c * M;
 #pragma omp simd
-    for (int c = 0; c < n; c++) pr[c] = df_exp_nonpos(pr[c] - L);
+    for (int64_t r = 0; r < M; r++) pr[r] = df_exp_nonpos(pr[r] - w->lse[r]);
   }
-  // dP (M, n) = dout (M, hd) · Vᵀ
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, hd, 1.0f, w->dout, hd, kr->v, ld, 0.0f, w->ds, n);
-  for (int64_t r = 0; r < g->M; r++) {
-    float *pr = w->p + r * n, *dr = w->ds + r * n, D = w->dsum[r];
+  // dPᵀ (n, M) = V (n, hd) · doutᵀ (hd, M)
+  df_cpu_sgemm(1, false, false, n, M, hd, 1.0f, kr->v, ld, w->dout_t, M, 0.0f, w->dst, M);
+  for (int64_t c = 0; c < n; c++) {
+    const float *pr = w->pt + c * M;
+    float *dr = w->dst + c * M;
 #pragma omp simd
-    for (int c = 0; c < n; c++) dr[c] = pr[c] * (dr[c] - D);
+    for (int64_t r = 0; r < M; r++) dr[r] = pr[r] * (dr[r] - w->dsum[r]);
   }
   // dq (M, hd) += dS · K;  dK (n, hd) += dSᵀ · (scale·q);  dV (n, hd) += Pᵀ · dout
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, n, 1.0f, w->ds, n, kr->k, ld, 1.0f, w->dq, hd);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, M, 1.0f, w->ds, n, w->qs, hd, 1.0f, kr->dk, ldd);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, M, 1.0f, w->p, n, w->dout, hd, 1.0f, kr->dv, ldd);
+  df_cpu_sgemm(1, true, false, M, hd, n, 1.0f, w->dst, M, kr->k, ld, 1.0f, w->dq, hd);
+  df_cpu_sgemm(1, false, false, n, hd, M, 1.0f, w->dst, M, w->qs, hd, 1.0f, kr->dk, ldd);
+  df_cpu_sgemm(1, false, false, n, hd, M, 1.0f, w->pt, M, w->dout, hd, 1.0f, kr->dv, ldd);
 }
 
 // Where a work item accumulates context-key gradients: rows [row0, ...) of dk/dv, ld floats apart.
@@ -286,8 +305,8 @@ typedef struct {
 } bwd_io;
 
 static void bwd_tile(const attn_geom *g, const qtile *t, const bwd_io *io, const ctx_grad *cg, bwd_scratch *w) {
-  pack_rows(g, t, io->q, g->scale, w->qs);
-  pack_rows(g, t, io->dout, 1.0f, w->dout);
+  pack_rows(g, t, io->q, g->scale, w->qs, w->qs_t);
+  pack_rows(g, t, io->dout, 1.0f, w->dout, w->dout_t);
   memset(w->dq, 0, sizeof(float) * (size_t)(g->M * g->hd));
   for (int64_t r = 0; r < g->M; r++) {
     const float *o = io->out + q_off(g, t, r), *d = w->dout + r * g->hd;
@@ -450,7 +469,7 @@ df_status df_cpu_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc
   int64_t tiles = (g.S + REDUCE_ROWS - 1) / REDUCE_ROWS, nred = g.B * g.nKV * tiles;
 #pragma omp parallel num_threads(nt)
   {
-    omp_set_num_threads(1); // this task's ICV: OpenBLAS stays on this thread even in an inactive (1-thread) region
+    omp_set_num_threads(1); // this task's ICV: any OpenBLAS call stays on this thread
     bwd_scratch w = bwd_scratch_at(&g, scratch + per * (size_t)omp_get_thread_num());
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < nq; i++) io.dq[i] = 0.0f; // rows of dropped blocks stay 0

@@ -21,7 +21,12 @@ void df_cpu_register_elementwise(df_backend *be);
 void df_cpu_register_gather(df_backend *be);
 void df_cpu_register_metrics(df_backend *be);
 void df_cpu_register_adamw_fused(df_backend *be);
+void df_cpu_register_moe_router(df_backend *be);
+void df_cpu_register_moe_dispatch(df_backend *be);
+void df_cpu_register_moe_aux(df_backend *be);
+void df_cpu_register_moe_experts(df_backend *be);
 void df_cpu_register_causal_attn(df_backend *be);
+void df_cpu_register_markov(df_backend *be);
 
 static df_status cpu_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
   (void)ctx;
@@ -101,7 +106,12 @@ static void cpu_build(void) {
   df_cpu_register_gather(&cpu_table);
   df_cpu_register_metrics(&cpu_table);
   df_cpu_register_adamw_fused(&cpu_table);
+  df_cpu_register_moe_router(&cpu_table);
+  df_cpu_register_moe_dispatch(&cpu_table);
+  df_cpu_register_moe_aux(&cpu_table);
+  df_cpu_register_moe_experts(&cpu_table);
   df_cpu_register_causal_attn(&cpu_table);
+  df_cpu_register_markov(&cpu_table);
 }
 
 const df_backend *df_cpu_backend(void) {

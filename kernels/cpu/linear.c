@@ -1,57 +1,54 @@
-// CPU matmul / linear / axpy: every GEMM goes to OpenBLAS (the OpenMP build, so a call made inside an
-// OpenMP region runs single-threaded instead of oversubscribing the cores).
-#include <cblas.h>
+// CPU matmul / linear / axpy: every GEMM goes through df_cpu_sgemm (kernels/cpu/gemm.h), on the context's
+// threads.
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/cpu/gemm.h"
 
 df_status df_cpu_matmul(df_ctx *ctx, const df_tensor *a, bool trans_a, const df_tensor *b, bool trans_b, float alpha,
                         float beta, df_tensor *c, df_error *err) {
-  (void)ctx;
   (void)err;
-  int m = (int)c->shape[0], n = (int)c->shape[1];
-  int k = (int)(trans_a ? a->shape[0] : a->shape[1]);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-              a->data, (int)a->shape[1], b->data, (int)b->shape[1], beta, c->data, n);
+  int64_t m = c->shape[0], n = c->shape[1], k = trans_a ? a->shape[0] : a->shape[1];
+  df_cpu_sgemm(ctx->num_threads, trans_a, trans_b, m, n, k, alpha, a->data, a->shape[1], b->data, b->shape[1], beta,
+               c->data, n);
   return DF_OK;
 }
 
 df_status df_cpu_linear_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *b, df_tensor *y,
                                 df_error *err) {
   (void)err;
-  int m = (int)df_rows(x), k = (int)w->shape[1], n = (int)w->shape[0];
+  int64_t m = df_rows(x), k = w->shape[1], n = w->shape[0];
   float *yd = y->data;
   float beta = 0.0f;
   if (b) {
     const float *bd = b->data;
 #pragma omp parallel for num_threads(ctx->num_threads) if (m > 64)
-    for (int i = 0; i < m; i++) memcpy(yd + (size_t)i * n, bd, sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < m; i++) memcpy(yd + (size_t)i * n, bd, sizeof(float) * (size_t)n);
     beta = 1.0f;
   }
   // y[M,N] = x[M,K] · w[N,K]ᵀ
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x->data, k, w->data, k, beta, yd, n);
+  df_cpu_sgemm(ctx->num_threads, false, true, m, n, k, 1.0f, x->data, k, w->data, k, beta, yd, n);
   return DF_OK;
 }
 
 df_status df_cpu_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
                                  df_tensor *dx, bool accumulate_dx, df_tensor *dw, df_tensor *db, df_error *err) {
   (void)err;
-  int m = (int)df_rows(x), k = (int)w->shape[1], n = (int)w->shape[0];
+  int64_t m = df_rows(x), k = w->shape[1], n = w->shape[0];
+  const int nt = ctx->num_threads;
   // dx[M,K] = dy[M,N] · w[N,K]
   if (dx)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, dy->data, n, w->data, k,
-                accumulate_dx ? 1.0f : 0.0f, dx->data, k);
+    df_cpu_sgemm(nt, false, false, m, k, n, 1.0f, dy->data, n, w->data, k, accumulate_dx ? 1.0f : 0.0f, dx->data, k);
   // dw[N,K] += dy[M,N]ᵀ · x[M,K]
-  if (dw)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, dy->data, n, x->data, k, 1.0f, dw->data, k);
+  if (dw) df_cpu_sgemm(nt, true, false, n, k, m, 1.0f, dy->data, n, x->data, k, 1.0f, dw->data, k);
   if (db) {
     const float *dyd = dy->data;
     float *dbd = db->data;
     // Column sums in a fixed row order per column: deterministic for any thread count.
 #pragma omp parallel for num_threads(ctx->num_threads) if ((int64_t)m * n > 65536)
-    for (int j = 0; j < n; j++) {
+    for (int64_t j = 0; j < n; j++) {
       double s = 0.0;
-      for (int i = 0; i < m; i++) s += dyd[(size_t)i * n + j];
+      for (int64_t i = 0; i < m; i++) s += dyd[(size_t)i * n + j];
       dbd[j] += (float)s;
     }
   }

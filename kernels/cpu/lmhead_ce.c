@@ -1,96 +1,165 @@
-// CPU fused LM head + cross-entropy. Rows are taken a chunk at a time; the row tiles of a chunk are shared
-// out among the OpenMP threads (each sgemm then runs on its calling thread). Per tile:
-//   z[n, V]  = x[n, H] · head[V, H]ᵀ                        (sgemm into per-thread scratch)
-//   max, first argmax, Σ exp(z − max) per row                (loss, correct; exps kept in z)
-//   z       ← grad_scale · w · (softmax − onehot(label))     (in place, only when dhidden is wanted)
-//   dx[n, H] = z[n, V] · head[V, H]                          (sgemm, scattered into dhidden)
-// so the [R, V] logits never exist whole: memory is threads · tile · (V + 2H) floats. The full-vocab tile
-// (rather than an online softmax over V tiles) keeps the cost at exactly two GEMMs, 4·R·V·H flops.
+// CPU fused LM head + cross-entropy. Rows are taken a chunk at a time; each chunk's labelled rows are cut into
+// one run of tiles per thread (static, contiguous, sizes within one row of each other). A tile of n rows works on
+// transposed logits, so every GEMM reads the head as stored and the softmax vectorises across rows:
+//   xt[H, n]  = x[n, H]ᵀ                                      (the tile's rows)
+//   per vocab block b of VB rows:
+//     z_b[VB, n] = head_b[VB, H] · xt                         (GEMM)
+//     running max, first argmax, Σ exp(z − max) per row       (online; z_b ← exp(z_b − max so far))
+//   loss, correct; then, only when dhidden is wanted, per block again:
+//     z_b ← grad_scale · w · (softmax − onehot(label))        (rescaled from the stored exponentials)
+//     dx[n, H] += z_bᵀ · head_b                                (GEMM, K = VB)
+// so the [R, V] logits never exist whole (memory: threads · (V + 2H) · tile floats, in the context workspace)
+// and the cost stays two GEMMs, 4·R·V·H flops. Each block is hot in cache while it is reduced.
 //
-// Bitwise reproducibility: OpenBLAS's sgemm rounds a row differently depending on where it sits inside the
-// micro-kernel's row group (12 rows on Haswell). Tiles are therefore made of whole 48-row blocks of the
-// global row index, row r always in slot r mod 48 (rows outside the chunk or ignored are zero rows), so each
-// row meets the same arithmetic whatever chunk_rows and the thread count are: outputs are bitwise equal for
-// all of them (checked with OpenBLAS 0.3.21's Haswell, Zen, SkylakeX, Sandybridge and Cooperlake kernels;
-// the tests pin it). Blocks with no labelled row in the chunk are skipped.
-#include <cblas.h>
+// Bitwise reproducibility: a row's loss, correct and dhidden depend only on its own data. The GEMMs' elements do
+// not depend on their position in the call (kernels/cpu/gemm.h), the per-row reductions run in vocabulary order
+// inside one SIMD lane, and the vocab blocking is fixed by V. So outputs are bitwise equal for every chunk_rows
+// and thread count (the tests pin it), and tiles need no alignment to the GEMM's blocks.
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/check.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rowtile.h"
 #include "kernels/cpu/vexp.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+enum {
+  VB = 512,         // vocabulary rows per block (fixed: the block decides the rounding of the sums)
+  TILE_ROWS = 288,  // rows per tile at most
+  STATS_FLOATS = 8, // per-row statistics per tile row: max, zl, coef, arg (int), label, sum (double: two), pad
+};
 
 typedef struct {
-  df_rt_plan plan;
   const float *hidden, *head, *weights; // [R, H], [V, H], [R] or NULL
   const int32_t *labels;                // [R]
   float *loss, *dhidden;                // [R], [R, H] or NULL
   uint8_t *correct;                     // [R]
   int64_t R, H, V;
-  int64_t ldz;      // scratch row stride, V rounded up to DF_RT_PAD
+  int64_t chunk_rows; // rows per chunk (R: one chunk)
+  int64_t tile_rows;  // largest tile
+  int64_t *live;      // [nlive] labelled rows, ascending
+  int64_t nlive;
   float grad_scale; // multiplies dhidden
 } lmce_job;
 
-// One row of logits z [V] → loss and correct. When coef_w (= grad_scale · w) is given, z becomes
-// coef_w · (softmax − onehot(label)); otherwise z holds exp(z − max) afterwards.
-static void ce_row(float *z, int64_t V, int32_t label, const float *coef_w, float *loss, uint8_t *correct) {
-  float m = z[0];
-#pragma omp simd reduction(max : m)
-  for (int64_t v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
-  int64_t arg = 0;
-  while (arg < V - 1 && z[arg] != m) arg++; // first maximum wins, as torch.argmax
-  float zl = z[label];
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t v = 0; v < V; v++) {
-    z[v] = df_exp_nonpos(z[v] - m);
-    s += (double)z[v];
-  }
-  *loss = (float)((double)m - (double)zl + log(s));
-  *correct = arg == label;
-  if (!coef_w) return;
-  float c = (float)((double)*coef_w / s);
-#pragma omp simd
-  for (int64_t v = 0; v < V; v++) z[v] *= c;
-  z[label] -= *coef_w;
+// One thread's scratch for a tile of at most tile_rows rows.
+typedef struct {
+  float *xt, *z, *dx; // [H, rows], [V, rows], [rows, H]
+  float *mx, *zl, *coef, *mhist;
+  int32_t *arg, *lab; // [rows]: first argmax; label
+  double *sum;        // [rows]
+} ce_scratch;
+
+static int64_t nblocks_v(int64_t V) { return (V + VB - 1) / VB; }
+
+static size_t scratch_floats(const lmce_job *jb) {
+  const int64_t rows = df_rt_round_up(jb->tile_rows, DF_RT_PAD);
+  const int64_t f = 2 * df_rt_round_up(rows * jb->H, DF_RT_PAD) + df_rt_round_up(rows * jb->V, DF_RT_PAD) +
+                    rows * (STATS_FLOATS + nblocks_v(jb->V));
+  return (size_t)df_rt_round_up(f, DF_RT_PAD);
 }
 
-// One tile: nb blocks of chunk ch, both GEMMs and the per-row softmax, through scratch x, z, dx.
-static void ce_tile(const lmce_job *jb, const df_rt_chunk *ch, const int64_t *blocks, int64_t nb, float *x, float *z,
-                    float *dx) {
-  int64_t H = jb->H, V = jb->V, n = nb * DF_RT_BLOCK;
-  size_t row_bytes = sizeof(float) * (size_t)H;
+static ce_scratch scratch_at(const lmce_job *jb, float *base) {
+  const int64_t rows = df_rt_round_up(jb->tile_rows, DF_RT_PAD), hx = df_rt_round_up(rows * jb->H, DF_RT_PAD);
+  ce_scratch s = {.xt = base, .dx = base + hx, .z = base + 2 * hx};
+  float *p = s.z + df_rt_round_up(rows * jb->V, DF_RT_PAD);
+  s.sum = (double *)p, p += 2 * rows; // rows is a multiple of 16: the doubles stay aligned
+  s.mx = p, s.zl = p + rows, s.coef = p + 2 * rows;
+  s.arg = (int32_t *)(p + 3 * rows), s.lab = (int32_t *)(p + 4 * rows);
+  s.mhist = p + 6 * rows; // after the 8 stats floats per row
+  return s;
+}
+
+// xt = the tile's rows transposed; per-row label and coef = grad_scale · w.
+static void gather_rows(const lmce_job *jb, const int64_t *rows, int64_t n, const ce_scratch *s) {
+  const int64_t H = jb->H;
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = df_rt_tile_row(blocks, i);
-    if (df_rt_row_live(&jb->plan, r, ch))
-      memcpy(x + i * H, jb->hidden + r * H, row_bytes);
-    else
-      memset(x + i * H, 0, row_bytes); // zero row: its z and G rows stay 0 and are never read back
+    const int64_t r = rows[i];
+    const float *x = jb->hidden + r * H;
+    for (int64_t h = 0; h < H; h++) s->xt[h * n + i] = x[h];
+    s->lab[i] = jb->labels[r];
+    s->coef[i] = jb->grad_scale * (jb->weights ? jb->weights[r] : 1.0f);
   }
-  // z[n, V] = x[n, H] · head[V, H]ᵀ
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)V, (int)H, 1.0f, x, (int)H, jb->head, (int)H, 0.0f,
-              z, (int)jb->ldz);
+}
+
+// Block b (vocab rows v0 .. v0+vb) of the logits: running max and first argmax, the label's logit, and the
+// online sum; the block is left holding exp(z − max after this block), which mhist keeps per row.
+static void reduce_block(int64_t n, int64_t v0, int64_t vb, float *z, const ce_scratch *s, float *mhist) {
+  float *mx = s->mx;
+  int32_t *arg = s->arg;
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = df_rt_tile_row(blocks, i);
-    if (!df_rt_row_live(&jb->plan, r, ch)) continue;
-    float coef_w = jb->grad_scale * (jb->weights ? jb->weights[r] : 1.0f);
-    ce_row(z + i * jb->ldz, V, jb->labels[r], jb->dhidden ? &coef_w : NULL, &jb->loss[r], &jb->correct[r]);
+    const int32_t l = s->lab[i];
+    if (l >= v0 && l < v0 + vb) s->zl[i] = z[(l - v0) * n + i];
+  }
+  float mold[TILE_ROWS];
+  memcpy(mold, mx, sizeof(float) * (size_t)n);
+  for (int64_t v = 0; v < vb; v++) {
+    const float *zr = z + v * n;
+    const int32_t id = (int32_t)(v0 + v);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      const bool gt = zr[i] > mx[i]; // strict: the first maximum wins, as torch.argmax
+      arg[i] = gt ? id : arg[i];
+      mx[i] = gt ? zr[i] : mx[i];
+    }
+  }
+  for (int64_t i = 0; i < n; i++)
+    if (mx[i] != mold[i]) s->sum[i] *= exp((double)mold[i] - (double)mx[i]); // 0 · e^−∞ = 0 on the first block
+  double *sum = s->sum;
+  for (int64_t v = 0; v < vb; v++) {
+    float *zr = z + v * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) zr[i] = df_exp_nonpos(zr[i] - mx[i]);
+#pragma omp simd // a separate loop: GCC does not vectorise the exp and the widening add together
+    for (int64_t i = 0; i < n; i++) sum[i] += (double)zr[i];
+  }
+  memcpy(mhist, mx, sizeof(float) * (size_t)n);
+}
+
+// Block b of the logit gradient from its stored exponentials: G = coef · (softmax − onehot(label)).
+static void grad_block(int64_t n, int64_t v0, int64_t vb, float *z, const ce_scratch *s, const float *mhist) {
+  float f[TILE_ROWS];
+  for (int64_t i = 0; i < n; i++)
+    f[i] =
+        s->coef[i] == 0.0f ? 0.0f : (float)((double)s->coef[i] * exp((double)mhist[i] - (double)s->mx[i]) / s->sum[i]);
+  for (int64_t v = 0; v < vb; v++) {
+    float *zr = z + v * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) zr[i] *= f[i];
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const int32_t l = s->lab[i];
+    if (l >= v0 && l < v0 + vb) z[(l - v0) * n + i] -= s->coef[i];
+  }
+}
+
+// One tile: the n rows listed in rows.
+static void ce_tile(const lmce_job *jb, const int64_t *rows, int64_t n, const ce_scratch *s) {
+  const int64_t H = jb->H, V = jb->V, nvb = nblocks_v(V);
+  gather_rows(jb, rows, n, s);
+  for (int64_t i = 0; i < n; i++) s->mx[i] = -INFINITY, s->arg[i] = 0, s->sum[i] = 0.0, s->zl[i] = 0.0f;
+  for (int64_t b = 0; b < nvb; b++) {
+    const int64_t v0 = b * VB, vb = df_rt_min64(VB, V - v0);
+    float *z = s->z + v0 * n;
+    // z_b[vb, n] = head_b[vb, H] · xt[H, n]
+    df_cpu_sgemm(1, false, false, vb, n, H, 1.0f, jb->head + v0 * H, H, s->xt, n, 0.0f, z, n);
+    reduce_block(n, v0, vb, z, s, s->mhist + b * n);
+  }
+  for (int64_t i = 0; i < n; i++) {
+    jb->loss[rows[i]] = (float)((double)s->mx[i] - (double)s->zl[i] + log(s->sum[i]));
+    jb->correct[rows[i]] = s->arg[i] == s->lab[i];
   }
   if (!jb->dhidden) return;
-  // dx[n, H] = G[n, V] · head[V, H]
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)H, (int)V, 1.0f, z, (int)jb->ldz, jb->head,
-              (int)H, 0.0f, dx, (int)H);
-  for (int64_t i = 0; i < n; i++) {
-    int64_t r = df_rt_tile_row(blocks, i);
-    if (df_rt_row_live(&jb->plan, r, ch)) memcpy(jb->dhidden + r * H, dx + i * H, row_bytes);
+  for (int64_t b = 0; b < nvb; b++) {
+    const int64_t v0 = b * VB, vb = df_rt_min64(VB, V - v0);
+    float *z = s->z + v0 * n;
+    grad_block(n, v0, vb, z, s, s->mhist + b * n);
+    // dx[n, H] += z_bᵀ · head_b[vb, H]
+    df_cpu_sgemm(1, true, false, n, H, vb, 1.0f, z, n, jb->head + v0 * H, H, b ? 1.0f : 0.0f, s->dx, H);
   }
+  for (int64_t i = 0; i < n; i++) memcpy(jb->dhidden + rows[i] * H, s->dx + i * H, sizeof(float) * (size_t)H);
 }
 
 // Ignored rows: loss 0, correct 0, zero gradient.
@@ -104,43 +173,56 @@ static void clear_ignored(const lmce_job *jb, int nthreads) {
   }
 }
 
-// Chunk by chunk; the tiles of one chunk run in parallel and the chunk ends at the implicit barrier.
-static void run_chunks(const lmce_job *jb, float *scratch, size_t per_thread, int nthreads) {
-  const df_rt_plan *pl = &jb->plan;
-  int64_t tile_rows = pl->tile_blocks * DF_RT_BLOCK;
-#pragma omp parallel num_threads(nthreads)
+// Live rows [lo, hi) of the chunk starting at row c0 (the live list is ascending).
+static void chunk_span(const lmce_job *jb, int64_t c0, int64_t *lo, int64_t *hi) {
+  int64_t a = 0, b = jb->nlive;
+  while (a < b) { // first live row >= c0
+    const int64_t m = (a + b) / 2;
+    if (jb->live[m] < c0)
+      a = m + 1;
+    else
+      b = m;
+  }
+  *lo = a, *hi = a;
+  while (*hi < jb->nlive && jb->live[*hi] < c0 + jb->chunk_rows) (*hi)++;
+}
+
+// Chunk by chunk: team · k tiles (k the fewest that keeps a tile within tile_rows), thread j taking the j-th
+// contiguous run of k, tile t covering live rows [L·t / ntiles, L·(t+1) / ntiles) of the chunk.
+static void run_chunks(const lmce_job *jb, float *scratch, size_t per_thread, int team) {
+#pragma omp parallel num_threads(team)
   {
-#ifdef _OPENMP
-    float *x = scratch + per_thread * (size_t)omp_get_thread_num();
-#else
-    float *x = scratch;
-#endif
-    float *dx = x + df_rt_round_up(tile_rows * jb->H, DF_RT_PAD); // [tile_rows, H]
-    float *z = dx + df_rt_round_up(tile_rows * jb->H, DF_RT_PAD); // [tile_rows, ldz]
-    for (int64_t c = 0; c < pl->nchunks; c++) {
-      const df_rt_chunk *ch = &pl->chunks[c];
-      int64_t ntiles = df_rt_ntiles(pl, ch);
-#pragma omp for schedule(dynamic, 1)
+    omp_set_num_threads(1); // this task's ICV: any OpenBLAS call stays on this thread
+    const ce_scratch s = scratch_at(jb, scratch + per_thread * (size_t)omp_get_thread_num());
+    for (int64_t c0 = 0; c0 < jb->R; c0 += jb->chunk_rows) {
+      int64_t lo, hi;
+      chunk_span(jb, c0, &lo, &hi);
+      const int64_t L = hi - lo, per = (int64_t)team * jb->tile_rows, ntiles = team * ((L + per - 1) / per);
+#pragma omp for schedule(static)
       for (int64_t t = 0; t < ntiles; t++) {
-        int64_t a = t * pl->tile_blocks;
-        ce_tile(jb, ch, pl->blocks + ch->first + a, df_rt_min64(ch->count - a, pl->tile_blocks), x, z, dx);
+        const int64_t a = L * t / ntiles, e = L * (t + 1) / ntiles;
+        if (e > a) ce_tile(jb, jb->live + lo + a, e - a, &s);
       }
     }
   }
 }
 
-// Per-thread scratch x [tile, H], dx [tile, H], z [tile, ldz] for `team` threads, then the chunks.
-static df_status run_with_scratch(const lmce_job *jb, int team, df_error *err) {
-  int64_t tile_rows = jb->plan.tile_blocks * DF_RT_BLOCK;
-  size_t per_thread = (size_t)(df_rt_round_up(tile_rows * jb->H, DF_RT_PAD) * 2 + tile_rows * jb->ldz);
-  size_t bytes = per_thread * (size_t)team * sizeof(float);
-  float *scratch = aligned_alloc(64, bytes);
-  if (!scratch)
-    return DF_FAIL(err, DF_ERR_NOMEM, "lmhead_ce", "lower the thread count",
-                   "cannot allocate %zu bytes of logits scratch", bytes);
-  run_chunks(jb, scratch, per_thread, team);
-  free(scratch);
-  return DF_OK;
+// Lists the labelled rows; sizes the tiles (the largest chunk's rows spread over the threads, at most TILE_ROWS
+// and the scratch cap) and returns the team: no more threads than that chunk has rows.
+static int plan(lmce_job *jb, int nthreads) {
+  jb->nlive = 0;
+  int64_t most = 0, in_chunk = 0;
+  for (int64_t r = 0; r < jb->R; r++) {
+    if (r % jb->chunk_rows == 0) in_chunk = 0;
+    if (jb->labels[r] < 0) continue;
+    jb->live[jb->nlive++] = r;
+    if (++in_chunk > most) most = in_chunk;
+  }
+  const int team = (int)df_rt_min64(nthreads, most);
+  if (team == 0) return 0;
+  const int64_t cap = (int64_t)(DF_RT_SCRATCH_BYTES / sizeof(float)) / jb->V;
+  jb->tile_rows = df_rt_min64(df_rt_min64((most + team - 1) / team, TILE_ROWS), cap > 16 ? cap : 16);
+  return team;
 }
 
 df_status df_cpu_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden, const df_tensor *head,
@@ -159,14 +241,18 @@ df_status df_cpu_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_
                  .grad_scale = desc->grad_scale};
   DF_TRY(df_rt_check_labels(jb.labels, jb.R, jb.V, "ignore", err));
   if (jb.R == 0) return DF_OK;
-  int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
-  DF_TRY(df_rt_plan_init(&jb.plan, jb.labels, jb.R, desc->chunk_rows, jb.V, 1, nthreads, "lmhead_ce", err));
-  jb.ldz = df_rt_round_up(jb.V, DF_RT_PAD);
-  int team = df_rt_team_size(&jb.plan, nthreads);
-  df_status st = team > 0 ? run_with_scratch(&jb, team, err) : DF_OK;
-  if (st == DF_OK) clear_ignored(&jb, nthreads);
-  df_rt_plan_free(&jb.plan);
-  return st;
+  jb.chunk_rows = desc->chunk_rows > 0 && desc->chunk_rows < jb.R ? desc->chunk_rows : jb.R;
+  const int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+  DF_TRY(df_ctx_workspace(ctx, 1, sizeof(int64_t) * (size_t)jb.R, (void **)&jb.live, err));
+  const int team = plan(&jb, nthreads);
+  if (team > 0) {
+    const size_t per_thread = scratch_floats(&jb);
+    float *scratch;
+    DF_TRY(df_ctx_workspace(ctx, 0, per_thread * (size_t)team * sizeof(float), (void **)&scratch, err));
+    run_chunks(&jb, scratch, per_thread, team);
+  }
+  clear_ignored(&jb, nthreads);
+  return DF_OK;
 }
 
 // This file's slots of the CPU backend table (kernels/cpu/backend.c).

@@ -1,7 +1,8 @@
-// Row tiling shared by the fused LM-head kernels (lmhead_ce.c, lmhead_dspark.c). Rows are grouped into whole
-// 48-row blocks of the global row index, row r always in slot r mod 48, because OpenBLAS's sgemm rounds a row
-// differently depending on its place in the micro-kernel's row group: that keeps every per-row output bitwise
-// independent of chunk_rows and the thread count.
+// Row tiling of the fused DSpark LM-head kernel (lmhead_dspark.c; lmhead_ce.c uses only the label check and the
+// constants). Rows are grouped into whole 48-row blocks of the global row index, row r always in slot r mod 48,
+// because OpenBLAS's sgemm rounds a row differently depending on its place in the micro-kernel's row group: that
+// keeps every per-row output bitwise independent of chunk_rows and the thread count. (kernels/cpu/gemm.h has no
+// such dependence.)
 #ifndef DF_KERNELS_CPU_ROWTILE_H
 #define DF_KERNELS_CPU_ROWTILE_H
 

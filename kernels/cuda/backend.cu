@@ -65,12 +65,14 @@ static df_status cuda_init(df_ctx *ctx, const df_ctx_options *opt, df_error *err
 }
 
 // fp32 storage for every op; bf16 storage for the ops whose kernels read and write it (the losses over raw logit
-// pairs, the block metrics and the unfused optimizer ops stay fp32: their callers never hold bf16 there).
+// pairs, the block metrics, the unfused optimizer ops and the target's KV-cache attention stay fp32: their
+// callers never hold bf16 there).
 static bool cuda_supports(const df_ctx *ctx, df_op op, df_dtype storage) {
   (void)ctx;
   if (storage == DF_F32) return true;
   if (storage != DF_BF16) return false;
   switch (op) {
+  case DF_OP_CAUSAL_ATTN_FORWARD:
   case DF_OP_SOFTMAX_L1_FORWARD:
   case DF_OP_SOFTMAX_L1_BACKWARD:
   case DF_OP_BCE_LOGITS_FORWARD:
@@ -183,6 +185,9 @@ static void cuda_build(void) {
   df_cuda_register_metrics(&cuda_table);
   df_cuda_register_optim(&cuda_table);
   df_cuda_register_adamw_fused(&cuda_table);
+  df_cuda_register_moe(&cuda_table);
+  df_cuda_register_moe_grouped(&cuda_table);
+  df_cuda_register_markov(&cuda_table);
   df_cuda_register_causal_attn(&cuda_table);
 }
 

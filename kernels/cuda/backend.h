@@ -68,6 +68,9 @@ void df_cuda_register_lmhead_dspark(df_backend *be);
 void df_cuda_register_metrics(df_backend *be);
 void df_cuda_register_optim(df_backend *be);
 void df_cuda_register_adamw_fused(df_backend *be);
+void df_cuda_register_moe(df_backend *be);
+void df_cuda_register_moe_grouped(df_backend *be);
+void df_cuda_register_markov(df_backend *be);
 void df_cuda_register_causal_attn(df_backend *be);
 
 #ifdef __cplusplus

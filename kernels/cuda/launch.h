@@ -165,6 +165,30 @@ size_t df_cu_embedding_bwd_workspace(int64_t T, int64_t V);
 df_status df_cu_embedding_bwd(df_cu_stream s, const void *dout, df_dtype dout_dt, const int32_t *ids, void *dtable,
                               df_dtype dt_dt, int64_t T, int64_t V, int64_t H, void *workspace, df_error *err);
 
+// ---- gather.cu: the strided 2-D copy ------------------------------------------------------------------------------
+
+// dst[dst_offset + i·dst_stride + j] = (+= when accumulate) src[src_offset + i·src_stride + j], i < rows, j < cols;
+// src and dst do not overlap; offsets and strides in elements of dt.
+df_status df_cu_copy_2d(df_cu_stream s, df_dtype dt, const void *src, int64_t src_offset, int64_t src_stride, void *dst,
+                        int64_t dst_offset, int64_t dst_stride, int64_t rows, int64_t cols, bool accumulate,
+                        df_error *err);
+
+// ---- markov.cu: DSpark's Markov heads (gate, rnn cell), elementwise -------------------------------------------
+
+// gate = σ(pre), u = gate ⊙ e over n elements (gate may be pre).
+df_status df_cu_markov_gate_fwd(df_cu_stream s, df_dtype dt, const void *pre, const void *e, void *gate, void *u,
+                                int64_t n, df_error *err);
+// de += du ⊙ gate; dpre = du ⊙ e ⊙ gate (1 − gate).
+df_status df_cu_markov_gate_bwd(df_cu_stream s, df_dtype dt, const void *gate, const void *e, const void *du, void *de,
+                                void *dpre, int64_t n, df_error *err);
+// Slot `slot` of the rnn cell: y [nb, 3r] = (a, c, o), s_prev [nb, r] or NULL (zero state), s [nb, r],
+// u [nb·bs, r] (only rows b·bs + slot written).
+df_status df_cu_markov_rnn_fwd(df_cu_stream s, df_dtype dt, const void *y, const void *s_prev, void *st, void *u,
+                               int64_t nb, int64_t r, int64_t bs, int64_t slot, df_error *err);
+// Its backward: ds [nb, r] in (dL/ds_k) and out (dL/ds_{k−1}), du [nb·bs, r] or NULL, dy [nb, 3r] written.
+df_status df_cu_markov_rnn_bwd(df_cu_stream s, df_dtype dt, const void *y, const void *s_prev, const void *du, void *ds,
+                               void *dy, int64_t nb, int64_t r, int64_t bs, int64_t slot, df_error *err);
+
 // ---- attention.cu (bf16 tensor cores) and attention_f32.cu (fp32 CUDA cores) ------------------------------------
 
 typedef enum {
@@ -408,6 +432,17 @@ df_status df_cu_rows_gate_bwd(df_cu_stream s, const float *z, void *da, df_dtype
 
 // Rows scaled by a per-row factor: a[t, :] *= z[t].
 df_status df_cu_rows_scale(df_cu_stream s, const float *z, void *a, df_dtype dt, int64_t T, int64_t S, df_error *err);
+
+// ---- moe_grouped.cu: grouped expert GEMMs with device offsets ------------------------------------------------
+
+// Rows sorted by expert, segment e = [offsets[e], offsets[e + 1]) of Tk rows (offsets: device i32 [E + 1]); w is
+// [E, out, in]. Forward y [Tk, out] = x_e·w_eᵀ per segment (written). Backward: dw_e += dy_eᵀ·x_e (dw NULL: none),
+// then dx [Tk, in] (= or +=) dy_e·w_e (dx NULL: none; dx may alias x). x, w, y, dy, dx, dw all of dtype dt.
+df_status df_cu_moe_grouped_fwd(df_cu_stream s, df_dtype dt, const void *x, const void *w, const int32_t *offsets,
+                                void *y, int64_t Tk, int64_t E, int64_t in, int64_t out, df_error *err);
+df_status df_cu_moe_grouped_bwd(df_cu_stream s, df_dtype dt, const void *dy, const void *x, const void *w,
+                                const int32_t *offsets, void *dx, bool accumulate_dx, void *dw, int64_t Tk, int64_t E,
+                                int64_t in, int64_t out, df_error *err);
 
 // ---- moe_experts.cu: the routed experts and the shared expert, composed ------------------------------------------
 

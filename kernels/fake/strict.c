@@ -2,8 +2,8 @@
 // cannot dereference (host address + 2^62: non-canonical on x86-64, so any load or store faults). Only the table
 // turns them back: its copies and its ops (the CPU kernels, called on an inner CPU context) remove the tag. A
 // training step that runs on it touches device memory only through the backend — a host loop over device data
-// crashes instead of passing silently. Code that still loops on the host (the DSpark heads, the MoE routing)
-// cannot run on it until those loops become ops.
+// crashes instead of passing silently. Code that still loops on the host (the MoE routing) cannot run on it
+// until those loops become ops.
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +152,37 @@ static df_status s_embedding_backward(df_ctx *ctx, const df_tensor *dout, const 
 static df_status s_gather_rows(df_ctx *ctx, const df_tensor *src, const df_tensor *idx, df_tensor *out, df_error *err) {
   df_tensor S = u(src), I = u(idx), O = u(out);
   return cpu()->gather_rows(in(ctx), &S, &I, &O, err);
+}
+
+static df_status s_copy_2d(df_ctx *ctx, const df_copy_2d_desc *desc, const df_tensor *src, df_tensor *dst,
+                           df_error *err) {
+  df_tensor S = u(src), D = u(dst);
+  return cpu()->copy_2d(in(ctx), desc, &S, &D, err);
+}
+
+static df_status s_markov_gate_forward(df_ctx *ctx, const df_tensor *pre, const df_tensor *e, df_tensor *gate,
+                                       df_tensor *uu, df_error *err) {
+  df_tensor P = u(pre), E = u(e), G = u(gate), U = u(uu);
+  return cpu()->markov_gate_forward(in(ctx), &P, &E, &G, &U, err);
+}
+
+static df_status s_markov_gate_backward(df_ctx *ctx, const df_tensor *gate, const df_tensor *e, const df_tensor *du,
+                                        df_tensor *de, df_tensor *dpre, df_error *err) {
+  df_tensor G = u(gate), E = u(e), DU = u(du), DE = u(de), DP = u(dpre);
+  return cpu()->markov_gate_backward(in(ctx), &G, &E, &DU, &DE, &DP, err);
+}
+
+static df_status s_markov_rnn_forward(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                      const df_tensor *s_prev, df_tensor *s, df_tensor *uu, df_error *err) {
+  df_tensor Y = u(y), SP, S = u(s), U = u(uu);
+  return cpu()->markov_rnn_forward(in(ctx), desc, &Y, opt(s_prev, &SP), &S, &U, err);
+}
+
+static df_status s_markov_rnn_backward(df_ctx *ctx, const df_markov_rnn_desc *desc, const df_tensor *y,
+                                       const df_tensor *s_prev, const df_tensor *du, df_tensor *ds, df_tensor *dy,
+                                       df_error *err) {
+  df_tensor Y = u(y), SP, DU, DS = u(ds), DY = u(dy);
+  return cpu()->markov_rnn_backward(in(ctx), desc, &Y, opt(s_prev, &SP), opt(du, &DU), &DS, &DY, err);
 }
 
 static df_status s_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc, const df_tensor *q,
@@ -307,6 +338,106 @@ static df_status s_adamw_fused(df_ctx *ctx, const df_adamw_fused_desc *desc, df_
   return cpu()->adamw_fused(in(ctx), desc, &P, &G, &M, &V, &K, opt(norm_stats, &N), opt(params, &Q), err);
 }
 
+// ---- MoE ops --------------------------------------------------------------------------------------------------
+
+static df_status s_moe_scores_forward(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits, df_tensor *scores,
+                                      df_error *err) {
+  df_tensor L = u(logits), S = u(scores);
+  return cpu()->moe_scores_forward(in(ctx), f, &L, &S, err);
+}
+
+static df_status s_moe_scores_backward(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits,
+                                       const df_tensor *scores, const df_tensor *dscores, df_tensor *dlogits,
+                                       df_error *err) {
+  df_tensor L = u(logits), S = u(scores), DS = u(dscores), DL = u(dlogits);
+  return cpu()->moe_scores_backward(in(ctx), f, &L, &S, &DS, &DL, err);
+}
+
+static df_status s_moe_select(df_ctx *ctx, const df_moe_route_desc *d, const df_tensor *scores,
+                              const df_tensor *sel_shift, df_tensor *indices, df_tensor *weights, df_tensor *counts,
+                              df_error *err) {
+  df_tensor S = u(scores), SH, I = u(indices), W = u(weights), C = u(counts);
+  return cpu()->moe_select(in(ctx), d, &S, opt(sel_shift, &SH), &I, &W, &C, err);
+}
+
+static df_status s_moe_select_backward(df_ctx *ctx, const df_moe_route_desc *d, const df_tensor *scores,
+                                       const df_tensor *indices, const df_tensor *weights, const df_tensor *dweights,
+                                       const df_tensor *aux_row, df_tensor *dscores, df_error *err) {
+  df_tensor S = u(scores), I = u(indices), W = u(weights), DW, A, DS = u(dscores);
+  return cpu()->moe_select_backward(in(ctx), d, &S, &I, &W, opt(dweights, &DW), opt(aux_row, &A), &DS, err);
+}
+
+static df_status s_moe_center_forward(df_ctx *ctx, int64_t rps, const df_tensor *x, const df_tensor *mu, df_tensor *u_,
+                                      df_tensor *batch_mean, df_error *err) {
+  df_tensor X = u(x), M, U = u(u_), B;
+  return cpu()->moe_center_forward(in(ctx), rps, &X, opt(mu, &M), &U, opt(batch_mean, &B), err);
+}
+
+static df_status s_moe_center_backward(df_ctx *ctx, int64_t rps, const df_tensor *du, df_tensor *dx, bool acc,
+                                       df_error *err) {
+  df_tensor DU = u(du), DX = u(dx);
+  return cpu()->moe_center_backward(in(ctx), rps, &DU, &DX, acc, err);
+}
+
+static df_status s_moe_plan(df_ctx *ctx, int64_t k, const df_tensor *indices, const df_tensor *counts,
+                            df_tensor *offsets, df_tensor *slot, df_tensor *token, df_error *err) {
+  df_tensor I = u(indices), C = u(counts), O = u(offsets), S = u(slot), T = u(token);
+  return cpu()->moe_plan(in(ctx), k, &I, &C, &O, &S, &T, err);
+}
+
+static df_status s_moe_scale_rows(df_ctx *ctx, df_tensor *h, const df_tensor *w, const df_tensor *idx, df_error *err) {
+  df_tensor H = u(h), W = u(w), I;
+  return cpu()->moe_scale_rows(in(ctx), &H, &W, opt(idx, &I), err);
+}
+
+static df_status s_moe_gate_backward(df_ctx *ctx, bool sig, df_tensor *dh, const df_tensor *act, const df_tensor *w,
+                                     const df_tensor *idx, df_tensor *out, df_error *err) {
+  df_tensor DH = u(dh), A = u(act), W = u(w), I, O = u(out);
+  return cpu()->moe_gate_backward(in(ctx), sig, &DH, &A, &W, opt(idx, &I), &O, err);
+}
+
+static df_status s_moe_sigmoid_scale(df_ctx *ctx, df_tensor *z, df_tensor *a, df_error *err) {
+  df_tensor Z = u(z), A = u(a);
+  return cpu()->moe_sigmoid_scale(in(ctx), &Z, &A, err);
+}
+
+static df_status s_moe_route_stats(df_ctx *ctx, const df_moe_stats_desc *d, const df_tensor *scores,
+                                   const df_tensor *counts, const df_tensor *bias, df_tensor *stats, bool acc,
+                                   df_tensor *count_stash, df_error *err) {
+  df_tensor S = u(scores), C = u(counts), B, ST = u(stats), CS;
+  return cpu()->moe_route_stats(in(ctx), d, &S, &C, opt(bias, &B), &ST, acc, opt(count_stash, &CS), err);
+}
+
+static df_status s_moe_aux_backward(df_ctx *ctx, const df_moe_stats_desc *d, int64_t T, const df_tensor *counts,
+                                    double upstream, df_tensor *row, df_error *err) {
+  df_tensor C = u(counts), R = u(row);
+  return cpu()->moe_aux_backward(in(ctx), d, T, &C, upstream, &R, err);
+}
+
+static df_status s_moe_center_ema(df_ctx *ctx, double rho, const df_tensor *stash, df_tensor *mu, df_tensor *steps,
+                                  df_error *err) {
+  df_tensor S = u(stash), M = u(mu), N = u(steps);
+  return cpu()->moe_center_ema(in(ctx), rho, &S, &M, &N, err);
+}
+
+static df_status s_moe_noaux_update(df_ctx *ctx, float rate, const df_tensor *load, df_tensor *bias, df_error *err) {
+  df_tensor L = u(load), B = u(bias);
+  return cpu()->moe_noaux_update(in(ctx), rate, &L, &B, err);
+}
+
+static df_status s_moe_grouped_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *offsets,
+                                       df_tensor *y, df_error *err) {
+  df_tensor X = u(x), W = u(w), O = u(offsets), Y = u(y);
+  return cpu()->moe_grouped_forward(in(ctx), &X, &W, &O, &Y, err);
+}
+
+static df_status s_moe_grouped_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
+                                        const df_tensor *offsets, df_tensor *dx, bool acc, df_tensor *dw,
+                                        df_error *err) {
+  df_tensor DY = u(dy), X = u(x), W = u(w), O = u(offsets), DX, DW;
+  return cpu()->moe_grouped_backward(in(ctx), &DY, &X, &W, &O, opt(dx, &DX), acc, opt(dw, &DW), err);
+}
+
 // ---- the table -------------------------------------------------------------------------------------------------
 
 static df_backend strict_table;
@@ -330,17 +461,27 @@ static void strict_build(void) {
   t->rope_forward = s_rope_forward, t->rope_backward = s_rope_backward;
   t->swiglu_forward = s_swiglu_forward, t->swiglu_backward = s_swiglu_backward;
   t->embedding_forward = s_embedding_forward, t->embedding_backward = s_embedding_backward;
-  t->gather_rows = s_gather_rows;
+  t->gather_rows = s_gather_rows, t->copy_2d = s_copy_2d;
   t->block_attn_forward = s_block_attn_forward, t->block_attn_backward = s_block_attn_backward;
   t->causal_attn_forward = s_causal_attn_forward;
   t->lmhead_ce = s_lmhead_ce;
   t->softmax_l1_forward = s_softmax_l1_forward, t->softmax_l1_backward = s_softmax_l1_backward;
   t->bce_logits_forward = s_bce_logits_forward, t->bce_logits_backward = s_bce_logits_backward;
   t->lmhead_dspark = s_lmhead_dspark;
+  t->markov_gate_forward = s_markov_gate_forward, t->markov_gate_backward = s_markov_gate_backward;
+  t->markov_rnn_forward = s_markov_rnn_forward, t->markov_rnn_backward = s_markov_rnn_backward;
   t->dpace_weights = s_dpace_weights, t->block_metrics = s_block_metrics;
   t->dspark_block_metrics = s_dspark_block_metrics;
   t->adamw_step = s_adamw_step, t->global_norm = s_global_norm, t->clip_by_norm = s_clip_by_norm;
   t->grad_norm_clip = s_grad_norm_clip, t->adamw_fused = s_adamw_fused;
+  t->moe_scores_forward = s_moe_scores_forward, t->moe_scores_backward = s_moe_scores_backward;
+  t->moe_select = s_moe_select, t->moe_select_backward = s_moe_select_backward;
+  t->moe_center_forward = s_moe_center_forward, t->moe_center_backward = s_moe_center_backward;
+  t->moe_plan = s_moe_plan, t->moe_scale_rows = s_moe_scale_rows, t->moe_gate_backward = s_moe_gate_backward;
+  t->moe_sigmoid_scale = s_moe_sigmoid_scale, t->moe_route_stats = s_moe_route_stats;
+  t->moe_aux_backward = s_moe_aux_backward, t->moe_center_ema = s_moe_center_ema;
+  t->moe_noaux_update = s_moe_noaux_update;
+  t->moe_grouped_forward = s_moe_grouped_forward, t->moe_grouped_backward = s_moe_grouped_backward;
 }
 
 const df_backend *df_fake_strict_backend(void) {

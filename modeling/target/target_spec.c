@@ -2,7 +2,7 @@
 // needs (family, biases, RoPE scaling) and a refusal, naming the key, for anything it does not implement.
 #include <string.h>
 
-#include "modeling/config_json.h"
+#include "base/config_json.h"
 #include "modeling/draft_config_internal.h"
 #include "modeling/target/target_model.h"
 #include "modeling/target_config.h"

@@ -39,12 +39,14 @@ Test(inspect, safetensors_and_sharded_dir) {
 Test(inspect, hidden_state_shard) {
   cr_expect_eq(run_draftforge("inspect tests/fixtures/hidden_states/h5py_bf16.h5", out, sizeof out), 0, "%s", out);
   cr_expect_not_null(strstr(out, "samples: 3"), "%s", out);
+  cr_expect_not_null(strstr(out, "layer_id_convention: hidden_states[L+1] (id L"), "%s", out);
 }
 
 Test(inspect, unknown_kind_and_missing_file_fail_with_a_hint) {
   cr_expect_eq(run_draftforge("inspect README.md", out, sizeof out), 1, "%s", out);
   cr_expect_not_null(strstr(out, "HINT"), "%s", out);
-  cr_expect_eq(run_draftforge("inspect no/such/file.safetensors", out, sizeof out), 1, "%s", out);
+  cr_expect_eq(run_draftforge("inspect no/such/file.safetensors", out, sizeof out), 2,
+               "a missing file is a bad argument: %s", out);
   cr_expect_not_null(strstr(out, "no/such/file.safetensors"), "the error names the path: %s", out);
 }
 

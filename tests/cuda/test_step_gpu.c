@@ -2,8 +2,8 @@
 //   - `draftforge step --device cuda` on every DFlash, DSpark and MoE parity fixture: the trainer's storage is fp32
 //     on the GPU too, so the CPU parity test's tolerances apply: loss rel ≤ 1e-5 against the fixture's PyTorch
 //     fp32 loss, every gradient tensor max|Δ| ≤ 1e-4·max|ref| + 1e-6 (a bf16-storage run would get 1e-2);
-//   - 50 training steps of the demo recipes on GPU and CPU: mean relative loss gap ≤ 2e-2 over the curve, and the
-//     last 10 steps' mean loss within 3e-2;
+//   - 50 training steps of the synthetic-data demo recipes on GPU and CPU: mean relative loss gap ≤ 2e-2 over the
+//     curve, and the last 10 steps' mean loss within 3e-2 (recipes/demo-dflash.yaml needs captured data);
 //   - resume on the GPU: 25 steps, resume to 50, against 50 straight: every logged loss bit for bit.
 // These need the CUDA backend wired into the op table (training.device: cuda / --device cuda); on a machine without
 // a GPU they skip. On a GPU machine where the device option is still missing they fail and say so.
@@ -189,7 +189,7 @@ static void curves_agree(const char *recipe) {
 
 Test(cuda_step, demo_loss_curves_gpu_vs_cpu, .timeout = 600) {
   CU_REQUIRE_GPU();
-  curves_agree("recipes/demo-dflash.yaml");
+  curves_agree("recipes/demo-dflash-synthetic.yaml");
   curves_agree("recipes/demo-dspark.yaml");
   curves_agree("recipes/demo-dflash-moe.yaml");
 }
@@ -199,10 +199,11 @@ Test(cuda_step, resume_on_gpu_is_bit_exact, .timeout = 600) {
   char root[128], straight[300], split[300], extra[400];
   make_tmp(root, sizeof root, "resume");
   snprintf(straight, sizeof straight, "%s/straight", root), snprintf(split, sizeof split, "%s/split", root);
-  train_run("recipes/demo-dflash.yaml", straight, "cuda", "--set training.save_interval=25");
-  train_run("recipes/demo-dflash.yaml", split, "cuda", "--set training.save_interval=25 --set training.max_steps=25");
+  train_run("recipes/demo-dflash-synthetic.yaml", straight, "cuda", "--set training.save_interval=25");
+  train_run("recipes/demo-dflash-synthetic.yaml", split, "cuda",
+            "--set training.save_interval=25 --set training.max_steps=25");
   snprintf(extra, sizeof extra, "--set training.save_interval=25 --resume '%s'", split);
-  train_run("recipes/demo-dflash.yaml", split, "cuda", extra); // the later max_steps=50 wins
+  train_run("recipes/demo-dflash-synthetic.yaml", split, "cuda", extra); // the later max_steps=50 wins
   double a[50], b[50];
   cr_assert_eq(read_losses(straight, a, 50), 50);
   cr_assert_eq(read_losses(split, b, 50), 50);

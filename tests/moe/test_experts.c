@@ -118,7 +118,8 @@ Test(experts, forward_matches_reference_with_clamp) { check_forward(0.4f); }
 Test(experts, dispatch_is_a_stable_sort_by_expert) {
   experts_case c;
   case_init(&c, 0.0f, 1, 200);
-  df_moe_slots_plan(&c.s, T, c.idx, c.counts, &c.d);
+  df_error err = {0};
+  DF_ASSERT_OK(df_moe_slots_plan(c.ctx, &c.s, T, c.idx, c.counts, &c.d, &err), &err);
   cr_expect_eq(c.offsets[0], 0);
   for (int e = 0; e < E; e++) {
     cr_expect_eq(c.offsets[e + 1] - c.offsets[e], c.counts[e], "segment %d", e);

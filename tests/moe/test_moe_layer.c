@@ -412,6 +412,39 @@ Test(moe_layer, ema_centering_update) {
   h_free(&h);
 }
 
+// Two ranks with this rank's data (the sum doubles every value; the layer divides by the world size on the device):
+// the centering mean is exactly the one-rank mean.
+static int n_reduced;
+static df_status twice(void *user, float *buf, int64_t n, df_error *err) {
+  (void)user, (void)err;
+  for (int64_t i = 0; i < n; i++) buf[i] *= 2.0f;
+  n_reduced++;
+  return DF_OK;
+}
+
+Test(moe_layer, deferred_updates_reduce_over_ranks) {
+  const df_moe_config m = tiny_qwen();
+  const int64_t H = 8, T = 8, n = 4;
+  harness a, b;
+  h_init(&a, &m, H, T, 1), h_init(&b, &m, H, T, 1);
+  h_fill(&a, 41), h_fill(&b, 41);
+  df_moe_layer_set_rows_per_sample(a.L, n), df_moe_layer_set_rows_per_sample(b.L, n);
+  const df_moe_collective two = {.sum = twice, .world_size = 2};
+  df_moe_layer_set_collective(b.L, &two);
+  float *x = rand_rows(T, H, 42, 3.0f), *y = calloc((size_t)(T * H), 4);
+  df_error err = {0};
+  DF_ASSERT_OK(h_forward(&a, x, y, &err), &err);
+  DF_ASSERT_OK(h_forward(&b, x, y, &err), &err);
+  n_reduced = 0;
+  DF_ASSERT_OK(df_moe_layer_apply_pending(a.L, &err), &err);
+  DF_ASSERT_OK(df_moe_layer_apply_pending(b.L, &err), &err);
+  cr_expect_eq(n_reduced, 1, "the centering stash is reduced once");
+  const float *ma = h_w(&a, DF_MOE_T_INPUT_MEAN), *mb = h_w(&b, DF_MOE_T_INPUT_MEAN);
+  cr_expect(!memcmp(ma, mb, sizeof(float) * (size_t)H), "the mean over two equal ranks is the one-rank mean");
+  free(x), free(y);
+  h_free(&a), h_free(&b);
+}
+
 // Eval: no aux loss even with a coefficient; the metrics keep the last training forward's values.
 Test(moe_layer, eval_has_no_aux_loss_and_keeps_metrics) {
   const df_moe_config m = tiny_qwen();

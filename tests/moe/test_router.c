@@ -15,6 +15,29 @@
 #include "moe/router.h"
 #include "tests/common/fixture.h"
 
+// The ops on host arrays (CPU context).
+static void scores_fwd(df_ctx *ctx, df_moe_score_func f, int64_t T, int64_t E, const float *l, float *s) {
+  df_tensor lt = df_f32(l, T, E), st = df_f32(s, T, E);
+  df_error err = {0};
+  DF_ASSERT_OK(df_moe_scores_forward(ctx, f, &lt, &st, &err), &err);
+}
+
+static void scores_bwd(df_ctx *ctx, df_moe_score_func f, int64_t T, int64_t E, const float *l, const float *s,
+                       const float *ds, float *dl) {
+  df_tensor lt = df_f32(l, T, E), st = df_f32(s, T, E), dst = df_f32(ds, T, E), dlt = df_f32(dl, T, E);
+  df_error err = {0};
+  DF_ASSERT_OK(df_moe_scores_backward(ctx, f, &lt, &st, &dst, &dlt, &err), &err);
+}
+
+// df_moe_route_stats of one routing: stats[DF_MOE_STATS(E)].
+static void route_stats(df_ctx *ctx, double coeff, int64_t T, int64_t E, int64_t k, const float *scores,
+                        const int32_t *counts, double *stats) {
+  df_moe_stats_desc d = {.aux = DF_MOE_AUX_SWITCH, .coeff = coeff, .k = k, .den = 1.0};
+  df_tensor sc = df_f32(scores, T, E), cn = df_i32(counts, E), st = df_f64_on(DF_DEV_CPU, stats, DF_MOE_STATS(E));
+  df_error err = {0};
+  DF_ASSERT_OK(df_moe_route_stats(ctx, &d, &sc, &cn, NULL, &st, false, NULL, &err), &err);
+}
+
 static df_moe_router_spec spec(int64_t E, int64_t k) {
   return (df_moe_router_spec){.H = 8,
                               .E = E,
@@ -29,7 +52,6 @@ static df_moe_router_spec spec(int64_t E, int64_t k) {
 // Routing buffers for T rows.
 typedef struct {
   df_moe_routing r;
-  float *sel;
 } routing_buf;
 
 static routing_buf rb_new(const df_moe_router_spec *s, int64_t T) {
@@ -38,21 +60,21 @@ static routing_buf rb_new(const df_moe_router_spec *s, int64_t T) {
                          .scores = calloc((size_t)(T * s->E), 4),
                          .indices = calloc((size_t)(T * s->k), 4),
                          .weights = calloc((size_t)(T * s->k), 4),
-                         .counts = calloc((size_t)s->E, 4)},
-                   .sel = calloc((size_t)df_moe_router_sel_elems(s, T), 4)};
+                         .counts = calloc((size_t)s->E, 4)}};
   return b;
 }
 
 static void rb_free(routing_buf *b) {
-  free(b->r.logits), free(b->r.scores), free(b->r.indices), free(b->r.weights), free(b->r.counts), free(b->sel);
+  free(b->r.logits), free(b->r.scores), free(b->r.indices), free(b->r.weights), free(b->r.counts);
 }
 
 // Scores from random logits, then the selection.
 static void route_random(df_ctx *ctx, const df_moe_router_spec *s, routing_buf *b, uint64_t seed, float spread,
                          const float *shift) {
   df_test_fill_uniform(b->r.logits, b->r.T * s->E, seed, -spread, spread);
-  df_moe_scores_forward(ctx, s->score_func, b->r.T, s->E, b->r.logits, b->r.scores);
-  df_moe_router_select(ctx, s, shift, b->sel, &b->r);
+  scores_fwd(ctx, s->score_func, b->r.T, s->E, b->r.logits, b->r.scores);
+  df_error err = {0};
+  DF_ASSERT_OK(df_moe_router_select(ctx, s, shift, &b->r, &err), &err);
 }
 
 static void check_routing_properties(const df_moe_router_spec *s, const routing_buf *b) {
@@ -99,9 +121,11 @@ Test(router, softmax_scores_sum_to_one_and_routing_properties) {
   s.routed_scaling_factor = 2.5f;
   route_random(ctx, &s, &b, 3, 4.0f, NULL);
   check_routing_properties(&s, &b);
-  const df_moe_load_stats st = df_moe_load_stats_of(b.r.counts, 16, 200, 4);
-  cr_expect_leq(st.load_max_ratio, 16.0 / 4.0, "load_max_ratio <= E/k");
-  cr_expect_leq(st.load_min_ratio, 1.0);
+  double st[DF_MOE_STATS(16)];
+  route_stats(ctx, 0.0, 200, 16, 4, b.r.scores, b.r.counts, st);
+  cr_expect_leq(st[DF_MOE_STAT_LOAD_MAX], 16.0 / 4.0, "load_max_ratio <= E/k");
+  cr_expect_leq(st[DF_MOE_STAT_LOAD_MIN], 1.0);
+  cr_expect_eq(st[DF_MOE_STAT_AUX], 0.0, "no aux loss with coeff 0");
   rb_free(&b);
   df_ctx_destroy(ctx);
 }
@@ -113,7 +137,8 @@ Test(router, ties_go_to_lower_ids) {
   routing_buf b = rb_new(&s, 2);
   for (int i = 0; i < 16; i++) b.r.scores[i] = 0.125f;
   b.r.scores[8 + 6] = 0.5f; // row 1: expert 6 first, then 0 and 1
-  df_moe_router_select(ctx, &s, NULL, b.sel, &b.r);
+  df_error err = {0};
+  DF_ASSERT_OK(df_moe_router_select(ctx, &s, NULL, &b.r, &err), &err);
   const int32_t want[6] = {0, 1, 2, 6, 0, 1};
   for (int i = 0; i < 6; i++) cr_expect_eq(b.r.indices[i], want[i], "indices[%d] = %d", i, b.r.indices[i]);
   rb_free(&b);
@@ -201,7 +226,7 @@ Test(router, score_values_and_stability) {
   const float l[E] = {-120.0f, -30.0f, -3.0f, -0.5f, 0.0f, 0.7f, 4.0f, 40.0f, 95.0f};
   float s[E];
   for (int f = 0; f < 3; f++) {
-    df_moe_scores_forward(ctx, (df_moe_score_func)f, 1, E, l, s);
+    scores_fwd(ctx, (df_moe_score_func)f, 1, E, l, s);
     for (int e = 0; e < E; e++) {
       const double want = score_d((df_moe_score_func)f, l, E, e);
       cr_expect(isfinite(s[e]), "score %d of func %d is finite", e, f);
@@ -210,7 +235,7 @@ Test(router, score_values_and_stability) {
     }
   }
   // sqrtsoftplus: large positive logits give sqrt(ℓ); a very negative one underflows to 0, not NaN.
-  df_moe_scores_forward(ctx, DF_MOE_SCORE_SQRTSOFTPLUS, 1, E, l, s);
+  scores_fwd(ctx, DF_MOE_SCORE_SQRTSOFTPLUS, 1, E, l, s);
   cr_expect_float_eq(s[8], sqrtf(95.0f), 1e-6f);
   cr_expect_geq(s[0], 0.0f);
   df_ctx_destroy(ctx);
@@ -224,8 +249,8 @@ Test(router, score_gradients) {
   df_test_fill_uniform(l, T * E, 11, -4.0f, 4.0f);
   df_test_fill_uniform(ds, T * E, 12, -1.0f, 1.0f);
   for (int f = 0; f < 3; f++) {
-    df_moe_scores_forward(ctx, (df_moe_score_func)f, T, E, l, s);
-    df_moe_scores_backward(ctx, (df_moe_score_func)f, T, E, l, s, ds, dl);
+    scores_fwd(ctx, (df_moe_score_func)f, T, E, l, s);
+    scores_bwd(ctx, (df_moe_score_func)f, T, E, l, s, ds, dl);
     double gmax = 0.0;
     for (int i = 0; i < T * E; i++) gmax = fmax(gmax, fabs(dl[i]));
     for (int t = 0; t < T; t++)
@@ -262,7 +287,8 @@ Test(router, combine_weight_gradient) {
     float dw[T * 3], aux[6], ds[T * 6];
     df_test_fill_uniform(dw, T * 3, 22, -1.0f, 1.0f);
     df_test_fill_uniform(aux, 6, 23, -0.1f, 0.1f);
-    df_moe_router_weights_backward(ctx, &s, &b.r, dw, aux, ds);
+    df_error err = {0};
+    DF_ASSERT_OK(df_moe_router_weights_backward(ctx, &s, &b.r, dw, aux, ds, &err), &err);
     for (int t = 0; t < T; t++)
       for (int e = 0; e < 6; e++) {
         // J(s) = Σ_j dw_j·w_j(s) + Σ_e aux_e·s_e, w from s at the fixed indices.
@@ -311,7 +337,7 @@ Test(router, sample_centering_forward_backward) {
   }
   // The backward is the same projection (the mean is in the graph): dx = du − per-sample mean(du).
   df_test_fill_uniform(du, T * H, 32, -1.0f, 1.0f);
-  df_moe_center_sample_backward(ctx, du, T, H, N, dx, false);
+  DF_ASSERT_OK(df_moe_center_sample_backward(ctx, du, T, H, N, dx, false, &err), &err);
   float want[T * H];
   DF_ASSERT_OK(df_moe_center_sample_forward(ctx, du, T, H, N, want, NULL, &err), &err);
   for (int i = 0; i < T * H; i++) cr_expect_eq(dx[i], want[i]);
@@ -329,16 +355,21 @@ static void check_aux_fixture(const char *file) {
   df_moe_router_spec s = spec(E, k);
   routing_buf b = rb_new(&s, T);
   memcpy(b.r.logits, fx_get(f, "logits")->data, sizeof(float) * (size_t)(T * E));
-  df_moe_scores_forward(ctx, DF_MOE_SCORE_SOFTMAX, T, E, b.r.logits, b.r.scores);
-  df_moe_router_select(ctx, &s, NULL, b.sel, &b.r);
-  const df_moe_aux_loss *aux = NULL;
+  scores_fwd(ctx, DF_MOE_SCORE_SOFTMAX, T, E, b.r.logits, b.r.scores);
   df_error err = {0};
-  DF_ASSERT_OK(df_moe_aux_loss_get(DF_MOE_AUX_SWITCH, &aux, &err), &err);
-  cr_expect_str_eq(aux->name, "switch");
+  DF_ASSERT_OK(df_moe_router_select(ctx, &s, NULL, &b.r, &err), &err);
+  const char *name = NULL;
+  DF_ASSERT_OK(df_moe_aux_loss_name(DF_MOE_AUX_SWITCH, &name, &err), &err);
+  cr_expect_str_eq(name, "switch");
   const double want = fx_meta(f, "hf_loss");
-  const double got = aux->value(1.0, T, E, k, b.r.scores, b.r.counts);
+  double *st = calloc((size_t)DF_MOE_STATS(E), sizeof(double));
+  route_stats(ctx, 1.0, T, E, k, b.r.scores, b.r.counts, st);
+  const double got = st[DF_MOE_STAT_AUX];
   cr_expect_leq(fabs(got - want), 1e-6 * want, "%s: %.9g vs load_balancing_loss_func %.9g", file, got, want);
-  cr_expect_float_eq(aux->value(0.001, T, E, k, b.r.scores, b.r.counts), 0.001 * got, 1e-12, "coefficient scaling");
+  cr_expect_eq(st[DF_MOE_STAT_AUX_NUM], got, "den 1 weights the loss by 1");
+  route_stats(ctx, 0.001, T, E, k, b.r.scores, b.r.counts, st);
+  cr_expect_float_eq(st[DF_MOE_STAT_AUX], 0.001 * got, 1e-12, "coefficient scaling");
+  free(st);
   rb_free(&b);
   df_ctx_destroy(ctx);
   fx_free(f);
@@ -355,18 +386,25 @@ Test(aux_loss, uniform_routing_and_gradient) {
   int32_t counts[E];
   for (int i = 0; i < T * E; i++) scores[i] = 0.25f;
   for (int e = 0; e < E; e++) counts[e] = T * K / E;
-  cr_expect_float_eq(df_moe_switch_loss(0.01, T, E, K, scores, counts), 0.01 * K, 1e-12);
+  df_ctx *ctx = df_test_cpu_ctx(1);
+  double st[DF_MOE_STATS(E)];
+  route_stats(ctx, 0.01, T, E, K, scores, counts, st);
+  cr_expect_float_eq(st[DF_MOE_STAT_AUX], 0.01 * K, 1e-12);
   counts[0] = 7, counts[1] = 5, counts[2] = 4, counts[3] = 0;
-  df_moe_switch_score_grad_row(0.5, T, E, K, counts, 2.0, row);
-  for (int e = 0; e < E; e++) cr_expect_float_eq(row[e], (float)(2.0 * 0.5 * E * counts[e] / (T * T)), 1e-7f);
-  const df_moe_load_stats st = df_moe_load_stats_of(counts, E, T, K);
-  cr_expect_float_eq(st.load_max_ratio, 7.0 / 4.0, 1e-12);
-  cr_expect_float_eq(st.load_min_ratio, 0.0, 1e-12);
-  cr_expect_float_eq(st.experts_unused_frac, 0.25, 1e-12);
-  const df_moe_aux_loss *aux = NULL;
+  df_moe_stats_desc d = {.aux = DF_MOE_AUX_SWITCH, .coeff = 0.5, .k = K};
+  df_tensor cn = df_i32(counts, E), rt = df_f32(row, E);
   df_error err = {0};
-  cr_expect_eq(df_moe_aux_loss_get((df_moe_aux_type)7, &aux, &err), DF_ERR_INVALID);
+  DF_ASSERT_OK(df_moe_aux_backward(ctx, &d, T, &cn, 2.0, &rt, &err), &err);
+  for (int e = 0; e < E; e++) cr_expect_float_eq(row[e], (float)(2.0 * 0.5 * E * counts[e] / (T * T)), 1e-7f);
+  route_stats(ctx, 0.0, T, E, K, scores, counts, st);
+  cr_expect_float_eq(st[DF_MOE_STAT_LOAD_MAX], 7.0 / 4.0, 1e-12);
+  cr_expect_float_eq(st[DF_MOE_STAT_LOAD_MIN], 0.0, 1e-12);
+  cr_expect_float_eq(st[DF_MOE_STAT_UNUSED], 0.25, 1e-12);
+  cr_expect_float_eq(st[DF_MOE_STAT_LOAD + 0], 7.0 / 16.0, 1e-12, "expert 0's share of the T·k slots");
+  const char *name = NULL;
+  cr_expect_eq(df_moe_aux_loss_name((df_moe_aux_type)7, &name, &err), DF_ERR_INVALID);
   cr_expect_str_eq(err.where, "moe_aux_loss_type");
+  df_ctx_destroy(ctx);
 }
 
 Test(router, spec_errors) {

@@ -16,7 +16,8 @@ def run_df(*args, env=None, check=True, timeout=600):
     """Runs draftforge; returns the CompletedProcess (text). check: the exit code must be 0."""
     e = dict(os.environ)
     e.update(env or {})
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, env=e, timeout=timeout)
+    # from the repository root: recipe paths are relative to the current directory (SpecForge's rule)
+    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, env=e, timeout=timeout, cwd=SOURCE)
     if check and p.returncode != 0:
         raise AssertionError(f"draftforge {' '.join(map(str, args))} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p

@@ -1,6 +1,7 @@
 """`draftforge inspect CHECKPOINT` (train/inspect_ckpt.c): progress, contract, RNG and the tensor table of a
-checkpoint, read from its files alone. The weight statistics are checked against model.safetensors parsed
-here with numpy; a NaN planted in state.h5 (with h5py, /usr/bin/python3) is reported, naming the tensor."""
+checkpoint, read from its files alone, its manifest verified. The weight statistics are checked against model.safetensors
+parsed here with numpy; a NaN planted in state.h5 (with h5py, /usr/bin/python3) is reported, naming the tensor,
+and so is the change to the file the manifest sees."""
 
 import json
 import re
@@ -42,7 +43,8 @@ def test_checkpoint_page(tmp_path):
     ckpt = run / "checkpoints" / "step-00000020"
     p = run_df("inspect", ckpt)
     text = p.stdout
-    for want in ("format                         'draftforge-train-state'", "  step                           20",
+    for want in ("manifest: every file has its recorded size and XXH3-64 checksum",
+                 "format                         'draftforge-train-state'", "  step                           20",
                  "  adam_step                      20", "  batch_size                     8",
                  "  block_size                     4", "  strategy                       'dflash'",
                  "model.safetensors: 25 tensors, every one in the state's table"):
@@ -72,4 +74,7 @@ def test_nan_in_state_is_a_problem(tmp_path):
     p = run_df("inspect", ckpt, check=False)
     assert p.returncode == 1
     assert "PROBLEM: fc.weight has non-finite values (weights 0, exp_avg 0, exp_avg_sq 1)" in p.stdout, p.stdout
-    assert "1 problem(s) in checkpoint" in p.stderr and "HINT:" in p.stderr
+    # the write after the save is caught by the manifest too
+    assert re.search(r"^PROBLEM: checkpoint file \S+/state.h5 is damaged: checksum [0-9a-f]{16}, the manifest says",
+                     p.stdout, re.M), p.stdout
+    assert "2 problem(s) in checkpoint" in p.stderr and "HINT:" in p.stderr

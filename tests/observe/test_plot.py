@@ -79,7 +79,7 @@ def test_out_dir_and_errors(runs, tmp_path):
     run_df("plot", runs["a"], "--out", out)
     assert sorted(os.listdir(out)) == sorted(CHARTS)
     p = run_df("plot", tmp_path / "missing", check=False)
-    assert p.returncode == 1 and "HINT:" in p.stderr
+    assert p.returncode == 2 and "HINT:" in p.stderr  # a path argument that does not exist: bad arguments
     (tmp_path / "empty").mkdir()
     p = run_df("plot", tmp_path / "empty", check=False)
     assert p.returncode == 1 and "metrics.jsonl" in p.stderr and "HINT:" in p.stderr

@@ -227,7 +227,11 @@ Test(checkpoint, layout_mismatch_and_damaged_files) {
   FILE *fp = fopen(st, "w");
   fputs("not hdf5", fp);
   fclose(fp);
-  cr_expect_eq(df_ckpt_read(ck, f.table, p, m, v, &c, &g, &err), DF_ERR_IO);
+  // a damaged state.h5 is called damaged (not "pass a checkpoint directory": it is one) and points at the
+  // earlier checkpoints
+  cr_expect_eq(df_ckpt_read(ck, f.table, p, m, v, &c, &g, &err), DF_ERR_FORMAT);
+  cr_expect(strstr(err.msg, "is damaged"), "%s", err.msg);
+  cr_expect(strstr(err.hint, "--resume auto") && !strstr(err.hint, "pass a checkpoint directory"), "%s", err.hint);
   free(p), free(m), free(v);
   fx_close(&f);
 }

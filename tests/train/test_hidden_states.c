@@ -628,9 +628,10 @@ Test(hidden_states, check_index_pure) {
 
 // ---- shards written by h5py (tools/gen_hs_fixtures.py) ----------------------------------------------------
 
-static void check_h5py_fixture(const char *name) {
-  char h5[512], js[512];
-  snprintf(h5, sizeof h5, "%s/hidden_states/%s.h5", DF_FIXTURE_DIR, name);
+// Reads shard file h5 (the fixture `name`, or a copy of it) and checks it against name's JSON; convention: whether
+// the file carries layer_id_convention.
+static void check_h5py_file(const char *h5, const char *name, bool convention) {
+  char js[512];
   snprintf(js, sizeof js, "%s/hidden_states/%s.json", DF_FIXTURE_DIR, name);
   json_error_t jerr;
   json_t *want = json_load_file(js, 0, &jerr);
@@ -639,6 +640,7 @@ static void check_h5py_fixture(const char *name) {
   df_error err = {0};
   DF_ASSERT_OK(df_hs_open(h5, &ds, &err), &err);
   const df_hs_info *in = df_hs_get_info(ds);
+  cr_expect_eq(in->has_convention, convention, "%s", h5);
   json_t *jids = json_object_get(want, "target_layer_ids"), *joff = json_object_get(want, "sample_offsets");
   int k = (int)json_array_size(jids);
   int64_t h = json_integer_value(json_object_get(want, "hidden_size"));
@@ -674,5 +676,28 @@ static void check_h5py_fixture(const char *name) {
   json_decref(want);
 }
 
+static void check_h5py_fixture(const char *name) {
+  char h5[512];
+  snprintf(h5, sizeof h5, "%s/hidden_states/%s.h5", DF_FIXTURE_DIR, name);
+  check_h5py_file(h5, name, true);
+}
+
 Test(hidden_states, h5py_fixture_bf16) { check_h5py_fixture("h5py_bf16"); }
 Test(hidden_states, h5py_fixture_f32) { check_h5py_fixture("h5py_f32"); }
+
+// A shard written before layer_id_convention existed (the attribute deleted from a copy of the h5py fixture)
+// reads the same, as the convention draftforge writes.
+Test(hidden_states, h5py_shard_without_the_convention_attribute) {
+  char dir[] = "/tmp/df_hs_legacy_XXXXXX", h5[600], cmd[1400];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(h5, sizeof h5, "%s/legacy.h5", dir);
+  snprintf(cmd, sizeof cmd, "cp '%s/hidden_states/h5py_bf16.h5' '%s'", DF_FIXTURE_DIR, h5);
+  cr_assert_eq(system(cmd), 0);
+  hid_t f = H5Fopen(h5, H5F_ACC_RDWR, H5P_DEFAULT);
+  cr_assert_geq(f, 0);
+  cr_assert_geq(H5Adelete(f, "layer_id_convention"), 0);
+  H5Fclose(f);
+  check_h5py_file(h5, "h5py_bf16", false);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+}

@@ -674,14 +674,16 @@ Test(moe_train, export_folds_centering_into_an_fp32_bias) {
   cr_expect(!json_object_get(json_object_get(c, "dflash_config"), "moe_router_center"));
   json_decref(c);
 
-  // model.safetensors: qwen names, fp32 gate.bias in a bf16 export, no centering buffers
+  // model.safetensors: qwen names, the router (gate.weight, gate.bias) fp32 in a bf16 export as the serving
+  // class keeps it (moe.md §10), no centering buffers
   snprintf(p, sizeof p, "%s/model.safetensors", exp_dir);
   df_st_model *f;
   DF_ASSERT_OK(df_st_model_open(p, &f, &err), &err);
   const df_st_tensor *b = df_st_model_find(f, "layers.0.mlp.gate.bias", NULL);
   cr_assert(b, "no folded gate.bias");
   cr_expect_eq(b->dtype, DF_ST_F32);
-  cr_expect_eq(df_st_model_find(f, "layers.0.mlp.gate.weight", NULL)->dtype, DF_ST_BF16);
+  cr_expect_eq(df_st_model_find(f, "layers.0.mlp.gate.weight", NULL)->dtype, DF_ST_F32);
+  cr_expect_eq(df_st_model_find(f, "layers.0.mlp.experts.0.up_proj.weight", NULL)->dtype, DF_ST_BF16);
   cr_expect(st_has(f, "layers.1.mlp.experts.3.gate_proj.weight"));
   cr_expect(!st_has(f, "layers.0.mlp.gate.input_mean"));
   cr_expect(!st_has(f, "layers.0.mlp.gate.input_mean_steps"));

@@ -3,7 +3,8 @@
 // DSpark and MoE drafts, every optimizer step of a 2-micro-batch window moves exactly one upload per micro-batch
 // (the packed batch, train/stage.c) and one read (the window's sums and {norm, coef, ok}) — nothing else; and the
 // run is bit for bit the CPU run (same kernels, staged instead of read in place): metrics.jsonl and the final
-// weights agree exactly. DFlash and D-PACE run on the strict variant, whose memory faults on any host access.
+// weights agree exactly. DFlash, D-PACE, DSpark (vanilla, gated and rnn heads) and MoE drafts run on the strict
+// variant, whose memory faults on any host access.
 #include <criterion/criterion.h>
 #include <omp.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 
 #include "kernels/backend.h"
 #include "modeling/draft_config.h"
+#include "moe/config.h"
 #include "tests/common/fixture.h"
 #include "train/metrics_log.h"
 #include "train/trainer.h"
@@ -122,7 +124,9 @@ static void run_case(const rcase *c, const df_backend *be) {
   df_error err = {0};
   DF_ASSERT_OK(df_draft_config_from_file(c->draft, &cfg, &err), &err);
   const int64_t bs = cfg->block_size;
-  const int64_t nstats = cfg->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  int64_t nstats = cfg->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  // MoE drafts (every layer MoE): each layer's statistics sums ride in the same block (kernels/ops_moe.h).
+  if (cfg->moe) nstats += cfg->num_hidden_layers * DF_MOE_STATS(cfg->moe->n_routed_experts);
   df_draft_config_free(cfg);
   cr_assert_eq(on_fake.seen, STEPS);
   for (int s = 1; s <= STEPS; s++) {
@@ -162,14 +166,32 @@ Test(residency, dpace_step_moves_only_the_batch_and_one_read) {
   run_case(&c, df_fake_strict_backend());
 }
 
-// DSpark's heads and the MoE routing still loop on the host over host-backed memory (they become ops next): the
-// counting fake device checks their copies, not the absence of host loops.
+// DSpark's heads run as ops (kernels/cpu/markov.c, df_copy_2d), so all three Markov head types run on the strict
+// device too: vanilla with a Markov-fed confidence head, gated likewise, rnn with a hidden-only confidence head.
 Test(residency, dspark_step_moves_only_the_batch_and_one_read) {
   rcase c = {"dspark", SFX "/tiny-dspark.json", SFX "/data", "dspark", NULL, .eval = true};
-  run_case(&c, df_fake_backend());
+  run_case(&c, df_fake_strict_backend());
 }
 
+Test(residency, dspark_gated_step_moves_only_the_batch_and_one_read) {
+  rcase c = {"dspark_gated", SFX "/gated.json", SFX "/data", "dspark", NULL, .eval = true};
+  run_case(&c, df_fake_strict_backend());
+}
+
+Test(residency, dspark_rnn_step_moves_only_the_batch_and_one_read) {
+  rcase c = {"dspark_rnn", SFX "/rnn.json", SFX "/data", "dspark", NULL, .eval = true};
+  run_case(&c, df_fake_strict_backend());
+}
+
+// MoE drafts run on the strict device too: routing, dispatch, experts, shared expert, aux loss, statistics and the
+// deferred updates (EMA centering mean; noaux_tc bias) are ops. Qwen: sample centering, the switch aux loss, a
+// gated shared expert; DeepSeek: sqrtsoftplus scores, noaux_tc balancing, group-limited routing.
 Test(residency, moe_step_moves_only_the_batch_and_one_read) {
-  rcase c = {"moe", DF_SOURCE_DIR "/configs/tiny-dflash-moe.json", DFX "/data", "dflash", NULL, false};
-  run_case(&c, df_fake_backend());
+  rcase c = {"moe", DF_SOURCE_DIR "/configs/tiny-dflash-moe.json", DFX "/data", "dflash", NULL, .eval = true};
+  run_case(&c, df_fake_strict_backend());
+}
+
+Test(residency, moe_deepseek_step_moves_only_the_batch_and_one_read) {
+  rcase c = {"moe_ds", DF_SOURCE_DIR "/configs/tiny-dflash-moe-deepseek.json", DFX "/data", "dflash", NULL, false};
+  run_case(&c, df_fake_strict_backend());
 }

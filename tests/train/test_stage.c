@@ -164,7 +164,7 @@ Test(stage, device_choice) {
 // Drafts whose heads or FFN still run host loops name the reason, so auto keeps them on the CPU.
 Test(stage, cpu_only_drafts_are_named) {
   const char *names[3] = {"tiny-dflash.json", "tiny-dspark.json", "tiny-dflash-moe.json"};
-  const bool cpu_only[3] = {false, true, true};
+  const bool cpu_only[3] = {false, false, false};
   for (int i = 0; i < 3; i++) {
     char path[600];
     snprintf(path, sizeof path, "%s/configs/%s", DF_SOURCE_DIR, names[i]);

@@ -320,7 +320,7 @@ Test(step_cli, smoke) {
   char *bad_threads[] = {recipe, "--dump", dump, "--threads", "x"};
   cr_expect_eq(df_cmd_step(5, bad_threads), 2);
   char *missing[] = {"/nonexistent.yaml", "--dump", dump};
-  cr_expect_eq(df_cmd_step(3, missing), 1);
+  cr_expect_eq(df_cmd_step(3, missing), 2, "a recipe that does not exist is a bad argument");
   for (int i = 0; i < n; i++) free(names[i]);
 }
 

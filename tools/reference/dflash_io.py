@@ -2,7 +2,7 @@
 
 - Recipe YAML: PyYAML when it is installed, else a small parser for the subset recipes use (nested maps by
   indentation, scalars, flow lists, comments). `load_recipe` reads the keys `draftforge step` reads and
-  resolves relative paths against the recipe's directory.
+  resolves relative paths against the current directory (SpecForge's rule).
 - safetensors: a dependency-free reader (F32/F64/F16/BF16/integers) and writer.
 - Draft JSON (docs/dflash-step.md §4, reference §6.2) resolved as HF Qwen3Config + SpecForge do.
 - Target pieces: the frozen embedding and LM head from an HF directory.
@@ -129,13 +129,16 @@ def _section(doc: Dict[str, Any], name: str) -> Dict[str, Any]:
 
 
 def load_recipe(path: str) -> Recipe:
-    """The recipe keys of docs/dflash-step.md, with SpecForge's defaults; paths resolved from the recipe dir."""
+    """The recipe keys of docs/dflash-step.md, with SpecForge's defaults; relative paths resolved against the
+    current directory, as SpecForge (and draftforge) resolve them."""
     doc = load_yaml(path)
     model, data, training = _section(doc, "model"), _section(doc, "data"), _section(doc, "training")
-    base = os.path.dirname(os.path.abspath(path))
 
     def rel(p: Optional[str]) -> Optional[str]:
-        return None if p is None else os.path.normpath(os.path.join(base, os.path.expanduser(str(p))))
+        if p is None:
+            return None
+        s = str(p)
+        return os.path.abspath(os.path.expanduser(s[len("file://"):] if s.startswith("file://") else s))
 
     strategy = training.get("strategy", "eagle3")
     if strategy != "dflash":

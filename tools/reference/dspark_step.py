@@ -95,7 +95,9 @@ def load_heads(path: str, cfg: dio.DraftConfig) -> Heads:
     with open(path, encoding="utf-8") as f:
         c = json.load(f)
     arch = (c.get("architectures") or [""])[0]
-    if arch not in ("DSparkDraftModel", "Qwen3DSparkModel"):  # the training config, or a `draftforge export`
+    # the training config, or a `draftforge export` (an MoE draft's names its MoE serving class)
+    served = ("Qwen3MoeDSparkModel", "Qwen3MoEDSparkModel") if c.get("moe_preset") else ()
+    if arch not in ("DSparkDraftModel", "Qwen3DSparkModel") + served:
         raise ValueError(f"{path}: architectures[0] is {arch!r}, not DSparkDraftModel (or Qwen3DSparkModel)")
     dc = c.get("dflash_config") or {}
 

@@ -61,8 +61,9 @@ def main() -> int:
                for _ in range(a.batch)]
     hidden_states.write_shard(os.path.join(a.out, "data", "shard_000.h5"), samples, TARGET_LAYER_IDS, H, "float32")
     with open(os.path.join(a.out, "recipe.yaml"), "w", encoding="utf-8") as f:
-        f.write("model:\n  target_model_path: target\n  draft_model_config: draft.json\n"
-                f"data:\n  hidden_states_path: data\n  max_length: {a.seq}\n"
+        out = os.path.abspath(a.out)  # recipe paths are taken from the current directory: write them absolute
+        f.write(f"model:\n  target_model_path: {out}/target\n  draft_model_config: {out}/draft.json\n"
+                f"data:\n  hidden_states_path: {out}/data\n  max_length: {a.seq}\n"
                 f"training:\n  strategy: dflash\n  batch_size: {a.batch}\n  num_anchors: {a.anchors}\n"
                 "  loss_decay_gamma: 7.0\n  objective_chunk_blocks: 128\n  seed: 42\n")
     print(os.path.join(a.out, "recipe.yaml"))

@@ -147,8 +147,9 @@ DFLASH_TRAINING_KEYS = ("batch_size", "num_anchors", "loss_decay_gamma", "object
 def recipe_text(case: Dict[str, Any]) -> str:
     t = dict(loss_type="dflash", loss_decay_gamma=None, dpace_alpha=0.5)
     t.update(case["training"])
-    return sf.recipe_text("# DFlash step parity case: " + case["name"], "../target", f"../{case['config']}",
-                          "../draft_ckpt" if case["warm"] else None, "../data", case.get("max_length", 64), "dflash",
+    fx = lambda name: sf.fixture("dflash_step", name)  # noqa: E731
+    return sf.recipe_text("# DFlash step parity case: " + case["name"], fx("target"), fx(case["config"]),
+                          fx("draft_ckpt") if case["warm"] else None, fx("data"), case.get("max_length", 64), "dflash",
                           t, DFLASH_TRAINING_KEYS)
 
 
@@ -207,7 +208,7 @@ which rewrites this whole folder, README included. One case by hand:
 
 ## Cases
 
-Each `CASE/` holds `recipe.yaml` (paths relative to it) and `expected/`: `grads.safetensors` (F32 gradient of
+Each `CASE/` holds `recipe.yaml` (paths from the repository root) and `expected/`: `grads.safetensors` (F32 gradient of
 loss_num / loss_den for every draft parameter), `step.json` (loss_num, loss_den, loss, acc_num, acc_den,
 num_blocks) and `batch.json` (sample order, S, N, anchors, keep: for debugging, not part of the contract).
 

@@ -3,7 +3,7 @@
 
     /usr/bin/python3 tools/reference/make_dspark_fixtures.py [--out tests/fixtures/dspark_step]
 
-Shared inputs: the DFlash fixtures' target (../dflash_step/target: V = 256, H = 64, referenced, not copied),
+Shared inputs: the DFlash fixtures' target (tests/fixtures/dflash_step/target: V = 256, H = 64, referenced, not copied),
 data/shard_000.h5 (6 float32 samples, K = 2, WITH target_last_hidden_states), DSpark draft configs (the
 checked-in configs/tiny-dspark.json and 1-layer variants per head type) and two warm-start checkpoints (one
 with SpecForge's legacy logit_head.* names). Each case directory holds recipe.yaml (relative paths) and
@@ -31,8 +31,8 @@ import hidden_states  # noqa: E402
 import make_dflash_fixtures as mdf  # noqa: E402
 import step_fixtures as sf  # noqa: E402
 
-TARGET = "../../dflash_step/target"  # from a case directory
-DFLASH_DATA = "../../dflash_step/data"  # no target_last_hidden_states
+TARGET = sf.fixture("dflash_step", "target")  # recipe paths are relative to the repository root
+DFLASH_DATA = sf.fixture("dflash_step", "data")  # no target_last_hidden_states
 
 # name -> changes to configs/tiny-dspark.json (None: the file as checked in)
 ONE_LAYER = dict(num_hidden_layers=1, layer_types=["full_attention"], use_sliding_window=False, sliding_window=None,
@@ -147,8 +147,9 @@ def write_checkpoint(out: str, name: str, config: str, rng: np.random.Generator,
 def recipe_text(case: Dict[str, Any]) -> str:
     t = dict(loss_decay_gamma=None)
     t.update(case["training"])
-    return sf.recipe_text("# DSpark step parity case: " + case["name"], TARGET, f"../{case['config']}",
-                          f"../{case['warm']}" if case["warm"] else None, case.get("data", "../data"),
+    fx = lambda name: sf.fixture("dspark_step", name)  # noqa: E731
+    return sf.recipe_text("# DSpark step parity case: " + case["name"], TARGET, fx(case["config"]),
+                          fx(case["warm"]) if case["warm"] else None, case.get("data", fx("data")),
                           case.get("max_length", 64), "dspark", t,
                           ("batch_size", "num_anchors", "loss_decay_gamma", "objective_chunk_blocks",
                            "dspark_ce_loss_alpha", "dspark_l1_loss_alpha", "dspark_confidence_head_alpha", "seed"))
@@ -165,7 +166,7 @@ def coverage(prep: ref.Prepared) -> Dict[str, bool]:
 
 def generate(out: str) -> Dict[str, Dict[str, Any]]:
     sf.fresh_dir(out)
-    target = os.path.join(os.path.dirname(out), "dflash_step", "target")
+    target = os.path.join(sf.ROOT, TARGET)
     embed, head = dio.load_target_pieces(target, "model.embed_tokens.weight", "lm_head.weight")
     write_configs(out)
     write_data(out, np.random.default_rng(20260901), embed, head)
@@ -199,7 +200,7 @@ which rewrites this whole folder, README included. One case by hand:
 
 ## Shared inputs
 
-- The target is `../dflash_step/target` (untied random embedding and LM head, [256, 64]).
+- The target is `tests/fixtures/dflash_step/target` (untied random embedding and LM head, [256, 64]).
 - `data/shard_000.h5`: 6 float32 samples (K = 2 layers [1, 2], H = 64) with the DFlash fixtures' lengths and
   loss masks, plus `target_last_hidden_states`: at position p, a random multiple (0.5 .. 4) of the unit head row
   of token p + 1 plus N(0, 0.3) noise, so the teacher mostly predicts the next token with varying confidence.

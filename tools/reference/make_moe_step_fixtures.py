@@ -33,7 +33,7 @@ import moe_step as ms  # noqa: E402
 import step_fixtures as sf  # noqa: E402
 
 MARGIN = 2e-5
-SHARED = "../../dflash_step"  # target/ and data/, relative to a case directory
+SHARED = sf.fixture("dflash_step")  # target/ and data/; recipe paths are relative to the repository root
 
 # name -> changes to a base config (None deletes a key; "dflash_config" entries merge)
 QWEN_SMALL = {"moe_intermediate_size": 8, "shared_expert_intermediate_size": 16}
@@ -176,12 +176,13 @@ def recipe_text(case: Dict[str, Any]) -> str:
     t = dict(loss_type="dflash", loss_decay_gamma=None, dpace_alpha=0.5)
     t.update(case["training"])
     return sf.recipe_text("# DFlash step parity case on an MoE draft: " + case["name"], f"{SHARED}/target",
-                          f"../{case['config']}", f"../{case['warm']}" if case.get("warm") else None,
+                          sf.fixture("moe_step", case["config"]),
+                          sf.fixture("moe_step", case["warm"]) if case.get("warm") else None,
                           f"{SHARED}/data", case.get("max_length", 64), "dflash", t, mdf.DFLASH_TRAINING_KEYS)
 
 
 def generate(out: str, check_margin: bool = True) -> Dict[str, Dict[str, Any]]:
-    shared = os.path.normpath(os.path.join(out, "case", SHARED))
+    shared = os.path.join(sf.ROOT, SHARED)
     if not os.path.isdir(os.path.join(shared, "target")):
         raise FileNotFoundError(f"{shared}/target: run make_dflash_fixtures.py first")
     sf.fresh_dir(out)
@@ -245,7 +246,7 @@ which rewrites this whole folder, README included. One case by hand:
 
 ## Inputs
 
-- `../dflash_step/target` and `../dflash_step/data` (read by relative path; see that folder's README).
+- `tests/fixtures/dflash_step/target` and `tests/fixtures/dflash_step/data` (read by path from the repository root; see that folder's README).
 - Configs: `tiny-dflash-moe.json`, `tiny-dflash-moe-deepseek.json` (copies of `configs/`), and variants:
   `tiny-moe-qwen.json` (I 8, S 16, no centering, aux coefficient absent = 0.001), `tiny-moe-qwen-aux05.json`
   (centering, aux 0.05), `tiny-moe-qwen-bias.json` (+ `moe_router_bias`), `tiny-moe-qwen-native.json`

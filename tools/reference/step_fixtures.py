@@ -1,9 +1,30 @@
 """Case writing shared by the step-parity fixture generators (make_{dflash,dspark,moe_step}_fixtures.py)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+# Case recipes name their inputs relative to the repository root, the directory draftforge and the references
+# resolve relative recipe paths against (the current directory, as SpecForge does); the fixtures are run from it.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def fixture(*parts: str) -> str:
+    """A committed fixture path as a case recipe writes it: tests/fixtures/<parts>."""
+    return "/".join(("tests", "fixtures") + parts)
+
+
+@contextlib.contextmanager
+def at_root() -> Iterator[None]:
+    """Runs the block from the repository root (the references read the case recipes' relative paths)."""
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        yield
+    finally:
+        os.chdir(here)
 
 
 def fresh_dir(out: str) -> None:
@@ -30,15 +51,16 @@ def recipe_text(title: str, target: str, config: str, warm: Optional[str], data:
 
 def write_cases(out: str, cases: List[Dict[str, Any]], text: Callable[[Dict[str, Any]], str],
                 run: Callable[[Dict[str, Any], str], Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """Writes out/NAME/recipe.yaml for each case and collects run(case, recipe_path) by name."""
+    """Writes out/NAME/recipe.yaml for each case and collects run(case, recipe_path) by name (from the root)."""
     results = {}
     for case in cases:
-        d = os.path.join(out, case["name"])
+        d = os.path.abspath(os.path.join(out, case["name"]))
         os.makedirs(d)
         path = os.path.join(d, "recipe.yaml")
         with open(path, "w", encoding="utf-8") as f:
             f.write(text(case))
-        results[case["name"]] = run(case, path)
+        with at_root():
+            results[case["name"]] = run(case, path)
     return results
 
 

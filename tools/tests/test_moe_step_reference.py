@@ -274,13 +274,12 @@ def test_every_gradient_file_holds_the_trainable_parameters_only():
 
 
 def test_fixtures_regenerate(tmp_path):
-    """make_moe_step_fixtures.py into a scratch tree (next to a link to dflash_step) writes the committed
+    """make_moe_step_fixtures.py into a scratch tree writes the committed
     fixtures, and make_dflash_fixtures.py still writes the committed dense ones (the dense path is untouched):
     structure, names, shapes and integers exactly, floats within fixture_compare's stated tolerances."""
     import make_dflash_fixtures
     import make_moe_step_fixtures
 
-    os.symlink(DENSE, tmp_path / "dflash_step")
     make_moe_step_fixtures.generate(str(tmp_path / "moe_step"))
     assert compare_trees(str(tmp_path / "moe_step"), FIXTURES) == []
     make_dflash_fixtures.generate(str(tmp_path / "dense"))

@@ -21,16 +21,19 @@ def _export(tmp_path, **cfg) -> str:
     return str(d)
 
 
-@pytest.mark.parametrize("arch,kind", [("DFlashDraftModel", "dflash"), ("Qwen3DSparkModel", "dspark"),
-                                       ("DFlashMoEDraftModel", "moe")])
-def test_checked_architectures(tmp_path, arch, kind):
-    assert ve.export_kind(_export(tmp_path, architectures=[arch])) == kind
+@pytest.mark.parametrize("arch,kind,moe", [("DFlashDraftModel", "dflash", False), ("Qwen3DSparkModel", "dspark", False),
+                                           ("DFlashMoEDraftModel", "moe", True),
+                                           ("Qwen3MoeDSparkModel", "dspark_moe", True)])
+def test_checked_architectures(tmp_path, arch, kind, moe):
+    cfg = dict(architectures=[arch], **(dict(moe_preset="qwen3_5_moe") if moe else {}))
+    assert ve.export_kind(_export(tmp_path, **cfg)) == kind
 
 
-@pytest.mark.parametrize("cfg", [dict(architectures=["Qwen3MoeDSparkModel"], moe_preset="qwen3_5_moe"),
-                                 dict(architectures=["Qwen3DSparkModel"], moe_preset="qwen3_5_moe")])
-def test_dspark_moe_is_refused_naming_it(tmp_path, cfg):
-    with pytest.raises(ve.Unsupported, match="DSpark on an MoE draft"):
+@pytest.mark.parametrize("cfg", [dict(architectures=["DFlashDraftModel"], moe_preset="qwen3_5_moe"),
+                                 dict(architectures=["Qwen3DSparkModel"], moe_preset="qwen3_5_moe"),
+                                 dict(architectures=["Qwen3MoeDSparkModel"])])
+def test_a_dense_class_on_an_moe_draft_and_the_reverse_are_refused(tmp_path, cfg):
+    with pytest.raises(ve.Unsupported, match="moe_preset"):
         ve.export_kind(_export(tmp_path, **cfg))
 
 
@@ -40,3 +43,23 @@ def test_unknown_architecture_is_refused_naming_it(tmp_path, capsys):
         ve.export_kind(d)
     assert ve.main([d, os.path.join(ROOT, "recipes", "demo-dflash-synthetic.yaml")]) == 2
     assert "LlamaForCausalLM" in capsys.readouterr().err
+
+
+def test_dspark_moe_export_agrees_with_its_reference(tmp_path):
+    """Qwen3MoeDSparkModel (DSpark heads on the MoE backbone, tools/reference/dspark_moe_step.py) against
+    `draftforge step` on a float32 export of the tiny DSpark MoE draft trained for two steps."""
+    pytest.importorskip("torch")
+    import test_sglang_exports as tse
+
+    tse.draftforge()  # skips without a build
+    cfg = tse._dspark_moe()
+    (tmp_path / "draft.json").write_text(json.dumps(cfg), encoding="utf-8")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("\n".join([
+        f"output_dir: {tmp_path / 'run'}", "model:", f"  target_model_path: {tse.TARGET}",
+        f"  draft_model_config: {tmp_path / 'draft.json'}", "data:", f"  hidden_states_path: {tse.DSPARK_DATA}",
+        "  max_length: 64", "training:", "  strategy: dspark", "  batch_size: 2", "  num_anchors: 3", "  max_steps: 2",
+        "  learning_rate: 0.01", "  objective_chunk_blocks: 0", "  seed: 3"]) + "\n", encoding="utf-8")
+    tse._run(["train", str(recipe)])
+    tse._run(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export"), "--dtype", "float32"])
+    assert ve.main([str(tmp_path / "export"), str(recipe), "--draftforge", tse.draftforge(), "--threads", "1"]) == 0

@@ -1,7 +1,8 @@
 // Typed reads of HF-style config JSON (jansson) whose errors name the file, the key path and a hint.
-// Internal to the config parsers: modeling/draft_config*.c and modeling/target_config.c.
-#ifndef DF_MODELING_CONFIG_JSON_H
-#define DF_MODELING_CONFIG_JSON_H
+// Shared by the config parsers: modeling/draft_config*.c, modeling/target_config.c, modeling/target/target_spec.c
+// and moe/config.c.
+#ifndef DF_BASE_CONFIG_JSON_H
+#define DF_BASE_CONFIG_JSON_H
 
 #include <jansson.h>
 #include <stdbool.h>

@@ -1,4 +1,4 @@
-#include "modeling/config_json.h"
+#include "base/config_json.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,12 +1,20 @@
-// The draft config's MoE part: the MoE FFN resolved from the draft document (moe/config.c does the work), and
-// the parameter count of the whole draft, which is where an MoE draft's total and active sizes come from.
+// The draft config's FFN kind, resolved through the listed kinds (modeling/ffn.h; the MoE kind's config is
+// moe/config.c's work), and the parameter count of the whole draft, which is where a sparse draft's total and
+// active sizes come from.
 #include "modeling/draft_config_internal.h"
-#include "moe/params.h"
+#include "modeling/ffn.h"
 
-df_status df_draft_parse_moe(const df_cj *c, const json_t *root, df_draft_config_owned *o) {
-  bool is_moe = false;
-  DF_TRY(df_moe_config_resolve(root, c->source, &is_moe, &o->moe, c->err));
-  o->pub.moe = is_moe ? &o->moe : NULL;
+df_status df_draft_parse_ffn_kind(const df_cj *c, const json_t *root, df_draft_config_owned *o) {
+  for (int i = 0; i < df_ffn_num_kinds; i++) {
+    const df_ffn_kind *k = df_ffn_kinds[i];
+    void *cfg = NULL;
+    DF_TRY(k->config_resolve(root, c->source, &cfg, c->err));
+    if (!cfg) continue;
+    o->ffn_cfg = cfg;
+    o->pub.ffn_kind = k;
+    o->pub.moe = cfg;
+    return DF_OK;
+  }
   return DF_OK;
 }
 
@@ -40,10 +48,7 @@ void df_draft_config_param_counts(const df_draft_config *cfg, int64_t *total, in
   // fc (K·H → H, no bias), hidden_norm, the final norm, and the heads.
   int64_t shared = K * H * H + 2 * H + dspark_head_params(cfg);
   int64_t ffn_total = 3 * H * cfg->intermediate_size, ffn_active = ffn_total;
-  if (cfg->moe) {
-    ffn_total = df_moe_layer_params_total(cfg->moe, H);
-    ffn_active = df_moe_layer_params_active(cfg->moe, H);
-  }
+  if (cfg->ffn_kind) cfg->ffn_kind->param_counts(cfg->moe, H, &ffn_total, &ffn_active);
   const int64_t n = cfg->num_hidden_layers, attn = attention_layer_params(cfg);
   *total = shared + n * (attn + ffn_total);
   *active = shared + n * (attn + ffn_active);
