@@ -56,7 +56,7 @@ static bool exists(const char *p) {
 static void resume_command(const df_train_summary *s, long long threads, char *out, size_t n) {
   char self[4096], dir[4096];
   df_self_path(self, sizeof self);
-  df_path_normalize(s->output_dir, dir, sizeof dir);
+  df_path_shown(s->output_dir, dir, sizeof dir);
   out[0] = 0;
   df_shell_quote_append(out, n, self);
   snprintf(out + strlen(out), n - strlen(out), " train --resume ");
@@ -181,10 +181,12 @@ int df_cmd_train(int argc, char **argv) {
   df_status st = df_train(&o, &s, &err);
   df_progress_term_close(term);
   char cmd[8400], note[8400 + 4000 + 200] = ""; // room for the longest command and checkpoint path
+  char last[4096] = "(none)";
   resume_command(&s, threads, cmd, sizeof cmd);
+  if (s.last_checkpoint[0]) df_path_shown(s.last_checkpoint, last, sizeof last);
   if (st != DF_OK && s.saved_after_error)
     snprintf(note, sizeof note, "the run failed after step %lld; its state was saved first: %.4000s\nresume with: %s\n",
-             (long long)s.last_step, s.last_checkpoint, cmd);
+             (long long)s.last_step, last, cmd);
   if (st == DF_OK) st = df_dist_finish(&d, &err);
   if (st != DF_OK) {
     bool verbose = a.verbose;
@@ -194,10 +196,10 @@ int df_cmd_train(int argc, char **argv) {
   if (rank != 0) return df_cli_free(&a), DF_EXIT_OK; // rank 0 speaks for the job
   if (s.stopped_by_signal)
     printf("stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: %s\n", (long long)s.last_step,
-           (long long)s.stop_step, s.last_checkpoint, cmd);
+           (long long)s.stop_step, last, cmd);
   else
     printf("done: step %lld of %lld (%lld skipped); last checkpoint %s\n", (long long)s.last_step,
-           (long long)s.stop_step, (long long)s.skipped_steps, s.last_checkpoint[0] ? s.last_checkpoint : "(none)");
+           (long long)s.stop_step, (long long)s.skipped_steps, last);
   df_cli_free(&a);
   return DF_EXIT_OK;
 }

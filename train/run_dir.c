@@ -71,6 +71,25 @@ void df_path_absolute(const char *in, char *out, size_t n) {
   df_path_normalize(buf, out, n);
 }
 
+void df_path_shown(const char *in, char *out, size_t n) {
+  char abs[PATH_MAX], cwd[PATH_MAX], ncwd[PATH_MAX];
+  df_path_absolute(in, abs, sizeof abs);
+  if (!getcwd(cwd, sizeof cwd)) {
+    snprintf(out, n, "%s", abs);
+    return;
+  }
+  df_path_normalize(cwd, ncwd, sizeof ncwd);
+  size_t c = strlen(ncwd);
+  if (!strcmp(abs, ncwd))
+    snprintf(out, n, ".");
+  else if (c == 1) // the working directory is "/"
+    snprintf(out, n, "%s", abs + 1);
+  else if (!strncmp(abs, ncwd, c) && abs[c] == '/')
+    snprintf(out, n, "%s", abs + c + 1);
+  else
+    snprintf(out, n, "%s", abs);
+}
+
 bool df_path_same(const char *a, const char *b) {
   char x[PATH_MAX], y[PATH_MAX];
   df_path_absolute(a, x, sizeof x);
@@ -165,8 +184,8 @@ static bool usable(const char *dir, bool need_state, bool *verified, df_error *w
 }
 
 static void fill_choice(df_ckpt_choice *c, const char *dir, const char *run_dir, bool verified) {
-  df_path_normalize(dir, c->ckpt, sizeof c->ckpt);
-  if (run_dir) df_path_normalize(run_dir, c->run_dir, sizeof c->run_dir);
+  df_path_shown(dir, c->ckpt, sizeof c->ckpt);
+  if (run_dir) df_path_shown(run_dir, c->run_dir, sizeof c->run_dir);
   c->step = step_of(base_name(c->ckpt));
   c->verified = verified;
 }
@@ -183,9 +202,8 @@ static bool run_of_ckpt(const char *ckpt, char *run, size_t n) {
   if (!slash) return false;
   *slash = 0;
   char rel[PATH_MAX];
-  // keep the user's spelling (relative stays relative): ckpt/../..
-  pathf(rel, sizeof rel, "%s/../..", ckpt);
-  df_path_normalize(rel, run, n);
+  pathf(rel, sizeof rel, "%s/../..", ckpt); // shown as the user would type it from here
+  df_path_shown(rel, run, n);
   return true;
 }
 
@@ -220,7 +238,7 @@ static df_status damaged_choice(const char *ckdir, const char *run, int64_t skip
   }
   char hint[256];
   char shown[PATH_MAX];
-  df_path_normalize(alt_dir, shown, sizeof shown);
+  df_path_shown(alt_dir, shown, sizeof shown);
   if (alt >= 0)
     pathf(hint, sizeof hint, "the newest complete checkpoint is %.150s: pass it instead (train --resume auto takes it)",
           shown);
@@ -241,7 +259,7 @@ static df_status choose_explicit(const char *dir, bool need_state, bool fall_bac
     return DF_OK;
   }
   char what[PATH_MAX + 32], norm[PATH_MAX];
-  df_path_normalize(dir, norm, sizeof norm);
+  df_path_shown(dir, norm, sizeof norm);
   pathf(what, sizeof what, "checkpoint %s", norm);
   return damaged_choice(in_run ? ckdir : NULL, in_run ? run : NULL, step_of(base_name(norm)), need_state, fall_back,
                         &why, what, out, err);
@@ -264,7 +282,7 @@ static df_status choose_in_run(const char *ckdir, const char *run, df_ckpt_pick 
   int64_t newest = n ? steps[0] : -1;
   free(steps);
   char shown[PATH_MAX];
-  df_path_normalize(run ? run : ckdir, shown, sizeof shown);
+  df_path_shown(run ? run : ckdir, shown, sizeof shown);
   if (n == 0)
     return DF_FAIL(err, DF_ERR_IO, shown,
                    "a run saves every training.save_interval steps and training.save_interval_minutes, at the end "
@@ -296,7 +314,7 @@ df_status df_ckpt_choose(const char *path, df_ckpt_pick pick, bool need_state, b
   memset(out, 0, sizeof *out);
   out->step = -1;
   char p[PATH_MAX];
-  df_path_normalize(path, p, sizeof p);
+  df_path_shown(path, p, sizeof p);
   if (is_file(p) && !strcmp(base_name(p), "state.h5")) { // state.h5 itself: its directory
     char *slash = strrchr(p, '/');
     if (slash)
@@ -314,7 +332,7 @@ df_status df_ckpt_choose(const char *path, df_ckpt_pick pick, bool need_state, b
     char run[PATH_MAX + 8];
     pathf(run, sizeof run, "%s/..", p);
     char nrun[PATH_MAX];
-    df_path_normalize(run, nrun, sizeof nrun);
+    df_path_shown(run, nrun, sizeof nrun);
     return choose_in_run(p, nrun, pick, need_state, fall_back, out, err);
   }
   if (pick == DF_PICK_BEST)
@@ -376,7 +394,7 @@ int df_ckpt_remove_stale(const char *ckdir, FILE *log) {
     removed++;
     if (log) {
       char shown[PATH_MAX];
-      df_path_normalize(p, shown, sizeof shown);
+      df_path_shown(p, shown, sizeof shown);
       fprintf(log, "removed %s, left by process %ld, which is gone\n", shown, pid);
     }
   }
@@ -439,7 +457,7 @@ bool df_run_best(const char *run_dir, int64_t *step, char *metric, size_t n, dou
 
 df_status df_ckpt_choose_model(const char *path, bool best, df_ckpt_choice *out, df_error *err) {
   char p[PATH_MAX], ck[PATH_MAX + 32];
-  df_path_normalize(path, p, sizeof p);
+  df_path_shown(path, p, sizeof p);
   bool ours = pathf(ck, sizeof ck, "%s/" DF_CKPT_DIR, p) && is_dir(ck);
   ours = ours || !strcmp(base_name(p), DF_CKPT_DIR) || is_ckpt(p, false) || has(p, DF_CKPT_MANIFEST) || best;
   if (!ours) { // not a draftforge layout: SpecForge-style names

@@ -1,6 +1,7 @@
 // A run directory (<output_dir>/: recipe.resolved.yaml, metrics.jsonl, checkpoints/) as the commands see it:
-// normalised paths for messages, which checkpoint a resume / export / eval takes (latest, best, or the newest
-// complete one when latest is damaged; manifests verified), and removal of temporaries left by dead processes.
+// paths as messages show them (normalised, relative to the working directory when under it), which checkpoint a resume
+// / export / eval takes (latest, best, or the newest complete one when latest is damaged; manifests verified), and
+// removal of temporaries left by dead processes.
 #ifndef DF_TRAIN_RUN_DIR_H
 #define DF_TRAIN_RUN_DIR_H
 
@@ -20,6 +21,10 @@ extern "C" {
 void df_path_normalize(const char *in, char *out, size_t n);
 // The absolute normalised path (a relative one is taken from the working directory).
 void df_path_absolute(const char *in, char *out, size_t n);
+// A path as messages show it: normalised and relative to the working directory when it lies under it
+// ("/cwd/sub/../runs/x" and "sub/../runs/x" -> "runs/x", the directory itself -> "."), else absolute
+// ("../x" -> "/parent/x"). The result still names the same place from the working directory.
+void df_path_shown(const char *in, char *out, size_t n);
 // Whether a and b name the same place once both are absolute and normalised.
 bool df_path_same(const char *a, const char *b);
 

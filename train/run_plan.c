@@ -155,7 +155,9 @@ static df_status remove_run_outputs(const char *dir, FILE *log, df_error *err) {
       return DF_FAIL(err, DF_ERR_IO, p, "check the permissions of output_dir", "--overwrite: cannot remove %s: %s", p,
                      strerror(errno));
   }
-  if (log) fprintf(log, "--overwrite: removed the earlier run's checkpoints and metrics in %s\n", dir);
+  char shown[PATH_MAX];
+  df_path_shown(dir, shown, sizeof shown);
+  if (log) fprintf(log, "--overwrite: removed the earlier run's checkpoints and metrics in %s\n", shown);
   return DF_OK;
 }
 
@@ -166,14 +168,15 @@ static df_status prepare_fresh(const df_run_plan_options *opt, const df_recipe *
     plan->overwrite = true; // removed by df_run_plan_apply, once the new run has passed its start-up checks
     return DF_OK;
   }
-  char hint[256];
+  char hint[256], shown[PATH_MAX];
+  df_path_shown(r->output_dir, shown, sizeof shown);
   snprintf(hint, sizeof hint,
            "continue it with `draftforge train --resume %.60s`, start over with --overwrite (deletes its checkpoints "
            "and metrics), or choose another output_dir (--set output_dir=...)",
-           r->output_dir);
+           shown);
   return DF_FAIL(err, DF_ERR_INVALID, "output_dir", hint,
                  "output_dir %s already holds %d checkpoint(s) of an earlier run; a new run does not write into it",
-                 r->output_dir, n);
+                 shown, n);
 }
 
 df_status df_run_plan_apply(const df_run_plan *plan, const df_recipe *recipe, FILE *log, df_error *err) {
@@ -199,7 +202,9 @@ df_status df_run_plan_make(const df_run_plan_options *opt, const df_recipe **rec
                    "%s needs RECIPE.yaml", aut ? "--resume auto" : "a new run");
   df_status st = DF_OK;
   if (aut && df_run_count_checkpoints(asked->output_dir) == 0) { // nothing to resume yet: start the run
-    if (opt->log) fprintf(opt->log, "--resume auto: %s has no checkpoint yet; starting the run\n", asked->output_dir);
+    char shown[PATH_MAX];
+    df_path_shown(asked->output_dir, shown, sizeof shown);
+    if (opt->log) fprintf(opt->log, "--resume auto: %s has no checkpoint yet; starting the run\n", shown);
     from = NULL;
   }
   if (!from) {

@@ -541,7 +541,11 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
   free(staged);
   if (st != DF_OK) return st;
   t->last_saved_step = t->prog.step, t->last_save_s = now_s();
-  if (t->log) fprintf(t->log, "checkpoint: %s\n", t->last_ckpt);
+  if (t->log) {
+    char shown[4096];
+    df_path_shown(t->last_ckpt, shown, sizeof shown);
+    fprintf(t->log, "checkpoint: %s\n", shown);
+  }
   return DF_OK;
 }
 

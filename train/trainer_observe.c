@@ -35,7 +35,10 @@ df_status df_trainer_observe_open(df_trainer *t, df_error *err) {
     snprintf(dir, sizeof dir, "%.4200s/tensorboard", rc->output_dir);
     DF_TRY(df_tb_open(dir, t->prog.step, &t->metrics.tb, err));
     if (t->recipe_yaml) DF_TRY(tb_recipe_text(t->metrics.tb, t->recipe_yaml, err));
-    if (t->log) fprintf(t->log, "tensorboard: %s (tensorboard --logdir %s)\n", df_tb_path(t->metrics.tb), dir);
+    char file[4300], logdir[4300];
+    df_path_shown(df_tb_path(t->metrics.tb), file, sizeof file);
+    df_path_shown(dir, logdir, sizeof logdir);
+    if (t->log) fprintf(t->log, "tensorboard: %s (tensorboard --logdir %s)\n", file, logdir);
     return DF_OK;
   }
   if (!t->tracker) return DF_OK;

@@ -6,6 +6,7 @@
 #include "moe/ffn_moe.h"
 #include "train/device.h"
 #include "train/fsutil.h"
+#include "train/run_dir.h"
 #include "train/trainer_internal.h"
 
 // ---- resources ---------------------------------------------------------------------------------------------------
@@ -185,12 +186,15 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   int n = 0;
   if (t->rank == 0) DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
   free(steps);
+  char shown[4096];
+  df_path_shown(rc->output_dir, shown, sizeof shown);
   if (n > 0)
     return DF_FAIL(err, DF_ERR_INVALID, "output_dir",
                    "continue it with --resume <output_dir>, or choose another output_dir (--set output_dir=...)",
-                   "%s already holds %d checkpoint(s) of an earlier run", rc->output_dir, n);
+                   "%s already holds %d checkpoint(s) of an earlier run", shown, n);
   if (rc->model.draft_checkpoint_path) {
-    if (t->log) fprintf(t->log, "warm start: weights from %s\n", rc->model.draft_checkpoint_path);
+    df_path_shown(rc->model.draft_checkpoint_path, shown, sizeof shown);
+    if (t->log) fprintf(t->log, "warm start: weights from %s\n", shown);
     // MoE: the centering buffers are optional in a warm start (a serving export has none); absent ones start
     // from the init values (mean 0, steps 0).
     if (df_dflash_model_is_moe(t->model)) DF_TRY(df_dflash_model_init(t->model, rc->training.seed, err));
@@ -245,7 +249,9 @@ static df_status resume(df_trainer *t, const char *dir, df_error *err) {
   snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", dir); // the run's newest checkpoint until it writes one
   t->last_saved_step = t->prog.step;
   if (t->log) {
-    fprintf(t->log, "resuming from %s: step %lld, epoch %lld, batch %lld\n", dir, (long long)t->prog.step,
+    char shown[4096];
+    df_path_shown(dir, shown, sizeof shown);
+    fprintf(t->log, "resuming from %s: step %lld, epoch %lld, batch %lld\n", shown, (long long)t->prog.step,
             (long long)t->prog.epoch, (long long)t->prog.cursor);
     if (rc->model.draft_checkpoint_path)
       fprintf(t->log, "note: model.draft_checkpoint_path is not read on resume (the checkpoint has the weights)\n");
@@ -256,10 +262,13 @@ static df_status resume(df_trainer *t, const char *dir, df_error *err) {
 static void print_plan(const df_trainer *t) {
   if (!t->log) return;
   const df_recipe *rc = t->recipe;
+  char from[4096], to[4096];
+  df_path_shown(rc->path, from, sizeof from);
+  df_path_shown(rc->output_dir, to, sizeof to);
   fprintf(t->log,
           "draftforge train: %s -> %s\n  draft %lld parameters (%d tensors); data %lld samples, %lld batches/epoch of "
           "%lld, accumulation %lld\n  schedule %s, lr %g, warmup %lld of %lld steps; stop at step %lld\n",
-          rc->path, rc->output_dir, (long long)df_params_param_numel(t->table), df_params_count(t->table),
+          from, to, (long long)df_params_param_numel(t->table), df_params_count(t->table),
           (long long)df_feed_num_samples(t->feed), (long long)df_feed_batches_per_epoch(t->feed),
           (long long)(t->world * rc->training.batch_size), (long long)rc->training.accumulation_steps,
           rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,

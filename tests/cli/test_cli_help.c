@@ -127,12 +127,14 @@ Test(cli_help, every_error_ends_with_a_hint) {
   df_cli_dir_close(&d);
 }
 
+// A recipe's relative paths are taken from the current directory (as SpecForge takes them), not from the recipe's
+// directory: sub/r.yaml's "sub/../runs/x" is ./runs/x, shown as the user would type it from here.
 Test(cli_help, messages_show_normalised_paths) {
   df_cli_dir d;
   df_cli_dir_open(&d, "norm", NULL);
   char cmd[1200];
   snprintf(cmd, sizeof cmd,
-           "mkdir -p %s/sub && sed 's|^run_id: t|run_id: t\\noutput_dir: ../runs/x|' %s > %s/sub/r.yaml", d.root,
+           "mkdir -p %s/sub && sed 's|^run_id: t|run_id: t\\noutput_dir: sub/../runs/x|' %s > %s/sub/r.yaml", d.root,
            d.recipe, d.root);
   cr_assert_eq(system(cmd), 0);
   cr_expect_eq(df_cli_run(&d, "train sub/r.yaml --set training.max_steps=1", out, sizeof out), 0, "%s", out);
@@ -140,6 +142,8 @@ Test(cli_help, messages_show_normalised_paths) {
   cr_expect(strstr(out, "checkpoint runs/x/checkpoints/step-00000001"), "%s", out);
   cr_expect_null(strstr(out, "/../"), "%s", out);
   cr_expect_null(strstr(out, "sub/.."), "%s", out);
+  cr_expect_null(strstr(out, d.root), "paths under the current directory are shown relative: %s", out);
+  cr_expect(df_cli_exists(&d, "runs/x/checkpoints/step-00000001"), "%s", out);
   df_cli_dir_close(&d);
 }
 

@@ -72,8 +72,10 @@ static int expect_shortest_reals(const char *what, const char *text) {
     bool lead = true;
     for (const char *t = tok; *t && *t != 'e' && *t != 'E'; t++)
       if (isdigit((unsigned char)*t) && !(lead && *t == '0')) digits++, lead = false;
-    for (const char *t = tok + strlen(tok) - 1; strchr(tok, '.') && !strpbrk(tok, "eE") && *t == '0' && digits > 1; t--)
-      digits--; // "123456.0": the zero after the point is not significant
+    // positional ("123456.0", "1000000.0"): trailing zeros, before the point or after it, only place the point
+    for (const char *t = tok + strlen(tok) - 1;
+         t > tok && strchr(tok, '.') && !strpbrk(tok, "eE") && (*t == '0' || *t == '.') && digits > 1; t--)
+      if (*t == '0') digits--;
     if (digits <= 1 || x == 0) continue;
     char shorter[64];
     snprintf(shorter, sizeof shorter, "%.*e", digits - 2, x);
@@ -92,6 +94,9 @@ Test(export_cli, json_reals_are_the_shortest_text_that_reads_back) {
   cr_assert(cfg);
   cr_expect(strstr(cfg, "\"rms_norm_eps\": 1e-06,"), "%s", cfg);
   cr_expect_null(strstr(cfg, "9.9999999999999995"), "%s", cfg);
+  // the resolved RoPE keys (export's serving config) are reals: Python's repr of 1e6, at the top and nested
+  cr_expect(strstr(cfg, "\"rope_theta\": 1000000.0,"), "%s", cfg);
+  cr_expect(strstr(cfg, "\"rope_theta\": 1000000.0\n"), "%s", cfg);
   expect_shortest_reals("config.json", cfg);
   free(cfg);
   char ev[400];

@@ -1,7 +1,8 @@
 // Recipe paths as SpecForge resolves them (train/recipe_paths.c): relative to the current directory, file://
 // and ~ handled, inputs checked with the directory named, hub ids found offline in the Hugging Face cache
 // (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME, ~/.cache; model.cache_dir first) through refs/main; the feature
-// gates (train/recipe_features.c) and the inert-key line. Each test runs in its own process, in a sandbox.
+// gates (train/recipe_features.c) and the inert-key line; paths as messages show them (train/run_dir.h). Each test runs
+// in its own process, in a sandbox.
 #include <criterion/criterion.h>
 #include <limits.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include "tests/common/fixture.h"
 #include "train/recipe.h"
+#include "train/run_dir.h"
 
 static char sandbox[PATH_MAX];
 
@@ -105,6 +107,24 @@ Test(recipe_paths, relative_paths_are_taken_from_the_current_directory_and_made_
   cr_expect_str_eq(r->model.target_model_path, at("models/target"), "file:// is dropped");
   cr_expect_str_eq(r->output_dir, at("home/runs"), "~ is $HOME");
   df_recipe_free(r);
+}
+
+// A resolved (absolute) path is shown as the user would type it from the current directory when it lies under it.
+Test(recipe_paths, messages_show_paths_relative_to_the_current_directory_when_under_it) {
+  char shown[PATH_MAX], want[PATH_MAX * 2];
+  df_path_shown(at("runs/x"), shown, sizeof shown);
+  cr_expect_str_eq(shown, "runs/x");
+  df_path_shown("sub/../runs/./x/", shown, sizeof shown);
+  cr_expect_str_eq(shown, "runs/x");
+  df_path_shown(sandbox, shown, sizeof shown);
+  cr_expect_str_eq(shown, ".");
+  df_path_shown("../other/./y", shown, sizeof shown); // outside: absolute (the sandbox sits in /tmp)
+  cr_expect_str_eq(shown, "/tmp/other/y");
+  snprintf(want, sizeof want, "%sz/y", sandbox); // a sibling whose name starts with the sandbox's is outside
+  df_path_shown(want, shown, sizeof shown);
+  cr_expect_str_eq(shown, want);
+  df_path_shown("/usr/../etc", shown, sizeof shown);
+  cr_expect_str_eq(shown, "/etc");
 }
 
 Test(recipe_paths, a_missing_relative_input_names_the_directory_it_was_resolved_against) {

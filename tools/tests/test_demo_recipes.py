@@ -31,8 +31,10 @@ def commands(text):
 
 
 def run_dir(recipe):
+    """The recipe's output_dir as the demos' commands see it: relative paths are taken from the current directory
+    (SpecForge's rule, docs/training.md "Paths"), and the demos run from the repository root."""
     doc = yaml.safe_load(recipe.read_text())
-    return os.path.normpath(os.path.relpath(recipe.parent / doc["output_dir"], ROOT))
+    return os.path.normpath(os.path.relpath(ROOT / os.path.expanduser(doc["output_dir"]), ROOT))
 
 
 def inside(path, parent):
