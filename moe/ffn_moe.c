@@ -141,6 +141,11 @@ void df_moe_set_rows_per_sample(df_ffn *const *ffns, int n, int64_t rows_per_sam
     if (df_ffn_is_moe(ffns[i])) df_moe_layer_set_rows_per_sample(df_ffn_moe_layer(ffns[i]), rows_per_sample);
 }
 
+void df_moe_set_collective(df_ffn *const *ffns, int n, const df_moe_collective *c) {
+  for (int i = 0; i < n; i++)
+    if (df_ffn_is_moe(ffns[i])) df_moe_layer_set_collective(df_ffn_moe_layer(ffns[i]), c);
+}
+
 void df_moe_set_aux_grad_scale(df_ffn *const *ffns, int n, float scale) {
   for (int i = 0; i < n; i++)
     if (df_ffn_is_moe(ffns[i])) df_moe_layer_set_aux_grad_scale(df_ffn_moe_layer(ffns[i]), scale);

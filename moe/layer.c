@@ -116,8 +116,8 @@ df_status df_moe_layer_init(df_moe_layer *L, const df_moe_config *m, int64_t H, 
 }
 
 void df_moe_layer_free(df_moe_layer *L) {
-  free(L->host_record), free(L->owned_state);
-  L->host_record = NULL, L->owned_state = NULL;
+  free(L->host_record), free(L->owned_state), free(L->dp_counts), free(L->dp_buf), free(L->dp_sums);
+  L->host_record = NULL, L->owned_state = NULL, L->dp_counts = NULL, L->dp_buf = NULL, L->dp_sums = NULL;
 }
 
 // State: [record (DF_MOE_STATS(E) f64) | count stash (E) | centering stash (H)], each region 16-float aligned.
@@ -235,6 +235,89 @@ static df_tensor mat(const float *p, df_device dev, int64_t rows, int64_t cols) 
   return df_view((void *)p, DF_F32, dev, 2, (const int64_t[]){rows, cols});
 }
 
+// ---- data parallel: the routing statistics over every rank's rows -------------------------------------------
+
+// This rank's counts, score column sums (double, in row order) and rows, summed over the ranks in one fp32
+// all-reduce (counts stay exact below 2^24 rows) into dp_counts, dp_sums and dp_T. Host-addressable contexts
+// only: the sums are formed on the host.
+static df_status reduce_routing(df_moe_layer *L, df_ctx *ctx, int64_t T, const df_moe_routing *r, df_error *err) {
+  const int64_t E = L->router.E;
+  if (!df_ctx_host_addressable(ctx))
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "training.device",
+                   "train MoE drafts data-parallel on the CPU backend, or on one rank",
+                   "layer %lld MoE FFN: data-parallel routing statistics are formed on the host, and the %s context "
+                   "is not host-addressable",
+                   (long long)L->layer, df_ctx_backend_name(ctx));
+  if (!L->dp_counts) L->dp_counts = malloc(sizeof(int32_t) * (size_t)E);
+  if (!L->dp_buf) L->dp_buf = malloc(sizeof(float) * (size_t)(2 * E + 1));
+  if (!L->dp_sums) L->dp_sums = malloc(sizeof(double) * (size_t)E);
+  if (!L->dp_counts || !L->dp_buf || !L->dp_sums) return DF_FAIL(err, DF_ERR_NOMEM, "moe", NULL, "out of memory");
+  float *b = L->dp_buf;
+  for (int64_t e = 0; e < E; e++) {
+    double p = 0.0;
+    for (int64_t t = 0; t < T; t++) p += r->scores[t * E + e];
+    b[e] = (float)r->counts[e], b[E + e] = (float)p;
+  }
+  b[2 * E] = (float)T;
+  DF_TRY(df_moe_allreduce(&L->coll, b, 2 * E + 1, false, err));
+  for (int64_t e = 0; e < E; e++) L->dp_counts[e] = (int32_t)b[e], L->dp_sums[e] = (double)b[E + e];
+  L->dp_T = (int64_t)b[2 * E];
+  return DF_OK;
+}
+
+// The statistics block (DF_MOE_STATS(E), as df_moe_route_stats lays it out) of the reduced routing: the switch
+// aux loss coeff·E·Σ_e (counts_e / T)·(Σ_t s_te / T), the load ratios and shares over all ranks' T·k slots, and
+// max |bias| (the same on every rank). den weights DF_MOE_STAT_AUX_NUM.
+static void global_stats(const df_moe_layer *L, double coeff, double den, double *v) {
+  const int64_t E = L->router.E, k = L->router.k, T = L->dp_T;
+  const int32_t *c = L->dp_counts;
+  for (int64_t i = 0; i < DF_MOE_STATS(E); i++) v[i] = 0.0;
+  if (T <= 0) return;
+  if (coeff > 0) {
+    switch (L->cfg.aux_loss_type) {
+    case DF_MOE_AUX_SWITCH: {
+      double loss = 0.0;
+      for (int64_t e = 0; e < E; e++) loss += ((double)c[e] / (double)T) * (L->dp_sums[e] / (double)T);
+      v[DF_MOE_STAT_AUX] = coeff * (double)E * loss;
+    } break;
+    }
+  }
+  v[DF_MOE_STAT_AUX_NUM] = den > 0 ? v[DF_MOE_STAT_AUX] * den : 0.0;
+  int32_t mx = c[0], mn = c[0];
+  int64_t unused = 0;
+  for (int64_t e = 0; e < E; e++) {
+    mx = c[e] > mx ? c[e] : mx;
+    mn = c[e] < mn ? c[e] : mn;
+    unused += c[e] == 0;
+  }
+  const double uniform = (double)T * (double)k / (double)E;
+  v[DF_MOE_STAT_LOAD_MAX] = mx / uniform;
+  v[DF_MOE_STAT_LOAD_MIN] = mn / uniform;
+  v[DF_MOE_STAT_UNUSED] = (double)unused / (double)E;
+  if (L->cfg.balance == DF_MOE_BALANCE_NOAUX_TC && L->balance.bias) {
+    float m = 0.0f;
+    for (int64_t e = 0; e < E; e++) m = fabsf(L->balance.bias[e]) > m ? fabsf(L->balance.bias[e]) : m;
+    v[DF_MOE_STAT_BIAS_ABS_MAX] = m;
+  }
+  for (int64_t e = 0; e < E; e++) v[DF_MOE_STAT_LOAD + e] = (double)c[e] / (double)(T * k);
+}
+
+// Data parallel: the record gets the global batch's statistics; the sink gets them divided by the world size
+// (the trainer sums its stats vector over the ranks) except the aux numerator, weighted by this rank's own
+// loss_den (the ranks' numerators add to aux·Σ loss_den).
+static df_status dp_stats(df_moe_layer *L, df_ctx *ctx, int64_t T, const df_moe_routing *r, double coeff,
+                          df_error *err) {
+  DF_TRY(reduce_routing(L, ctx, T, r, err));
+  const int64_t n = DF_MOE_STATS(L->router.E);
+  global_stats(L, coeff, 0.0, L->record);
+  if (!L->sink) return DF_OK;
+  const double w = 1.0 / (double)L->coll.world_size;
+  for (int64_t i = 0; i < n; i++)
+    L->sink[i] += i == DF_MOE_STAT_AUX_NUM ? (L->sink_den > 0 ? L->record[DF_MOE_STAT_AUX] * L->sink_den : 0.0)
+                                           : L->record[i] * w;
+  return DF_OK;
+}
+
 // The router input: x itself, x minus each sample's mean (training), or x minus the running mean (eval).
 static df_status router_input(df_moe_layer *L, df_ctx *ctx, const float *x, int64_t T, center_used mode, int64_t rps,
                               float *u_buf, float *batch_mean, const float **u, df_error *err) {
@@ -275,6 +358,7 @@ df_status df_moe_layer_forward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x,
   center_used mode = CENTER_USED_NONE;
   if (L->cfg.router_center == DF_MOE_CENTER_SAMPLE) mode = L->training ? CENTER_USED_SAMPLE : CENTER_USED_FIXED;
   const bool aux_on = L->training && L->aux;
+  const bool dp = L->training && L->coll.sum && L->coll.world_size > 1;
   L->fwd.valid = false;
 
   // Router (fp32) on the centered rows.
@@ -297,7 +381,9 @@ df_status df_moe_layer_forward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x,
     df_tensor bias = df_f32_on(d, L->balance.bias, E), rec = df_f64_on(d, L->record, DF_MOE_STATS(E));
     df_tensor stash = df_f32_on(d, L->balance.stash, E);
     DF_TRY(df_moe_route_stats(ctx, &sd, &sc, &cn, noaux ? &bias : NULL, &rec, false, noaux ? &stash : NULL, err));
-    if (L->sink) {
+    if (dp) {
+      DF_TRY(dp_stats(L, ctx, T, &r, sd.coeff, err));
+    } else if (L->sink) {
       df_tensor sink = df_f64_on(d, L->sink, DF_MOE_STATS(E));
       sd.den = L->sink_den;
       DF_TRY(df_moe_route_stats(ctx, &sd, &sc, &cn, noaux ? &bias : NULL, &sink, true, NULL, err));
@@ -316,6 +402,7 @@ df_status df_moe_layer_forward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x,
     DF_TRY(df_moe_shared_forward(ctx, &L->shared, &L->sp, x, &sv, sh_scratch, y, err));
   }
   L->fwd.T = T, L->fwd.rows_per_sample = rps, L->fwd.center = mode, L->fwd.aux_on = aux_on;
+  L->fwd.dp = dp;
   L->fwd.valid = true;
   return DF_OK;
 }
@@ -357,8 +444,10 @@ df_status df_moe_layer_backward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x
   const bool aux_on = L->fwd.aux_on;
   if (aux_on) {
     const df_moe_stats_desc sd = {.aux = L->cfg.aux_loss_type, .coeff = L->cfg.aux_loss_coeff, .k = k};
-    df_tensor cn = df_i32_on(dev, r.counts, E), row = df_f32_on(dev, aux_row, E);
-    DF_TRY(df_moe_aux_backward(ctx, &sd, T, &cn, (double)L->aux_grad_scale, &row, err));
+    // Data parallel: the global counts and rows of the forward (the reduced routing; host-addressable context).
+    const bool dp = L->fwd.dp;
+    df_tensor cn = df_i32_on(dev, dp ? L->dp_counts : r.counts, E), row = df_f32_on(dev, aux_row, E);
+    DF_TRY(df_moe_aux_backward(ctx, &sd, dp ? L->dp_T : T, &cn, (double)L->aux_grad_scale, &row, err));
   }
   const float *u = NULL;
   const int64_t rps = L->fwd.rows_per_sample;

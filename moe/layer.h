@@ -80,10 +80,19 @@ typedef struct {
     int64_t T, rows_per_sample;
     int center; // none, sample, fixed
     bool aux_on;
+    bool dp; // the statistics and the aux gradient use the reduced routing (dp_counts, dp_T)
   } fwd;
   bool aux_valid;      // the record's aux loss is the last forward's (a training forward with the loss on)
   bool has_metrics;    // a training forward has filled the record
   double *host_record; // (DF_MOE_STATS(E)) the record read back for the metrics getters (owned)
+  // Data parallel (coll.world_size > 1): the last training forward's routing counts, score column sums and row
+  // count summed over the ranks — what the aux loss, its gradient and the statistics use, as one process would
+  // over the global batch (owned; the experts still run on this rank's own counts). Needs a host-addressable
+  // context (the sums are formed on the host).
+  int32_t *dp_counts; // (E)
+  int64_t dp_T;
+  float *dp_buf;   // (2E + 1) the reduction's buffer
+  double *dp_sums; // (E) the reduced score column sums
 } df_moe_layer;
 
 // Validates the config for a layer of hidden size H and sets the layer up (unbound).

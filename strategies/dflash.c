@@ -32,13 +32,14 @@ static int cmp_i32(const void *x, const void *y) {
   return (a > b) - (a < b);
 }
 
-// One sample: S−1 draws, valid positions ordered by (key, p); the first `take` become its sorted anchors.
-static void sample_row(df_rng *rng, const uint8_t *mask, int64_t S, int64_t take, anchor_key *scratch,
+// One sample: draws = S_pad − 1 uniforms for a row padded to S_pad ≥ S (positions past the sample's padded row
+// are padding, never valid), valid positions ordered by (key, p); the first `take` become its sorted anchors.
+static void sample_row(df_rng *rng, const uint8_t *mask, int64_t S, int64_t draws, int64_t take, anchor_key *scratch,
                        int32_t *anchors) {
   int64_t c = 0;
-  for (int64_t p = 0; p + 1 < S; p++) {
+  for (int64_t p = 0; p < draws; p++) {
     double u = df_rng_uniform(rng);
-    if (anchor_valid(mask, S, p)) scratch[c++] = (anchor_key){u, p};
+    if (p + 1 < S && anchor_valid(mask, S, p)) scratch[c++] = (anchor_key){u, p};
   }
   qsort(scratch, (size_t)c, sizeof *scratch, cmp_key);
   for (int64_t i = 0; i < take; i++) anchors[i] = (int32_t)scratch[i].p;
@@ -61,22 +62,33 @@ static int64_t count_candidates(const uint8_t *mask, int64_t S) {
   return c;
 }
 
-df_status df_dflash_sample_anchors(df_dflash_sampler *s, const uint8_t *loss_mask, int64_t B, int64_t S,
-                                   int64_t num_anchors, df_dflash_anchors *out, df_error *err) {
+int64_t df_dflash_max_candidates(const uint8_t *loss_mask, int64_t B, int64_t S) {
+  int64_t cmax = 0;
+  for (int64_t b = 0; b < B; b++) {
+    int64_t c = count_candidates(loss_mask + b * S, S);
+    if (c > cmax) cmax = c;
+  }
+  return cmax;
+}
+
+df_status df_dflash_sample_anchors_global(df_dflash_sampler *s, const uint8_t *loss_mask, int64_t B, int64_t S,
+                                          int64_t num_anchors, const df_dflash_global_batch *g, df_dflash_anchors *out,
+                                          df_error *err) {
   memset(out, 0, sizeof *out);
   DF_TRY(check_anchor_args(loss_mask, B, S, num_anchors, err));
-  int64_t *cand = calloc((size_t)B, sizeof *cand), cmax = 0;
+  if (g->world < 1 || g->rank < 0 || g->rank >= g->world || g->global_S < S)
+    return DF_FAIL(err, DF_ERR_INVALID, "anchors", NULL, "bad global batch: rank %d of %d, global S %lld < S %lld",
+                   g->rank, g->world, (long long)g->global_S, (long long)S);
+  int64_t *cand = calloc((size_t)B, sizeof *cand);
   if (!cand) return DF_FAIL(err, DF_ERR_NOMEM, "anchors", NULL, "out of memory");
-  for (int64_t b = 0; b < B; b++) {
-    cand[b] = count_candidates(loss_mask + b * S, S);
-    if (cand[b] > cmax) cmax = cand[b];
-  }
-  if (cmax == 0) {
+  for (int64_t b = 0; b < B; b++) cand[b] = count_candidates(loss_mask + b * S, S);
+  if (g->global_cmax == 0) {
     free(cand);
     return DF_FAIL(err, DF_ERR_INVALID, "loss_mask", "every sample needs two consecutive supervised tokens",
-                   "no valid anchor in the batch (B = %lld, S = %lld)", (long long)B, (long long)S);
+                   "no valid anchor in the batch (B = %lld, S = %lld)", (long long)(B * g->world),
+                   (long long)g->global_S);
   }
-  int64_t N = num_anchors < cmax ? num_anchors : cmax;
+  int64_t N = num_anchors < g->global_cmax ? num_anchors : g->global_cmax;
   out->B = B, out->N = N, out->candidates = cand;
   out->anchors = calloc((size_t)(B * N), sizeof *out->anchors);
   out->keep = calloc((size_t)(B * N), 1);
@@ -86,13 +98,27 @@ df_status df_dflash_sample_anchors(df_dflash_sampler *s, const uint8_t *loss_mas
     df_dflash_anchors_free(out);
     return DF_FAIL(err, DF_ERR_NOMEM, "anchors", NULL, "out of memory for %lld anchors", (long long)(B * N));
   }
-  for (int64_t b = 0; b < B; b++) {
-    int64_t take = cand[b] < N ? cand[b] : N;
-    sample_row(&s->rng, loss_mask + b * S, S, take, scratch, out->anchors + b * N);
+  const int64_t draws = g->global_S - 1;
+  for (int64_t j = 0; j < B * g->world; j++) { // global slot j belongs to rank j mod world
+    if (j % g->world != g->rank) {
+      for (int64_t p = 0; p < draws; p++) (void)df_rng_next_u64(&s->rng);
+      continue;
+    }
+    int64_t b = j / g->world, take = cand[b] < N ? cand[b] : N;
+    sample_row(&s->rng, loss_mask + b * S, S, draws, take, scratch, out->anchors + b * N);
     memset(out->keep + b * N, 1, (size_t)take);
   }
   free(scratch);
   return DF_OK;
+}
+
+df_status df_dflash_sample_anchors(df_dflash_sampler *s, const uint8_t *loss_mask, int64_t B, int64_t S,
+                                   int64_t num_anchors, df_dflash_anchors *out, df_error *err) {
+  memset(out, 0, sizeof *out);
+  DF_TRY(check_anchor_args(loss_mask, B, S, num_anchors, err));
+  df_dflash_global_batch g = {
+      .world = 1, .rank = 0, .global_S = S, .global_cmax = df_dflash_max_candidates(loss_mask, B, S)};
+  return df_dflash_sample_anchors_global(s, loss_mask, B, S, num_anchors, &g, out, err);
 }
 
 // ---- blocks ------------------------------------------------------------------------------------------------
@@ -216,8 +242,8 @@ df_status df_dflash_objective_rows(df_ctx *ctx, const df_dflash_loss_options *op
   // weights binary·weight and grad_scale 1/B; loss_num = Σ CE·binary·weight, loss_den = B. As in SpecForge,
   // D-PACE weighs slots by the binary weight: loss_decay_gamma does not apply to it.
   DF_TRY(lmhead_pass(ctx, opt, hidden, head, rows, NULL, 1.0f, w, NULL, err));
-  DF_TRY(df_dpace_weights(ctx, df_dflash_dpace_mode(opt->type), opt->dpace_alpha, rows->bs, &w->ce, &rows->binary_f, &w->dpace,
-                          &w->row_w, err));
+  DF_TRY(df_dpace_weights(ctx, df_dflash_dpace_mode(opt->type), opt->dpace_alpha, rows->bs, &w->ce, &rows->binary_f,
+                          &w->dpace, &w->row_w, err));
   DF_TRY(df_block_metrics(ctx, rows->bs, &w->ce, &w->correct, &w->row_w, &rows->binary, &rows->keep, stats, err));
   if (!dhidden) return DF_OK;
   return lmhead_pass(ctx, opt, hidden, head, rows, &w->row_w, (float)(1.0 / rows->loss_den), w, dhidden, err);

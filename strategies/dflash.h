@@ -37,6 +37,23 @@ df_status df_dflash_sample_anchors(df_dflash_sampler *s, const uint8_t *loss_mas
                                    int64_t num_anchors, df_dflash_anchors *out, df_error *err);
 void df_dflash_anchors_free(df_dflash_anchors *a);
 
+// Data parallel: this rank's batch is its share of a global batch of world·B samples (slots rank, rank + world,
+// … of it, train/data_feed.h), padded to global_S = the longest sample of the whole global batch, with
+// global_cmax = the largest candidate count over it (both reduced with MAX across ranks). The stream is replayed
+// over the global batch in slot order — global_S − 1 draws per sample, the other ranks' draws discarded — and
+// N = min(num_anchors, global_cmax), so the anchors, N and the stream state equal the one-process ones of the
+// global batch. world 1 (global_S = S, global_cmax = the local maximum) is df_dflash_sample_anchors.
+typedef struct {
+  int world, rank;
+  int64_t global_S, global_cmax;
+} df_dflash_global_batch;
+
+df_status df_dflash_sample_anchors_global(df_dflash_sampler *s, const uint8_t *loss_mask, int64_t B, int64_t S,
+                                          int64_t num_anchors, const df_dflash_global_batch *g, df_dflash_anchors *out,
+                                          df_error *err);
+// max_b c_b of a (B, S) loss mask (what df_dflash_global_batch.global_cmax reduces).
+int64_t df_dflash_max_candidates(const uint8_t *loss_mask, int64_t B, int64_t S);
+
 // ---- block inputs, positions, labels, weights (§3) ---------------------------------------------------------
 
 typedef struct {

@@ -27,8 +27,9 @@ typedef struct {
   char draft_config_hash[24]; // FNV-1a 64 of the draft config's canonical JSON, hex
   char loss_type[48];
   char lr_scheduler[16];
-  int64_t data_size; // samples
-  int64_t batch_size, accumulation_steps, world_size;
+  int64_t data_size;  // samples
+  int64_t batch_size; // the global batch: ranks × training.batch_size (resumable on another number of ranks)
+  int64_t accumulation_steps, world_size; // world_size: informational, not compared on resume
   int64_t block_size, num_anchors, max_length, mask_token_id;
   int64_t seed;
   int64_t horizon; // LR schedule T

@@ -26,7 +26,7 @@ static const field CONTRACT[] = {
     CF("strategy", "training.strategy", F_STR, strategy),
     CF("draft_config_hash", "model.draft_model_config (the draft config's hash)", F_STR, draft_config_hash),
     CF("data_size", "data.hidden_states_path (its sample count)", F_I64, data_size),
-    CF("batch_size", "training.batch_size", F_I64, batch_size),
+    CF("batch_size", "the global batch (ranks x training.batch_size)", F_I64, batch_size),
     CF("accumulation_steps", "training.accumulation_steps", F_I64, accumulation_steps),
     CF("world_size", "world_size", F_I64, world_size),
     CF("block_size", "block_size (draft config)", F_I64, block_size),
@@ -364,6 +364,9 @@ df_status df_ckpt_check_contract(const df_ckpt_contract *want, const df_ckpt_con
                                  df_error *err) {
   for (int i = 0; i < NFIELDS(CONTRACT); i++) {
     const field *f = &CONTRACT[i];
+    // the world size is informational: the global batch (batch_size) is what must agree, so a run resumes on
+    // another number of ranks (docs/distributed.md)
+    if (f->off == offsetof(df_ckpt_contract, world_size)) continue;
     const char *a = (const char *)want + f->off, *b = (const char *)have + f->off;
     bool same = f->type == F_STR   ? !strcmp(a, b)
                 : f->type == F_I64 ? *(const int64_t *)a == *(const int64_t *)b

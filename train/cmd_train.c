@@ -177,6 +177,7 @@ int df_cmd_train(int argc, char **argv) {
                         .device = (df_device_choice)device,
                         .comm = d.comm};
   df_train_summary s;
+  const int rank = d.comm ? df_comm_rank(d.comm) : 0;
   df_status st = df_train(&o, &s, &err);
   df_progress_term_close(term);
   char cmd[8400], note[8400 + 4000 + 200] = ""; // room for the longest command and checkpoint path
@@ -192,6 +193,7 @@ int df_cmd_train(int argc, char **argv) {
     df_cli_free(&a);
     return fail_job(&d, &err, verbose, note, s.bad_arguments ? DF_EXIT_USAGE : DF_EXIT_FAILURE);
   }
+  if (rank != 0) return df_cli_free(&a), DF_EXIT_OK; // rank 0 speaks for the job
   if (s.stopped_by_signal)
     printf("stopped by a signal after step %lld of %lld; checkpoint %s\nresume with: %s\n", (long long)s.last_step,
            (long long)s.stop_step, last, cmd);

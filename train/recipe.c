@@ -292,6 +292,7 @@ static void build_trainer(const recipe_impl *r, df_recipe *p) {
   p->training.learning_rate = val(r, "training", "learning_rate")->f;
   p->training.lr_scheduler = (df_lr_kind)val(r, "training", "lr_scheduler")->choice;
   p->training.device = (df_device_choice)val(r, "training", "device")->choice;
+  p->training.fsdp_sharding = (df_shard_kind)val(r, "training", "fsdp_sharding")->choice;
   p->training.warmup_ratio = val(r, "training", "warmup_ratio")->f;
   p->training.max_grad_norm = val(r, "training", "max_grad_norm")->f;
   p->training.weight_decay = val(r, "training", "weight_decay")->f;

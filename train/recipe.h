@@ -19,6 +19,9 @@ extern "C" {
 typedef enum { DF_STRATEGY_DFLASH = 0, DF_STRATEGY_DSPARK = 1 } df_strategy;
 
 typedef enum { DF_LR_COSINE = 0, DF_LR_CONSTANT = 1 } df_lr_kind; // training.lr_scheduler, in schema order
+// training.fsdp_sharding (SpecForge's key), in schema order: SHARD_GRAD_OP and FULL_SHARD shard the fp32 masters'
+// optimizer state across data-parallel ranks (ZeRO-1, docs/distributed.md), NO_SHARD replicates it.
+typedef enum { DF_SHARD_GRAD_OP = 0, DF_SHARD_FULL = 1, DF_SHARD_NONE = 2 } df_shard_kind;
 
 // training.device, in schema order (train/device.h resolves it to a context).
 typedef enum { DF_DEVICE_AUTO = 0, DF_DEVICE_CPU = 1, DF_DEVICE_CUDA = 2 } df_device_choice;
@@ -84,6 +87,7 @@ typedef struct df_recipe {
     double save_interval_minutes;                                        // wall-clock saving (extension); 0 = off
     const char *resume_from;                                             // NULL: a fresh run
     double dist_timeout;                                                 // minutes (train/dist)
+    df_shard_kind fsdp_sharding;
   } training;
   struct {
     // deployment.trainer: what the launcher must have started (train/dist/launch.h); *_set: written in the

@@ -54,10 +54,8 @@ static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL}; // in df_dev
   "train online instead: deployment.mode: local_colocated (no deployment.disaggregated) with data.train_data_path; "   \
   "draftforge train runs the target in-process on every batch (docs/target.md)"
 #define OTHER_ALGO "another algorithm's knob; DFlash does not read it"
-#define ONE_PROC                                                                                                       \
-  "data parallel is plain replication with one gradient reduction per step; sharding follows (docs/distributed.md)"
-#define LAUNCH "checked against the launcher's environment at start-up (docs/distributed.md)"
-#define ENGINE "a setting of the SGLang capture engine, which offline runs never start"
+#define LAUNCH     "checked against the launcher's environment at start-up (docs/distributed.md)"
+#define ENGINE     "a setting of the SGLang capture engine, which offline runs never start"
 
 static const df_recipe_key SCHEMA[] = {
     // ---- top level
@@ -127,7 +125,8 @@ static const df_recipe_key SCHEMA[] = {
               "prompts_path, hidden_states_path is set"),
     K("data", "prompts_path", DF_RT_PATH, .def = "", USED, INPUT,
       .note = "read like data.train_data_path (as SpecForge does)"),
-    K("data", "hidden_states_path", DF_RT_PATH, .def = "", USED, INPUT, .note = "offline training: captured HDF5 shards"),
+    K("data", "hidden_states_path", DF_RT_PATH, .def = "", USED, INPUT,
+      .note = "offline training: captured HDF5 shards"),
     K("data", "eval_data_path", DF_RT_PATH, .def = "", USED, INPUT,
       .note = "online eval data, read like data.train_data_path (SpecForge refuses it)"),
     K("data", "eval_hidden_states_path", DF_RT_PATH, .def = "", USED, INPUT,
@@ -155,7 +154,10 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "total_steps", DF_RT_INT, .nullable = true, GT(0), USED),
     K("training", "batch_size", DF_RT_INT, .def = "1", GT(0), USED),
     K("training", "accumulation_steps", DF_RT_INT, .def = "1", GT(0), USED),
-    K("training", "fsdp_sharding", DF_RT_ENUM, .def = "SHARD_GRAD_OP", .choices = FSDP, INERT(ONE_PROC)),
+    K("training", "fsdp_sharding", DF_RT_ENUM, .def = "SHARD_GRAD_OP", .choices = FSDP, USED,
+      .note = "on several ranks: SHARD_GRAD_OP shards the AdamW moments and the update (ZeRO-1: reduce-scatter of the "
+              "gradients, AdamW on this rank's shard, all-gather of the parameters); FULL_SHARD does the same (the "
+              "parameters stay replicated); NO_SHARD all-reduces the gradients and updates everywhere"),
     K("training", "learning_rate", DF_RT_FLOAT, .def = "1e-4", GT(0), USED),
     K("training", "lr_scheduler", DF_RT_ENUM, .def = "cosine", .choices = SCHEDULERS, USED),
     K("training", "warmup_ratio", DF_RT_FLOAT, .def = "0.015", GE(0), LE(1), USED),

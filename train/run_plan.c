@@ -13,18 +13,13 @@
 
 #include "train/checkpoint.h"
 
-static const char *const MAY_CHANGE[] = {"training.max_steps",
-                                         "training.num_epochs",
-                                         "training.save_interval",
-                                         "training.save_interval_minutes",
-                                         "training.eval_interval",
-                                         "training.log_interval",
-                                         "training.max_checkpoints",
-                                         "training.max_consecutive_skips",
-                                         "training.resume_from",
-                                         "tracking.",
-                                         "profiling.",
-                                         NULL}; // a trailing '.' takes the whole section
+static const char *const MAY_CHANGE[] = {
+    "training.max_steps", "training.num_epochs", "training.save_interval", "training.save_interval_minutes",
+    "training.eval_interval", "training.log_interval", "training.max_checkpoints", "training.max_consecutive_skips",
+    "training.resume_from",
+    // data parallel: the per-rank batch follows the world size; the
+    // checkpoint's contract checks the global batch (ranks x batch_size)
+    "training.batch_size", "tracking.", "profiling.", NULL}; // a trailing '.' takes the whole section
 
 bool df_run_plan_may_change(const char *key) {
   for (int i = 0; MAY_CHANGE[i]; i++) {

@@ -47,7 +47,8 @@ df_status df_run_plan_apply(const df_run_plan *plan, const df_recipe *recipe, FI
 df_status df_run_plan_peek_recipe(const df_run_plan_options *opt, const df_recipe **recipe, df_error *err);
 
 // Whether a resume may change `key` ("section.key"): the stop (max_steps, num_epochs), the save / eval / log
-// cadence, max_checkpoints, max_consecutive_skips, resume_from, tracking and profiling. Everything else must
+// cadence, max_checkpoints, max_consecutive_skips, resume_from, tracking and profiling, and batch_size (a resume
+// on another world size; the checkpoint's contract compares the global batch, ranks x batch_size). Everything else must
 // agree with the run; the checkpoint's contract (train/checkpoint.h) checks the values that decide the bits.
 bool df_run_plan_may_change(const char *key);
 

@@ -44,16 +44,27 @@ df_stage_spec df_step_stage_spec(const df_draft_config *cfg, const df_step_froze
 //   the optimizer boundary: the scale is g·loss_den, so the window's gradient is that of
 //   Σ_i (num_i + A_i·den_i) / Σ_i den_i — each micro-batch's aux loss weighted like its objective.
 // A micro-batch with no loss weight (loss_den = 0) adds nothing and back-propagates no aux gradient.
+// Data parallel: the aux loss is the global batch's (moe/layer.c reduces the routing), and its weight is the
+// micro-batch's global loss_den — each rank adds aux·(its own loss_den) to the MoE sums, so the ranks' sums add
+// to aux·Σden, and the aux gradient's scale is grad_scale·Σden.
 // With opt->moe_stats (the trainer) the aux loss reaches loss_num on the device (the layers add aux·loss_den into
 // the MoE sums, df_moe_set_stats) and nothing is read here; otherwise the layers' records are read back.
-static double moe_aux_begin(df_dflash_model *m, const df_step_options *opt, double loss_den) {
+static df_status moe_aux_begin(df_dflash_model *m, const df_step_options *opt, double loss_den, double *aux,
+                               df_error *err) {
   int n = 0;
   df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
-  if (!df_dflash_model_is_moe(m)) return 0.0;
-  const double aux = loss_den > 0 && !opt->moe_stats ? df_moe_aux_loss_sum(ffns, n) : 0.0;
-  const double scale = loss_den > 0 ? (opt->grad_scale > 0 ? opt->grad_scale * loss_den : 1.0) : 0.0;
+  *aux = 0.0;
+  if (!df_dflash_model_is_moe(m)) return DF_OK;
+  double den = loss_den;
+  if (opt->global && opt->dp_sum) {
+    float d = (float)loss_den;
+    DF_TRY(df_moe_allreduce(opt->dp_sum, &d, 1, false, err));
+    den = d;
+  }
+  *aux = den > 0 && !opt->moe_stats ? df_moe_aux_loss_sum(ffns, n) : 0.0;
+  const double scale = den > 0 ? (opt->grad_scale > 0 ? opt->grad_scale * den : 1.0) : 0.0;
   df_moe_set_aux_grad_scale(ffns, n, (float)scale);
-  return aux;
+  return DF_OK;
 }
 
 df_dspark_loss_options df_step_dspark_loss(const df_step_options *opt) {
@@ -135,7 +146,10 @@ static df_status micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *c
                        const df_batch *bt, df_dflash_sampler *s, const df_step_options *opt, df_stage *stage,
                        df_dflash_anchors *a, df_staged *st, double *aux, df_error *err) {
   DF_TRY(check_options(cfg, opt, err));
-  DF_TRY(df_dflash_sample_anchors(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, a, err));
+  if (opt->global)
+    DF_TRY(df_dflash_sample_anchors_global(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, opt->global, a, err));
+  else
+    DF_TRY(df_dflash_sample_anchors(s, bt->loss_mask, bt->B, bt->S, opt->num_anchors, a, err));
   DF_TRY(df_stage_prepare(stage, bt, a, st, err));
   df_tensor stats = opt->stats ? *opt->stats : st->stats;
   if (!opt->stats) DF_TRY(df_fill(ctx, &stats, 0.0, err));
@@ -148,7 +162,7 @@ static df_status micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *c
   DF_TRY(fw);
   if (!opt->accumulate) df_dflash_model_zero_grads(m); // DSpark's heads add their gradients in the objective
   DF_TRY(objective(ctx, m, cfg, fz, opt, st, &hidden, &stats, err));
-  *aux = moe_aux_begin(m, opt, st->loss_den);
+  DF_TRY(moe_aux_begin(m, opt, st->loss_den, aux, err));
   return df_dflash_model_backward(m, st->dhidden.data, err);
 }
 

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "modeling/dflash_model.h"
+#include "moe/balance.h"
 #include "strategies/dflash.h"
 #include "strategies/dspark.h"
 #include "train/batch.h"
@@ -47,6 +48,11 @@ typedef struct {
   df_stage *stage;
   df_tensor *stats;
   double *moe_stats;
+  // Data parallel (the trainer on several ranks): the batch is this rank's share of a global batch, and the
+  // anchors replay the global batch's stream (strategies/dflash.h). NULL: the batch is the whole batch.
+  const df_dflash_global_batch *global;
+  // With global: the ranks' fp32 SUM (MoE drafts: the micro-batch's global loss_den scales the aux gradient).
+  const df_moe_collective *dp_sum;
 } df_step_options;
 
 // The frozen target pieces as the step reads them: embedding (V, H) and LM head (V, H), fp32 on the context's

@@ -202,13 +202,15 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
   df_step_options opt = t->step_opt;
   opt.stage = t->stage, opt.stats = &t->obj_stats;
   opt.moe_stats = t->nstats > t->nobj ? (double *)t->stats_buf + t->nobj : NULL;
+  if (t->world > 1) opt.global = &t->global;
   for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
     const df_batch *b;
     double wait = 0;
     DF_TRY(df_feed_next(t->feed, &b, &wait, err));
     w->data_wait_s += wait;
-    df_trainer_note_batch(t, b->index, b->B, k == 0);            // a skipped step names its samples
-    if (df_dflash_model_is_moe(t->model)) t->state_dirty = true; // MoE forwards update router buffers
+    if (t->world > 1) DF_TRY(df_trainer_dp_global_batch(t, b, err)); // this rank's share of the global batch
+    df_trainer_note_batch(t, b->index, b->B, k == 0);                // a skipped step names its samples
+    if (df_dflash_model_is_moe(t->model)) t->state_dirty = true;     // MoE forwards update router buffers
     df_dflash_metrics m;
     int64_t N;
     df_error micro_err = {0};
@@ -278,10 +280,27 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
   const df_recipe *rc = t->recipe;
   r->lr = df_lr_at(&t->sched, step);
   r->grad_norm = NAN, r->clip_coef = NAN;
+  t->stop = g_stop_signal != 0;
+  if (t->world > 1) { // the job's window: every rank then takes the same decisions from the same sums
+    double sc[5] = {w->loss_den, w->host_loss_num, (double)w->tokens, w->numeric_fail, t->stop};
+    DF_TRY(df_trainer_dp_reduce(t, sc, 5, !t->zero, err)); // ZeRO-1 reduce-scatters the gradient below
+    w->loss_den = sc[0], w->host_loss_num = sc[1], w->tokens = (int64_t)sc[2];
+    w->numeric_fail = sc[3] > 0, t->stop = sc[4] > 0;
+  }
   // Known on the host before anything is queued: a micro-step that failed numerically, an empty window.
   const bool host_skip = w->numeric_fail || !(w->loss_den > 0) || !isfinite(w->host_loss_num);
   const float scale = w->loss_den > 0 ? (float)(1.0 / w->loss_den) : 0.0f;
-  if (!host_skip) {
+  if (!host_skip && t->zero) { // ZeRO-1: the same update, each rank computing its shard of it
+    df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
+    df_adamw_fused_desc ad = {.hp = {.lr = (float)r->lr,
+                                     .beta1 = (float)rc->training.adam_beta1,
+                                     .beta2 = (float)rc->training.adam_beta2,
+                                     .eps = (float)rc->training.adam_eps,
+                                     .weight_decay = (float)rc->training.weight_decay,
+                                     .step = t->prog.adam_step + 1},
+                              .grad_scale = scale};
+    DF_TRY(df_trainer_dp_zero_step(t, &ad, &nd, err));
+  } else if (!host_skip) {
     df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
     df_tensor g = df_f32_on(df_ctx_device(t->ctx), df_dflash_model_grads(t->model), df_params_numel(t->table));
     df_tensor mk = df_u8_on(df_ctx_device(t->ctx), t->mask, df_params_numel(t->table));
@@ -363,6 +382,7 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
 
 static df_status log_step(df_trainer *t, int64_t step, const window *w, const step_result *r, double elapsed,
                           df_error *err) {
+  if (t->rank != 0) return DF_OK; // rank 0 writes the job's (reduced) lines
   bool line = step % t->recipe->training.log_interval == 0 || r->skipped;
   if (line) {
     json_t *o = step_line(step, w, r, elapsed);
@@ -371,7 +391,7 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
     DF_TRY(st);
   }
   struct df_progress_term *term = t->opt->progress; // a terminal: redrawn every step
-  if (!t->log || !(line || term || step == t->stop_step || g_stop_signal)) return DF_OK;
+  if (!t->log || !(line || term || step == t->stop_step || t->stop)) return DF_OK;
   int64_t done = step - t->start_step;
   df_progress p = {.step = step,
                    .stop = t->stop_step,
@@ -491,9 +511,20 @@ static df_status state_to_host(df_trainer *t, float *bufs[3], float **staged, df
   return DF_OK;
 }
 
+// ZeRO-1 (host memory): the weights as they are, the moments gathered from every rank into one staged copy.
+static df_status zero_state(df_trainer *t, float *bufs[3], float **staged, df_error *err) {
+  const int64_t n = df_params_numel(t->table);
+  if (!(*staged = malloc(2 * sizeof(float) * (size_t)n)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "checkpoint", NULL, "out of memory for %lld moments", (long long)(2 * n));
+  bufs[0] = df_dflash_model_weights(t->model), bufs[1] = *staged, bufs[2] = *staged + n;
+  return df_trainer_dp_gather_moments(t, bufs[1], bufs[2], err);
+}
+
+// ZeRO-1: collective (every rank's moment shard is gathered), then rank 0 writes.
 df_status df_trainer_save(df_trainer *t, df_error *err) {
   float *bufs[3], *staged;
-  df_status st = state_to_host(t, bufs, &staged, err);
+  df_status st = t->zero ? zero_state(t, bufs, &staged, err) : state_to_host(t, bufs, &staged, err);
+  if (st == DF_OK && t->rank != 0) return free(staged), DF_OK;
   if (st == DF_OK) st = check_finite(t, (const float *const *)bufs, err); // t->prog is current after every step
   df_ckpt_state s = {.table = t->table,
                      .params = bufs[0],
@@ -522,9 +553,10 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
 
 // A run that fails after training started keeps its work: a checkpoint of the last complete step, as a signal
 // would write — unless the state is mid-update, a numeric stop (its state is what went wrong), or the step is
-// saved already. A failure to save is added to the original error's message.
+// saved already, or a data-parallel job (its ranks are no longer in step). A failure to save is added to the original
+// error's message.
 static void save_after_error(df_trainer *t, df_train_summary *sum, df_error *err) {
-  if (err->status == DF_ERR_NUMERIC || t->state_dirty || t->prog.step <= t->last_saved_step ||
+  if (t->world > 1 || err->status == DF_ERR_NUMERIC || t->state_dirty || t->prog.step <= t->last_saved_step ||
       t->prog.step == t->start_step)
     return;
   df_error save_err = {0};
@@ -536,17 +568,26 @@ static void save_after_error(df_trainer *t, df_train_summary *sum, df_error *err
   snprintf(err->msg + n, sizeof err->msg - n, " (and the checkpoint after it failed too: %s)", save_err.msg);
 }
 
+// Eval and checkpoints are rank 0's (the other ranks hold the same weights and wait at the next collective). A
+// checkpoint is written whole into a temporary directory and renamed: a rank that dies meanwhile never leaves a
+// `latest` pointing at a partial one.
 static df_status after_step(df_trainer *t, int64_t step, const window *w, df_error *err) {
   const df_recipe *rc = t->recipe;
   bool improved = false;
-  if (rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
+  if (t->rank != 0 && !t->zero) return DF_OK;
+  if (t->rank == 0 && rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
     DF_TRY(run_eval(t, step, w->epoch, &improved, err));
   double minutes = rc->training.save_interval_minutes; // wall-clock saving (a draftforge extension)
   bool due = minutes > 0 && now_s() - t->last_save_s >= 60.0 * minutes;
   bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
-              step == t->stop_step || g_stop_signal || due;
+              step == t->stop_step || t->stop || due;
+  if (t->zero) { // rank 0's decision (its eval may have improved): the save gathers every rank's moments
+    int32_t f = save;
+    DF_TRY(df_comm_broadcast(t->comm, &f, 1, DF_COMM_I32, 0, err));
+    save = f != 0;
+  }
   if (save) DF_TRY(df_trainer_save(t, err));
-  if (improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
+  if (t->rank == 0 && improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
   return DF_OK;
 }
 
@@ -608,7 +649,7 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
     st = one_step(t, &w, &r, t_start, err);
     json_decref(r.skip_samples);
     if (st == DF_OK && !r.skipped) sum->last_loss = r.loss;
-    if (st == DF_OK && g_stop_signal) {
+    if (st == DF_OK && t->stop) {
       sum->stopped_by_signal = true;
       break;
     }

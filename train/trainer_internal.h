@@ -59,6 +59,22 @@ typedef struct {
   struct df_tracker *tracker; // tracking.report_to: wandb | swanlab | mlflow (train/tracker.h)
   char last_ckpt[4200];
 
+  // data parallel (train/trainer_dp.c): the job's communicator (NULL: one process), this rank, and the global
+  // batch the current micro-step's anchors replay. Only rank 0 writes (metrics, trackers, checkpoints, exports)
+  // and logs; stop is the stop request reduced over the ranks at the last optimizer step.
+  df_comm *comm;
+  int rank, world;
+  df_dflash_global_batch global;
+  df_moe_collective moe_coll; // MoE drafts: the layers' all-reduce over comm
+  bool stop;
+  // ZeRO-1 (training.fsdp_sharding SHARD_GRAD_OP / FULL_SHARD on several ranks): the flat buffer is cut into world
+  // shards of shard_size elements (a multiple of 16; the last ones may be short or empty); exp_avg / exp_avg_sq
+  // hold only this rank's [shard_off, shard_off + shard_len); zero_buf (world · shard_size) carries the gradient's
+  // reduce-scatter and the parameters' all-gather.
+  bool zero;
+  int64_t shard_size, shard_off, shard_len;
+  float *zero_buf;
+  float *zero_full; // resume: the checkpoint's full moments (2n) while they are handed out
   // resume and failure handling (train/run_plan.h, train/trainer_data.c)
   df_run_plan plan;
   int64_t last_saved_step; // the step of the newest checkpoint of this run (-1: none)
@@ -80,6 +96,25 @@ void df_trainer_teardown(df_trainer *t);
 df_status df_trainer_observe_prepare(df_trainer *t, df_error *err);
 df_status df_trainer_observe_open(df_trainer *t, df_error *err);
 void df_trainer_observe_close(df_trainer *t);
+
+// Data parallel (train/trainer_dp.c; all no-ops or unused at world 1). check: what cannot run on several ranks
+// yet, and a communicator whose buffers are not where the context keeps its state. global_batch: the longest
+// sample and the largest anchor-candidate count of the global batch b is this rank's share of (one MAX
+// all-reduce), into t->global. reduce: the window's host scalars (in place), the device metric sums and (grads)
+// the flat gradient buffer (in 25 MiB buckets), all SUM. share_state: rank 0's restored weights, moments and progress
+// to every rank.
+df_status df_trainer_dp_check(df_trainer *t, df_error *err);
+df_status df_trainer_dp_global_batch(df_trainer *t, const df_batch *b, df_error *err);
+df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bool grads, df_error *err);
+df_status df_trainer_dp_share_state(df_trainer *t, df_error *err);
+// ZeRO-1. plan: the shard sizes (t->zero from the recipe and world). step: the update of one optimizer step on
+// the already-reduced scalars — gradient reduce-scatter, the global norm from the shards' squared sums, AdamW on
+// this shard, parameter all-gather; fills t->norm_stats as the replicated path does. gather_moments: the full
+// moments on every rank (n elements each, for a checkpoint; collective); scatter_moments: the inverse (resume).
+void df_trainer_dp_zero_plan(df_trainer *t);
+df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
+                                  df_error *err);
+df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_full, df_error *err);
 
 // Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).
 df_status df_trainer_save(df_trainer *t, df_error *err);

@@ -11,18 +11,6 @@
 
 // ---- resources ---------------------------------------------------------------------------------------------------
 
-// The communicator, launch checks and data feed are ready for data parallel; the optimizer step's gradient
-// reduction is not (docs/distributed.md "Phase 2"), so several ranks would train diverging replicas.
-static df_status check_world(const df_train_options *opt, df_error *err) {
-  int world = opt->comm ? df_comm_size(opt->comm) : 1;
-  if (world == 1) return DF_OK;
-  return DF_FAIL(err, DF_ERR_NOT_IMPLEMENTED, "world size",
-                 "run one process for now (the launch, communicator and data feed checks passed)",
-                 "data-parallel training on %d ranks needs the gradient reduction in the optimizer step, which is "
-                 "not written yet (docs/distributed.md)",
-                 world);
-}
-
 // The training source (train/online_data.h): captured shards of data.hidden_states_path, or online data of
 // data.train_data_path; and, when the run evaluates, the eval source (data.eval_hidden_states_path or
 // data.eval_data_path), opened here so a bad eval set fails before the first step. Online sources share one target.
@@ -88,8 +76,8 @@ static df_status load_resources(df_trainer *t, df_error *err) {
                         .batch_size = rc->training.batch_size,
                         .max_length = rc->data.max_length,
                         .seed = rc->training.seed,
-                        .rank = t->opt->comm ? df_comm_rank(t->opt->comm) : 0,
-                        .world_size = t->opt->comm ? df_comm_size(t->opt->comm) : 1,
+                        .rank = t->rank,
+                        .world_size = t->world,
                         .prefetch = !t->opt->no_prefetch,
                         .cfg = t->draft,
                         .need_last_hidden = need_last};
@@ -112,13 +100,18 @@ static df_status plan_schedule(df_trainer *t, df_error *err) {
 }
 
 // The AdamW moments (zero), the element mask and the stats block on the device; the stage for the micro-batches.
+// ZeRO-1: the moments of this rank's shard only, and the reduce-scatter / all-gather buffer.
 static df_status alloc_optimizer(df_trainer *t, df_error *err) {
   const int64_t numel = df_params_numel(t->table), bs = t->draft->block_size;
   const df_device dev = df_ctx_device(t->ctx);
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)numel, (void **)&t->exp_avg, err));
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)numel, (void **)&t->exp_avg_sq, err));
+  df_trainer_dp_zero_plan(t);
+  const int64_t nm = t->zero ? (t->shard_len > 0 ? t->shard_len : 1) : numel;
+  if (t->zero && !(t->zero_buf = malloc(sizeof(float) * (size_t)(t->world * t->shard_size))))
+    return DF_FAIL(err, DF_ERR_NOMEM, "training.fsdp_sharding", NULL, "out of memory for the ZeRO-1 buffer");
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->exp_avg, err));
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->exp_avg_sq, err));
   DF_TRY(df_buffer_alloc(t->ctx, (size_t)numel, (void **)&t->mask, err));
-  df_tensor m = df_f32_on(dev, t->exp_avg, numel), v = df_f32_on(dev, t->exp_avg_sq, numel);
+  df_tensor m = df_f32_on(dev, t->exp_avg, nm), v = df_f32_on(dev, t->exp_avg_sq, nm);
   DF_TRY(df_fill(t->ctx, &m, 0.0, err));
   DF_TRY(df_fill(t->ctx, &v, 0.0, err));
   uint8_t *mask = calloc((size_t)numel, 1); // padding and buffers stay 0: AdamW never touches them
@@ -155,8 +148,8 @@ static void fill_contract(df_trainer *t) {
   snprintf(c->lr_scheduler, sizeof c->lr_scheduler, "%s",
            rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant");
   c->data_size = df_feed_num_samples(t->feed);
-  c->batch_size = rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
-  c->world_size = 1;
+  c->batch_size = t->world * rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
+  c->world_size = t->world;
   c->block_size = t->draft->block_size, c->num_anchors = rc->training.num_anchors;
   c->max_length = rc->data.max_length, c->mask_token_id = t->step_opt.mask_token_id;
   c->seed = (int64_t)rc->training.seed, c->horizon = t->sched.horizon;
@@ -186,11 +179,12 @@ static df_status write_resolved(df_trainer *t, df_error *err) {
 
 // ---- fresh start or resume ---------------------------------------------------------------------------------
 
+// Only rank 0 looks at output_dir and opens metrics.jsonl: a refusal there ends the job on every rank.
 static df_status fresh_start(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   int64_t *steps = NULL;
   int n = 0;
-  DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
+  if (t->rank == 0) DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
   free(steps);
   char shown[4096];
   df_path_shown(rc->output_dir, shown, sizeof shown);
@@ -211,12 +205,15 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   df_dflash_sampler_init(&t->sampler, rc->training.seed);
   memset(&t->prog, 0, sizeof t->prog);
   t->prog.last_lr = 0.0;
-  return df_metrics_open(&t->metrics, rc->output_dir, 0, err);
+  return t->rank == 0 ? df_metrics_open(&t->metrics, rc->output_dir, 0, err) : DF_OK;
 }
 
 // state.h5 into the masters and moments: read in place on a host-addressable device, else through host staging.
 static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *have, df_error *err) {
   float *w = df_dflash_model_weights(t->model);
+  const int64_t numel = df_params_numel(t->table);
+  if (t->zero) // ZeRO-1 (host memory): the full moments, handed out by df_trainer_dp_share_state
+    return df_ckpt_read(dir, t->table, w, t->zero_full, t->zero_full + numel, have, &t->prog, err);
   if (df_ctx_host_addressable(t->ctx))
     return df_ckpt_read(dir, t->table, w, t->exp_avg, t->exp_avg_sq, have, &t->prog, err);
   const int64_t n = df_params_numel(t->table);
@@ -232,11 +229,21 @@ static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *ha
   return st;
 }
 
+// Rank 0 reads and checks the checkpoint and hands its state to the other ranks (no shared filesystem needed);
+// a checkpoint it refuses ends the job on every rank.
 static df_status resume(df_trainer *t, const char *dir, df_error *err) {
   const df_recipe *rc = t->recipe;
-  df_ckpt_contract have;
-  DF_TRY(read_state(t, dir, &have, err));
-  DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
+  const int64_t numel = df_params_numel(t->table);
+  if (t->zero && !(t->zero_full = malloc(2 * sizeof(float) * (size_t)numel)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "resume", NULL, "out of memory for %lld moments", (long long)(2 * numel));
+  if (t->rank == 0) {
+    df_ckpt_contract have;
+    DF_TRY(read_state(t, dir, &have, err));
+    DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
+  }
+  if (t->world > 1) DF_TRY(df_trainer_dp_share_state(t, err));
+  free(t->zero_full);
+  t->zero_full = NULL;
   DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
   t->sampler.rng = t->prog.anchor_rng;
   snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", dir); // the run's newest checkpoint until it writes one
@@ -249,7 +256,7 @@ static df_status resume(df_trainer *t, const char *dir, df_error *err) {
     if (rc->model.draft_checkpoint_path)
       fprintf(t->log, "note: model.draft_checkpoint_path is not read on resume (the checkpoint has the weights)\n");
   }
-  return df_metrics_open(&t->metrics, rc->output_dir, t->prog.step, err);
+  return t->rank == 0 ? df_metrics_open(&t->metrics, rc->output_dir, t->prog.step, err) : DF_OK;
 }
 
 static void print_plan(const df_trainer *t) {
@@ -263,38 +270,50 @@ static void print_plan(const df_trainer *t) {
           "%lld, accumulation %lld\n  schedule %s, lr %g, warmup %lld of %lld steps; stop at step %lld\n",
           from, to, (long long)df_params_param_numel(t->table), df_params_count(t->table),
           (long long)df_feed_num_samples(t->feed), (long long)df_feed_batches_per_epoch(t->feed),
-          (long long)rc->training.batch_size, (long long)rc->training.accumulation_steps,
+          (long long)(t->world * rc->training.batch_size), (long long)rc->training.accumulation_steps,
           rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
           (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
   fprintf(t->log, "  device %s (%d CPU threads)\n", df_ctx_backend_name(t->ctx), df_ctx_num_threads(t->ctx));
+  if (t->world > 1)
+    fprintf(t->log, "  data parallel: %d ranks x batch %lld = global batch %lld; %s\n", t->world,
+            (long long)rc->training.batch_size, (long long)(t->world * rc->training.batch_size),
+            t->zero ? "ZeRO-1 (AdamW moments and update sharded, training.fsdp_sharding)"
+                    : "replicated AdamW (training.fsdp_sharding: NO_SHARD)");
 }
 
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err) {
   memset(t, 0, sizeof *t);
   t->opt = opt, t->log = opt->log;
+  t->comm = opt->comm, t->rank = opt->comm ? df_comm_rank(opt->comm) : 0;
+  t->world = opt->comm ? df_comm_size(opt->comm) : 1;
+  if (t->rank != 0) t->log = NULL; // rank 0 speaks for the job
   t->last_saved_step = -1;
   df_run_plan_options po = {.recipe_path = opt->recipe_path,
                             .overrides = opt->overrides,
                             .n_overrides = opt->n_overrides,
                             .resume = opt->resume,
                             .overwrite = opt->overwrite,
-                            .log = opt->log};
+                            .log = t->log};
   DF_TRY(df_run_plan_make(&po, &t->recipe, &t->plan, err)); // fresh or resume, and the recipe it runs with
-  DF_TRY(check_world(opt, err));
+  // Every rank has decided from the directory as it was before rank 0 (the only writer) touches it.
+  if (t->world > 1) DF_TRY(df_comm_barrier(t->comm, err));
   DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
+  DF_TRY(df_trainer_dp_check(t, err));
   DF_TRY(df_trainer_check_data(t, err)); // every data path now, not at the first eval
   DF_TRY(plan_schedule(t, err));
   DF_TRY(alloc_optimizer(t, err));
   fill_contract(t);
-  DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
-  DF_TRY(df_run_plan_apply(&t->plan, t->recipe, t->log, err)); // --overwrite
-  char ckdir[4200];
-  snprintf(ckdir, sizeof ckdir, "%.4000s/" DF_CKPT_DIR, t->recipe->output_dir);
-  df_ckpt_remove_stale(ckdir, t->log);
+  if (t->rank == 0) {
+    DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
+    DF_TRY(df_run_plan_apply(&t->plan, t->recipe, t->log, err)); // --overwrite
+    char ckdir[4200];
+    snprintf(ckdir, sizeof ckdir, "%.4000s/" DF_CKPT_DIR, t->recipe->output_dir);
+    df_ckpt_remove_stale(ckdir, t->log);
+  }
   DF_TRY(t->plan.resume ? resume(t, t->plan.from.ckpt, err) : fresh_start(t, err));
-  DF_TRY(write_resolved(t, err));
-  DF_TRY(df_trainer_observe_open(t, err));
+  if (t->rank == 0) DF_TRY(write_resolved(t, err));
+  if (t->rank == 0) DF_TRY(df_trainer_observe_open(t, err));
   t->start_step = t->prog.step;
   print_plan(t);
   return DF_OK;
@@ -312,6 +331,7 @@ void df_trainer_teardown(df_trainer *t) {
     df_buffer_free(t->ctx, t->exp_avg), df_buffer_free(t->ctx, t->exp_avg_sq), df_buffer_free(t->ctx, t->mask);
     df_buffer_free(t->ctx, t->stats_buf), df_host_free(t->ctx, t->stats_host);
   }
+  free(t->zero_buf), free(t->zero_full);
   df_dflash_model_free(t->model);
   df_run_resources_free(&t->res);
   df_ctx_destroy(t->ctx);
