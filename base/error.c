@@ -41,7 +41,8 @@ const char *df_status_hint(df_status st) {
   case DF_ERR_NOMEM: return "free memory, or lower training.batch_size / data.max_length";
   case DF_ERR_UNSUPPORTED: return "this build or backend cannot do it; see docs/ for what is supported";
   case DF_ERR_NOT_IMPLEMENTED: return "not implemented yet";
-  case DF_ERR_NUMERIC: return "lower training.learning_rate, and check the data for NaN/Inf (draftforge inspect --full)";
+  case DF_ERR_NUMERIC:
+    return "lower training.learning_rate, and check the data for NaN/Inf (draftforge inspect --full)";
   }
   return "run with --verbose for the source location";
 }

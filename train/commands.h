@@ -7,10 +7,10 @@
 int df_cmd_inspect(int argc, char **argv);
 // `draftforge train [RECIPE.yaml] [--set section.key=value ...] [--resume PATH|auto] ...` (train/cmd_train.c).
 int df_cmd_train(int argc, char **argv);
-int df_cmd_export(int argc, char **argv); // train/cmd_export.c
-int df_cmd_eval(int argc, char **argv);   // train/cmd_eval.c
-int df_cmd_schema(int argc, char **argv); // train/cmd_schema.c: `draftforge schema [--markdown]`
-int df_cmd_plot(int argc, char **argv);   // train/cmd_plot.c: `draftforge plot RUN_DIR [--out DIR]`
+int df_cmd_export(int argc, char **argv);  // train/cmd_export.c
+int df_cmd_eval(int argc, char **argv);    // train/cmd_eval.c
+int df_cmd_schema(int argc, char **argv);  // train/cmd_schema.c: `draftforge schema [--markdown]`
+int df_cmd_plot(int argc, char **argv);    // train/cmd_plot.c: `draftforge plot RUN_DIR [--out DIR]`
 int df_cmd_capture(int argc, char **argv); // train/cmd_capture.c
 // `draftforge eval --spec-decode ...` (train/cmd_eval_spec.c); df_cmd_eval hands over when it sees the flag.
 int df_cmd_eval_spec(int argc, char **argv);

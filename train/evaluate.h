@@ -10,8 +10,8 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "modeling/dflash_model.h"
-#include "train/hs_scan.h"
 #include "train/batch_source.h"
+#include "train/hs_scan.h"
 #include "train/recipe.h"
 #include "train/step.h"
 

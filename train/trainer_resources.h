@@ -26,7 +26,7 @@ typedef struct {
   // The draft config with the resolved mask id, target layers, block size, heads and RoPE written out
   // (df_draft_config_resolved_json): what every checkpoint writes as config.json.
   json_t *resolved_config;
-  df_ctx *placed;        // the context df_run_resources_place uploaded the pieces to (NULL: host copies only)
+  df_ctx *placed; // the context df_run_resources_place uploaded the pieces to (NULL: host copies only)
   float *dev_embed, *dev_head;
 } df_run_resources;
 

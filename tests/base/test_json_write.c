@@ -93,7 +93,10 @@ Test(json_write, random_doubles_round_trip_with_the_fewest_digits) {
       if (*c >= '0' && *c <= '9') mant = mant * 10 + (*c - '0');
     for (int d = -1; d <= 1; d++) {
       char t[64];
-      snprintf(t, sizeof t, "%lld" "e%d", mant + d, ex - (p - 2));
+      snprintf(t, sizeof t,
+               "%lld"
+               "e%d",
+               mant + d, ex - (p - 2));
       cr_assert(strtod(t, NULL) != fabs(x), "%s has %d digits, but %s (%d) reads back too", buf, p, t, p - 1);
     }
   }

@@ -247,8 +247,9 @@ Test(cuda_table, norm_rope_swiglu_embedding_attention_fp32) {
   expect_dev(&p, "attention out", &go, o, 2e-5), expect_dev(&p, "attention dq", &gdq, dq, 2e-5);
   expect_dev(&p, "attention dk", &gdk, dk, 2e-5), expect_dev(&p, "attention dv", &gdv, dv, 2e-5);
   free(o), free(l), free(dq), free(dk), free(dv), free(x), free(w), free(dy), free(tab), free(dout);
-  df_tensor *all[] = {&gx, &gw, &gy, &gr, &gdy, &gdx, &gdw, &gp, &gi, &gh, &gdg, &gdu, &gt, &gid, &geo, &gdo, &gdt,
-                      &go, &gl, &gdq, &gdk, &gdv, &gin[0], &gin[1], &gin[2], &gin[3], &gin[4], &gin[5]};
+  df_tensor *all[] = {&gx,  &gw,  &gy,     &gr,     &gdy,    &gdx,    &gdw,    &gp,    &gi, &gh,
+                      &gdg, &gdu, &gt,     &gid,    &geo,    &gdo,    &gdt,    &go,    &gl, &gdq,
+                      &gdk, &gdv, &gin[0], &gin[1], &gin[2], &gin[3], &gin[4], &gin[5]};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) release(&p, all[i]);
   fx_free(f);
   close_pair(&p);
@@ -309,9 +310,9 @@ Test(cuda_table, losses_metrics_and_optimizer_fp32) {
   df_tensor gg = dev(&p, &tg), gm = dev(&p, &tm), gms = dev(&p, &tms), gm1 = dev(&p, &tm1), gv1 = dev(&p, &tv1);
   df_tensor gns_t = dev(&p, &tns);
   df_grad_norm_desc nd = {.grad_scale = 0.125f, .max_norm = 1.0};
-  df_adamw_fused_desc ad = {.hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                                   .step = 3},
-                            .grad_scale = 0.125f};
+  df_adamw_fused_desc ad = {
+      .hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 3},
+      .grad_scale = 0.125f};
   DF_ASSERT_OK(df_grad_norm_clip(p.cpu, &nd, &tg, &tm, NULL, &tns, &err), &err);
   DF_ASSERT_OK(df_adamw_fused(p.cpu, &ad, &tms, &tg, &tm1, &tv1, &tm, &tns, NULL, &err), &err);
   DF_ASSERT_OK(df_grad_norm_clip(p.gpu, &nd, &gg, &gm, NULL, &gns_t, &err), &err);
@@ -323,8 +324,8 @@ Test(cuda_table, losses_metrics_and_optimizer_fp32) {
   expect_dev(&p, "fused masters", &gms, ms, 2e-6), expect_dev(&p, "fused m", &gm1, m1, 2e-6);
   expect_dev(&p, "fused v", &gv1, v1, 2e-6);
   free(hid), free(head), free(wts), free(g), free(ms), free(m1), free(v1), free(mask);
-  df_tensor *all[] = {&gh, &ghd, &glb, &gw, &gls, &gc, &gdh, &gdw, &grw, &gv, &gk, &gs, &gls2, &gc2,
-                      &gg, &gm, &gms, &gm1, &gv1, &gns_t};
+  df_tensor *all[] = {&gh, &ghd, &glb,  &gw,  &gls, &gc, &gdh, &gdw, &grw, &gv,
+                      &gk, &gs,  &gls2, &gc2, &gg,  &gm, &gms, &gm1, &gv1, &gns_t};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) release(&p, all[i]);
   close_pair(&p);
 }

@@ -352,7 +352,8 @@ Test(launch, train_alone_with_a_multi_process_recipe_says_how_to_launch) {
   snprintf(out, sizeof out, "/tmp/df_launch_cli_%d", (int)getpid());
   snprintf(cmd, sizeof cmd,
            "env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u SLURM_STEP_ID -u SLURM_STEPID "
-           "%s train %s/recipes/demo-dflash-synthetic.yaml --set output_dir=%s --set deployment.trainer.nproc_per_node=2 2>&1",
+           "%s train %s/recipes/demo-dflash-synthetic.yaml --set output_dir=%s --set "
+           "deployment.trainer.nproc_per_node=2 2>&1",
            DF_DRAFTFORGE_BIN, DF_SOURCE_DIR, out);
   FILE *p = popen(cmd, "r");
   cr_assert_not_null(p);
