@@ -123,3 +123,24 @@ double cu_rel_l2(const float *got, const float *want, int64_t n) {
   }
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+cu_pair cu_pair_open(void) {
+  cu_pair p = {df_test_cpu_ctx(1), NULL};
+  df_error err = {0};
+  df_ctx_options o = {.device = DF_DEV_CUDA, .cuda_device = 0};
+  DF_ASSERT_OK(df_ctx_create(&o, &p.gpu, &err), &err);
+  return p;
+}
+
+void cu_pair_close(cu_pair *p) { df_ctx_destroy(p->gpu), df_ctx_destroy(p->cpu); }
+
+df_tensor cu_pair_dev(cu_pair *p, const df_tensor *h) {
+  df_error err = {0};
+  const size_t bytes = (size_t)df_numel(h) * df_dtype_size(h->dtype);
+  void *d = NULL;
+  DF_ASSERT_OK(df_buffer_alloc(p->gpu, bytes, &d, &err), &err);
+  DF_ASSERT_OK(df_copy(p->gpu, d, DF_DEV_CUDA, h->data, DF_DEV_CPU, bytes, &err), &err);
+  df_tensor t = *h;
+  t.data = d, t.device = DF_DEV_CUDA;
+  return t;
+}

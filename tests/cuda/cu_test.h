@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <stdint.h>
 
+#include "kernels/context.h"
 #include "kernels/cuda/launch.h"
 #include "tests/common/fixture.h"
 
@@ -48,5 +49,14 @@ void cu_round_bf16(float *x, int64_t n);
 
 // Relative L2 error ‖got − want‖ / ‖want‖ (NaN anywhere in got: +inf).
 double cu_rel_l2(const float *got, const float *want, int64_t n);
+
+// A CPU context (1 thread) and a CUDA context on device 0, for comparing an op through the backend table on both.
+typedef struct {
+  df_ctx *cpu, *gpu;
+} cu_pair;
+cu_pair cu_pair_open(void);
+void cu_pair_close(cu_pair *p);
+// A device copy of a host tensor (same dtype and shape), allocated on p->gpu.
+df_tensor cu_pair_dev(cu_pair *p, const df_tensor *h);
 
 #endif

@@ -10,34 +10,8 @@
 
 #include "tests/cuda/cu_test.h"
 
-typedef struct {
-  df_ctx *cpu, *gpu;
-} pair;
-
-static pair open_pair(void) {
-  pair p = {df_test_cpu_ctx(1), NULL};
-  df_error err = {0};
-  df_ctx_options o = {.device = DF_DEV_CUDA, .cuda_device = 0};
-  DF_ASSERT_OK(df_ctx_create(&o, &p.gpu, &err), &err);
-  return p;
-}
-
-static void close_pair(pair *p) { df_ctx_destroy(p->gpu), df_ctx_destroy(p->cpu); }
-
-// A device copy of a host tensor (same dtype and shape).
-static df_tensor dev(pair *p, const df_tensor *h) {
-  df_error err = {0};
-  const size_t bytes = (size_t)df_numel(h) * df_dtype_size(h->dtype);
-  void *d = NULL;
-  DF_ASSERT_OK(df_buffer_alloc(p->gpu, bytes, &d, &err), &err);
-  DF_ASSERT_OK(df_copy(p->gpu, d, DF_DEV_CUDA, h->data, DF_DEV_CPU, bytes, &err), &err);
-  df_tensor t = *h;
-  t.data = d, t.device = DF_DEV_CUDA;
-  return t;
-}
-
 // The device tensor's bytes in a new host buffer.
-static void *host(pair *p, const df_tensor *t) {
+static void *host(cu_pair *p, const df_tensor *t) {
   df_error err = {0};
   const size_t bytes = (size_t)df_numel(t) * df_dtype_size(t->dtype);
   void *h = malloc(bytes ? bytes : 1);
@@ -45,7 +19,7 @@ static void *host(pair *p, const df_tensor *t) {
   return h;
 }
 
-static void release(pair *p, df_tensor *t) { df_buffer_free(p->gpu, t->data); }
+static void release(cu_pair *p, df_tensor *t) { df_buffer_free(p->gpu, t->data); }
 
 static float *rnd(int64_t n, uint64_t seed, float lo, float hi) {
   float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
@@ -53,7 +27,7 @@ static float *rnd(int64_t n, uint64_t seed, float lo, float hi) {
   return x;
 }
 
-static void expect_dev(pair *p, const char *what, const df_tensor *g, const float *want, double rtol) {
+static void expect_dev(cu_pair *p, const char *what, const df_tensor *g, const float *want, double rtol) {
   float *h = host(p, g);
   df_expect_close(what, h, want, df_numel(g), rtol, 1e-7);
   free(h);
@@ -61,7 +35,7 @@ static void expect_dev(pair *p, const char *what, const df_tensor *g, const floa
 
 Test(cuda_table, linear_matmul_axpy_fp32_and_bf16) {
   CU_REQUIRE_GPU();
-  pair p = open_pair();
+  cu_pair p = cu_pair_open();
   enum { M = 70, K = 48, N = 40 };
   df_error err = {0};
   for (int pass = 0; pass < 2; pass++) {
@@ -75,7 +49,7 @@ Test(cuda_table, linear_matmul_axpy_fp32_and_bf16) {
     df_tensor hs[8] = {tx, tw, tb, tdy, ty, tdx, tdw, tdb}, gs[8];
     for (int i = 0; i < 8; i++) {
       if (i >= 5) memset(hs[i].data, 0, (size_t)df_numel(&hs[i]) * 4); // gradients start at 0 on the GPU
-      df_tensor f = dev(&p, &hs[i]);
+      df_tensor f = cu_pair_dev(&p, &hs[i]);
       if (!bf) {
         gs[i] = f;
         continue;
@@ -117,12 +91,12 @@ Test(cuda_table, linear_matmul_axpy_fp32_and_bf16) {
     for (int i = 0; i < 8; i++) release(&p, &gs[i]);
     free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
   }
-  close_pair(&p);
+  cu_pair_close(&p);
 }
 
 Test(cuda_table, fill_scale_cast_gather_exact) {
   CU_REQUIRE_GPU();
-  pair p = open_pair();
+  cu_pair p = cu_pair_open();
   df_error err = {0};
   enum { N = 1000 };
   float *x = rnd(N, 10, -3, 3);
@@ -131,7 +105,7 @@ Test(cuda_table, fill_scale_cast_gather_exact) {
   double dbuf[N];
   df_tensor tf = df_f32(x, N), ti = df_i32(ibuf, N), tu = df_u8(ubuf, N);
   df_tensor td = df_view(dbuf, DF_F64, DF_DEV_CPU, 1, DF_SHAPE(N));
-  df_tensor gf = dev(&p, &tf), gi = dev(&p, &ti), gu = dev(&p, &tu), gd = dev(&p, &td);
+  df_tensor gf = cu_pair_dev(&p, &tf), gi = cu_pair_dev(&p, &ti), gu = cu_pair_dev(&p, &tu), gd = cu_pair_dev(&p, &td);
   DF_ASSERT_OK(df_fill(p.gpu, &gi, -7.9, &err), &err);
   DF_ASSERT_OK(df_fill(p.gpu, &gu, 3, &err), &err);
   DF_ASSERT_OK(df_fill(p.gpu, &gd, 0.1, &err), &err);
@@ -144,7 +118,7 @@ Test(cuda_table, fill_scale_cast_gather_exact) {
   for (int i = 0; i < N; i++) cr_assert_eq(hf[i], x[i] * 0.25f, "scale at %d", i);
   // cast f32 → bf16 → f32 equals the host's round to nearest even.
   uint16_t bb[N];
-  df_tensor tb = df_view(bb, DF_BF16, DF_DEV_CPU, 1, DF_SHAPE(N)), gb = dev(&p, &tb);
+  df_tensor tb = df_view(bb, DF_BF16, DF_DEV_CPU, 1, DF_SHAPE(N)), gb = cu_pair_dev(&p, &tb);
   DF_ASSERT_OK(df_cast(p.gpu, &gf, &gb, &err), &err);
   uint16_t *hb = host(&p, &gb);
   for (int i = 0; i < N; i++) cr_assert_eq(hb[i], cu_bf16_bits(hf[i]), "cast at %d", i);
@@ -155,19 +129,19 @@ Test(cuda_table, fill_scale_cast_gather_exact) {
   for (int r = 0; r < R; r++) idx[r] = r % 4 == 1 ? -1 : (r * 7) % NR;
   df_tensor ts = df_f32(src, NR, H), tix = df_i32(idx, R), to = df_f32(out, R, H);
   DF_ASSERT_OK(df_gather_rows(p.cpu, &ts, &tix, &to, &err), &err);
-  df_tensor gs = dev(&p, &ts), gix = dev(&p, &tix), go = dev(&p, &to);
+  df_tensor gs = cu_pair_dev(&p, &ts), gix = cu_pair_dev(&p, &tix), go = cu_pair_dev(&p, &to);
   DF_ASSERT_OK(df_gather_rows(p.gpu, &gs, &gix, &go, &err), &err);
   float *ho = host(&p, &go);
   for (int i = 0; i < R * H; i++) cr_assert_eq(ho[i], out[i], "gather_rows at %d", i);
   free(hi), free(hu), free(hd), free(hf), free(hb), free(ho), free(x), free(src);
   df_tensor *all[] = {&gf, &gi, &gu, &gd, &gb, &gs, &gix, &go};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) release(&p, all[i]);
-  close_pair(&p);
+  cu_pair_close(&p);
 }
 
 Test(cuda_table, norm_rope_swiglu_embedding_attention_fp32) {
   CU_REQUIRE_GPU();
-  pair p = open_pair();
+  cu_pair p = cu_pair_open();
   df_error err = {0};
   // RMSNorm per head.
   enum { T = 24, NH = 4, HD = 32 };
@@ -175,8 +149,9 @@ Test(cuda_table, norm_rope_swiglu_embedding_attention_fp32) {
   float y[T * NH * HD], r[T * NH], dx[T * NH * HD], dw[HD] = {0};
   df_tensor tx = df_f32(x, T, NH, HD), tw = df_f32(w, HD), ty = df_f32(y, T, NH, HD), tr = df_f32(r, T * NH);
   df_tensor tdy = df_f32(dy, T, NH, HD), tdx = df_f32(dx, T, NH, HD), tdw = df_f32(dw, HD);
-  df_tensor gx = dev(&p, &tx), gw = dev(&p, &tw), gy = dev(&p, &ty), gr = dev(&p, &tr), gdy = dev(&p, &tdy);
-  df_tensor gdx = dev(&p, &tdx), gdw = dev(&p, &tdw);
+  df_tensor gx = cu_pair_dev(&p, &tx), gw = cu_pair_dev(&p, &tw), gy = cu_pair_dev(&p, &ty), gr = cu_pair_dev(&p, &tr),
+            gdy = cu_pair_dev(&p, &tdy);
+  df_tensor gdx = cu_pair_dev(&p, &tdx), gdw = cu_pair_dev(&p, &tdw);
   DF_ASSERT_OK(df_rmsnorm_forward(p.cpu, &tx, &tw, 1e-6f, &ty, &tr, &err), &err);
   DF_ASSERT_OK(df_rmsnorm_backward(p.cpu, &tdy, &tx, &tw, &tr, &tdx, false, &tdw, &err), &err);
   DF_ASSERT_OK(df_rmsnorm_forward(p.gpu, &gx, &gw, 1e-6f, &gy, &gr, &err), &err);
@@ -189,7 +164,7 @@ Test(cuda_table, norm_rope_swiglu_embedding_attention_fp32) {
   df_rope_default_inv_freq(1e4, HD, inv);
   for (int t = 0; t < T; t++) pos[t] = 3 * t + 1;
   df_tensor tp = df_i32(pos, T), ti = df_f32(inv, HD / 2), tyr = df_f32(yr, T, NH, HD);
-  df_tensor gp = dev(&p, &tp), gi = dev(&p, &ti);
+  df_tensor gp = cu_pair_dev(&p, &tp), gi = cu_pair_dev(&p, &ti);
   DF_ASSERT_OK(df_rope_forward(p.cpu, &ty, &tp, &ti, 1.0f, &tyr, &err), &err);
   DF_ASSERT_OK(df_rope_forward(p.gpu, &gy, &gp, &gi, 1.0f, &gy, &err), &err);
   expect_dev(&p, "rope (in place)", &gy, yr, 2e-5);
@@ -197,7 +172,7 @@ Test(cuda_table, norm_rope_swiglu_embedding_attention_fp32) {
   const int64_t n = T * NH * HD;
   float h[T * NH * HD], dg[T * NH * HD], du[T * NH * HD];
   df_tensor th = df_f32(h, n), tdg = df_f32(dg, n), tdu = df_f32(du, n), tg = df_f32(x, n), tu = df_f32(dy, n);
-  df_tensor gh = dev(&p, &th), gdg = dev(&p, &tdg), gdu = dev(&p, &tdu);
+  df_tensor gh = cu_pair_dev(&p, &th), gdg = cu_pair_dev(&p, &tdg), gdu = cu_pair_dev(&p, &tdu);
   df_tensor gg = gx, gu = gdy;
   gg.ndim = gu.ndim = 1, gg.shape[0] = gu.shape[0] = n, gg.stride[0] = gu.stride[0] = 1;
   DF_ASSERT_OK(df_swiglu_forward(p.cpu, &tg, &tu, 0.8f, &th, &err), &err);
@@ -213,8 +188,9 @@ Test(cuda_table, norm_rope_swiglu_embedding_attention_fp32) {
   for (int t = 0; t < TT; t++) ids[t] = (t * 5) % V;
   memcpy(dtab, tab, sizeof dtab);
   df_tensor tt = df_f32(tab, V, E), tid = df_i32(ids, TT), teo = df_f32(eo, TT, E), tdo = df_f32(dout, TT, E);
-  df_tensor tdt = df_f32(dtab, V, E), gt = dev(&p, &tt), gid = dev(&p, &tid), geo = dev(&p, &teo);
-  df_tensor gdo = dev(&p, &tdo), gdt = dev(&p, &tt);
+  df_tensor tdt = df_f32(dtab, V, E), gt = cu_pair_dev(&p, &tt), gid = cu_pair_dev(&p, &tid),
+            geo = cu_pair_dev(&p, &teo);
+  df_tensor gdo = cu_pair_dev(&p, &tdo), gdt = cu_pair_dev(&p, &tt);
   DF_ASSERT_OK(df_embedding_forward(p.cpu, &tt, &tid, &teo, &err), &err);
   DF_ASSERT_OK(df_embedding_backward(p.cpu, &tdo, &tid, &tdt, &err), &err);
   DF_ASSERT_OK(df_embedding_forward(p.gpu, &gt, &gid, &geo, &err), &err);
@@ -228,14 +204,15 @@ Test(cuda_table, norm_rope_swiglu_embedding_attention_fp32) {
                           .scale = (float)fx_meta(f, "scale")};
   const char *in_names[6] = {"q", "k", "v", "anchors", "keep", "dout"};
   df_tensor hin[6], gin[6];
-  for (int i = 0; i < 6; i++) hin[i] = fx_view(f, in_names[i]), gin[i] = dev(&p, &hin[i]);
+  for (int i = 0; i < 6; i++) hin[i] = fx_view(f, in_names[i]), gin[i] = cu_pair_dev(&p, &hin[i]);
   const fx_tensor *fo = fx_get(f, "out"), *fl = fx_get(f, "lse"), *fk = fx_get(f, "dk");
   float *o = malloc(4 * fx_numel(fo)), *l = malloc(4 * fx_numel(fl)), *dq = malloc(4 * fx_numel(fo));
   float *dk = malloc(4 * fx_numel(fk)), *dv = malloc(4 * fx_numel(fk));
   df_tensor to2 = hin[0], tl = df_view(l, DF_F32, DF_DEV_CPU, fl->ndim, fl->shape), tdq = hin[0], tdk = hin[1];
   df_tensor tdv = hin[1];
   to2.data = o, tdq.data = dq, tdk.data = dk, tdv.data = dv;
-  df_tensor go = dev(&p, &to2), gl = dev(&p, &tl), gdq = dev(&p, &tdq), gdk = dev(&p, &tdk), gdv = dev(&p, &tdv);
+  df_tensor go = cu_pair_dev(&p, &to2), gl = cu_pair_dev(&p, &tl), gdq = cu_pair_dev(&p, &tdq),
+            gdk = cu_pair_dev(&p, &tdk), gdv = cu_pair_dev(&p, &tdv);
   DF_ASSERT_OK(df_block_attn_forward(p.cpu, &d, &hin[0], &hin[1], &hin[2], &hin[3], &hin[4], &to2, &tl, &err), &err);
   DF_ASSERT_OK(df_block_attn_backward(p.cpu, &d, &hin[0], &hin[1], &hin[2], &hin[3], &hin[4], &to2, &tl, &hin[5], &tdq,
                                       &tdk, &tdv, &err),
@@ -252,12 +229,12 @@ Test(cuda_table, norm_rope_swiglu_embedding_attention_fp32) {
                       &gdk, &gdv, &gin[0], &gin[1], &gin[2], &gin[3], &gin[4], &gin[5]};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) release(&p, all[i]);
   fx_free(f);
-  close_pair(&p);
+  cu_pair_close(&p);
 }
 
 Test(cuda_table, losses_metrics_and_optimizer_fp32) {
   CU_REQUIRE_GPU();
-  pair p = open_pair();
+  cu_pair p = cu_pair_open();
   df_error err = {0};
   // Fused LM head + CE with weights and a skipped row.
   enum { R = 48, H = 32, V = 300, BS = 4 };
@@ -269,14 +246,15 @@ Test(cuda_table, losses_metrics_and_optimizer_fp32) {
   df_lmhead_ce_desc cd = {.chunk_rows = 20, .grad_scale = 0.5f};
   df_tensor th = df_f32(hid, R, H), thd = df_f32(head, V, H), tlb = df_i32(lab, R), tw = df_f32(wts, R);
   df_tensor tls = df_f32(loss, R), tc = df_u8(cor, R), tdh = df_f32(dh, R, H);
-  df_tensor gh = dev(&p, &th), ghd = dev(&p, &thd), glb = dev(&p, &tlb), gw = dev(&p, &tw), gls = dev(&p, &tls);
-  df_tensor gc = dev(&p, &tc), gdh = dev(&p, &tdh);
+  df_tensor gh = cu_pair_dev(&p, &th), ghd = cu_pair_dev(&p, &thd), glb = cu_pair_dev(&p, &tlb),
+            gw = cu_pair_dev(&p, &tw), gls = cu_pair_dev(&p, &tls);
+  df_tensor gc = cu_pair_dev(&p, &tc), gdh = cu_pair_dev(&p, &tdh);
   DF_ASSERT_OK(df_lmhead_ce(p.cpu, &cd, &th, &thd, &tlb, &tw, &tls, &tc, &tdh, &err), &err);
   DF_ASSERT_OK(df_lmhead_ce(p.gpu, &cd, &gh, &ghd, &glb, &gw, &gls, &gc, &gdh, &err), &err);
   expect_dev(&p, "lmhead_ce loss", &gls, loss, 2e-5), expect_dev(&p, "lmhead_ce dhidden", &gdh, dh, 1e-4);
   // D-PACE weights (every mode) and the block metrics on those rows.
   float dw[R], rw[R];
-  df_tensor tdw = df_f32(dw, R), trw = df_f32(rw, R), gdw = dev(&p, &tdw), grw = dev(&p, &trw);
+  df_tensor tdw = df_f32(dw, R), trw = df_f32(rw, R), gdw = cu_pair_dev(&p, &tdw), grw = cu_pair_dev(&p, &trw);
   for (int mode = DF_DPACE_ONE; mode <= DF_DPACE_RATIO; mode++) {
     DF_ASSERT_OK(df_dpace_weights(p.cpu, (df_dpace_mode)mode, 0.3, BS, &tls, &tw, &tdw, &trw, &err), &err);
     DF_ASSERT_OK(df_dpace_weights(p.gpu, (df_dpace_mode)mode, 0.3, BS, &gls, &gw, &gdw, &grw, &err), &err);
@@ -291,10 +269,10 @@ Test(cuda_table, losses_metrics_and_optimizer_fp32) {
   double stats[64] = {0};
   df_tensor tv = df_u8(valid, R), tk = df_u8(keep, R / BS);
   df_tensor ts = df_view(stats, DF_F64, DF_DEV_CPU, 1, DF_SHAPE(DF_BLOCK_STATS(BS)));
-  df_tensor gv = dev(&p, &tv), gk = dev(&p, &tk), gs = dev(&p, &ts);
+  df_tensor gv = cu_pair_dev(&p, &tv), gk = cu_pair_dev(&p, &tk), gs = cu_pair_dev(&p, &ts);
   DF_ASSERT_OK(df_block_metrics(p.cpu, BS, &tls, &tc, &tw, &tv, &tk, &ts, &err), &err);
   // The GPU's own loss and flags differ by rounding: give both sides the CPU's.
-  df_tensor gls2 = dev(&p, &tls), gc2 = dev(&p, &tc);
+  df_tensor gls2 = cu_pair_dev(&p, &tls), gc2 = cu_pair_dev(&p, &tc);
   DF_ASSERT_OK(df_block_metrics(p.gpu, BS, &gls2, &gc2, &gw, &gv, &gk, &gs, &err), &err);
   double *gstats = host(&p, &gs);
   for (int i = 0; i < DF_BLOCK_STATS(BS); i++) cr_expect(gstats[i] == stats[i], "block stat %d differs", i);
@@ -307,8 +285,9 @@ Test(cuda_table, losses_metrics_and_optimizer_fp32) {
   double ns[3];
   df_tensor tg = df_f32(g, NP), tm = df_u8(mask, NP), tms = df_f32(ms, NP), tm1 = df_f32(m1, NP), tv1 = df_f32(v1, NP);
   df_tensor tns = df_view(ns, DF_F64, DF_DEV_CPU, 1, DF_SHAPE(3));
-  df_tensor gg = dev(&p, &tg), gm = dev(&p, &tm), gms = dev(&p, &tms), gm1 = dev(&p, &tm1), gv1 = dev(&p, &tv1);
-  df_tensor gns_t = dev(&p, &tns);
+  df_tensor gg = cu_pair_dev(&p, &tg), gm = cu_pair_dev(&p, &tm), gms = cu_pair_dev(&p, &tms),
+            gm1 = cu_pair_dev(&p, &tm1), gv1 = cu_pair_dev(&p, &tv1);
+  df_tensor gns_t = cu_pair_dev(&p, &tns);
   df_grad_norm_desc nd = {.grad_scale = 0.125f, .max_norm = 1.0};
   df_adamw_fused_desc ad = {
       .hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 3},
@@ -327,5 +306,5 @@ Test(cuda_table, losses_metrics_and_optimizer_fp32) {
   df_tensor *all[] = {&gh, &ghd, &glb,  &gw,  &gls, &gc, &gdh, &gdw, &grw, &gv,
                       &gk, &gs,  &gls2, &gc2, &gg,  &gm, &gms, &gm1, &gv1, &gns_t};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) release(&p, all[i]);
-  close_pair(&p);
+  cu_pair_close(&p);
 }
