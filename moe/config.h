@@ -68,6 +68,12 @@ df_status df_moe_config_resolve(const json_t *root, const char *source, bool *is
 // Whether key is a top-level MoE key this resolver reads (for `inspect`'s list of unused keys).
 bool df_moe_is_top_level_key(const char *key);
 
+// The serving rules, in one place (the qwen layout and `draftforge export` both call it): refuses, naming the
+// field, what SGLang's MoE draft classes cannot run: scoring_func other than softmax, any balance (a selection
+// bias; noaux_tc), n_group / topk_group != 1, n_shared_experts > 1, num_experts_per_tok outside 1..E, a shared
+// expert without width, routed_scaling_factor != 1, swiglu_limit > 0. NULL (dense) passes.
+df_status df_moe_serving_check(const df_moe_config *m, df_error *err);
+
 // The routing fields an exported config.json carries (moe.md 4.5): n_routed_experts, num_experts_per_tok,
 // moe_intermediate_size, n_shared_experts, shared_expert_intermediate_size, scoring_func, norm_topk_prob,
 // routed_scaling_factor, n_group, topk_group, topk_method (noaux_tc | greedy), swiglu_limit (only when > 0);

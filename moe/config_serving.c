@@ -1,5 +1,6 @@
-// What a resolved MoE config says outside training: the serving fields of an exported config.json (moe.md
-// 4.5), the registry names of its enums, and the `inspect` listing.
+// What a resolved MoE config says outside training: which recipes serve (the rules export and the qwen layout
+// share), the serving fields of an exported config.json (moe.md 4.5), the registry names of its enums, and the
+// `inspect` listing.
 #include <stdio.h>
 #include <string.h>
 
@@ -20,26 +21,43 @@ const char *df_moe_dispatch_name(df_moe_dispatch d) {
   return d == DF_MOE_DISPATCH_GROUPED_MM ? "grouped_mm" : "sorted_loop";
 }
 
-// The Qwen serving block (SGLang Qwen3MoeDSparkModel) runs one recipe: softmax, no selection bias, no groups,
-// scale 1, no clamp, at most one shared expert. Anything else would serve a different model.
-static df_status check_qwen_recipe(const df_moe_config *m, df_error *err) {
-  static const char hint[] = "export through the deepseek or native layout, or train the Qwen recipe";
+// The one place that says which MoE recipes serve (moe.md 4.5, 9): SGLang's MoE draft classes
+// (Qwen3MoeDSparkModel, DFlashMoEDraftModel, the Qwen block) route with softmax top-k scores, no selection
+// bias, no groups, scale 1, no SwiGLU clamp and at most one shared expert. Anything else would serve a
+// different model, so the qwen layout and `draftforge export` both refuse it here.
+static const char SERVE_HINT[] = "the MoE serving classes (Qwen3MoeDSparkModel, DFlashMoEDraftModel) run softmax "
+                                 "top-k routing without selection bias, groups, scaling or clamp; train such a recipe";
+
+df_status df_moe_serving_check(const df_moe_config *m, df_error *err) {
+  if (!m) return DF_OK;
   if (m->scoring_func != DF_MOE_SCORE_SOFTMAX)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "scoring_func", hint, "the qwen layout serves softmax routing, not %s",
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "scoring_func", SERVE_HINT,
+                   "not servable: the MoE serving classes route with softmax scores, this draft with %s",
                    df_moe_score_func_name(m->scoring_func));
   if (m->balance != DF_MOE_BALANCE_NONE)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "balance", hint, "the qwen layout serves no selection bias (balance %s)",
-                   df_moe_balance_name(m->balance));
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "balance", SERVE_HINT,
+                   "not servable: balance %s (a selection bias) is not served", df_moe_balance_name(m->balance));
   if (m->n_group != 1 || m->topk_group != 1)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "n_group", hint,
-                   "the qwen layout serves no group-limited routing (n_group %lld, topk_group %lld)",
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, m->n_group != 1 ? "n_group" : "topk_group", SERVE_HINT,
+                   "not servable: group-limited routing (n_group %lld, topk_group %lld) is not served",
                    (long long)m->n_group, (long long)m->topk_group);
+  if (m->n_shared_experts < 0 || m->n_shared_experts > 1)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "n_shared_experts", SERVE_HINT,
+                   "not servable: n_shared_experts %lld (the serving classes have 0 or 1)",
+                   (long long)m->n_shared_experts);
+  if (m->num_experts_per_tok < 1 || m->num_experts_per_tok > m->n_routed_experts)
+    return DF_FAIL(err, DF_ERR_INVALID, "num_experts_per_tok", "use 1 <= num_experts_per_tok <= n_routed_experts",
+                   "not servable: top-%lld of %lld experts", (long long)m->num_experts_per_tok,
+                   (long long)m->n_routed_experts);
+  if (m->n_shared_experts == 1 && m->shared_expert_intermediate_size <= 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "shared_expert_intermediate_size", "set a positive shared expert width",
+                   "not servable: a shared expert of width %lld", (long long)m->shared_expert_intermediate_size);
   if (m->routed_scaling_factor != 1.0)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "routed_scaling_factor", hint, "the qwen layout serves scale 1, not %g",
-                   m->routed_scaling_factor);
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "routed_scaling_factor", SERVE_HINT,
+                   "not servable: routed_scaling_factor %g (the serving classes scale by 1)", m->routed_scaling_factor);
   if (m->swiglu_limit > 0.0)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "swiglu_limit", hint, "the qwen layout serves no SwiGLU clamp (%g)",
-                   m->swiglu_limit);
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "swiglu_limit", SERVE_HINT,
+                   "not servable: swiglu_limit %g (the serving classes have no SwiGLU clamp)", m->swiglu_limit);
   return DF_OK;
 }
 
@@ -52,7 +70,7 @@ df_status df_moe_serving_fields(const df_moe_config *m, json_t **out, df_error *
   *out = NULL;
   if (!m) return DF_FAIL(err, DF_ERR_INVALID, "moe_preset", "only MoE drafts have routing fields", "no MoE config");
   const bool qwen = m->moe_layout && !strcmp(m->moe_layout, "qwen");
-  if (qwen) DF_TRY(check_qwen_recipe(m, err));
+  if (qwen) DF_TRY(df_moe_serving_check(m, err)); // the Qwen block serves only that recipe
   json_t *o = json_object();
   bool ok = o != NULL;
   if (!ok) return DF_FAIL(err, DF_ERR_NOMEM, "config.json", NULL, "out of memory");

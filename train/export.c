@@ -336,7 +336,7 @@ df_status df_export(const char *checkpoint, const char *out_dir, const df_export
   df_dflash_model *em = NULL;
   int64_t mask = -1;
   df_status st = export_mask_id(cfg, opt, &mask, err);
-  if (st == DF_OK) st = df_export_moe_check(cfg->moe, err);
+  if (st == DF_OK) st = df_moe_serving_check(cfg->moe, err);
   if (st == DF_OK) st = load_model(dir, cfg, opt->threads, &ctx, &m, err);
   if (st == DF_OK) st = moe_export_model(cfg, ctx, m, &ecfg, &em, err);
   const char *torch_dtype = opt->dtype == DF_ST_BF16 ? "bfloat16" : "float32";

@@ -61,8 +61,8 @@ typedef struct {
 // a temporary sibling directory renamed into place. An existing out_dir is replaced only when it looks like an
 // export (regular files, config.json among them) or is empty. info may be NULL.
 // MoE drafts (moe.md §4.5, §6.11, §9): recipes the serving classes cannot run are refused first
-// (df_export_moe_check); router centering is folded into an fp32 gate.bias = b − W·μ (fp32 even in a bf16
-// export; gate.input_mean(_steps) are dropped), config.json gets moe_router_bias, the serving fields
+// (df_moe_serving_check, moe/config.h); router centering is folded into an fp32 gate.bias = b − W·μ (fp32 even in a
+// bf16 export; gate.input_mean(_steps) are dropped), config.json gets moe_router_bias, the serving fields
 // (df_moe_serving_fields) and architectures DFlashMoEDraftModel (DFlash) or Qwen3MoeDSparkModel (DSpark), and
 // model.safetensors is written through the config's checkpoint layout (per-expert names for qwen / deepseek).
 df_status df_export(const char *checkpoint, const char *out_dir, const df_export_options *opt, df_export_info *info,
@@ -70,10 +70,6 @@ df_status df_export(const char *checkpoint, const char *out_dir, const df_export
 
 // ---- MoE exports (train/export_moe.c) --------------------------------------------------------------------
 
-// Refuses an MoE recipe the serving classes cannot run, naming the field: scoring_func other than softmax,
-// balance noaux_tc (topk_method), n_group / topk_group != 1, n_shared_experts > 1, num_experts_per_tok > E, a
-// shared expert without width, routed_scaling_factor != 1, swiglu_limit > 0. NULL (dense) passes.
-df_status df_export_moe_check(const df_moe_config *m, df_error *err);
 // The draft config the export's tensors describe: with router centering, moe_router_bias true and
 // dflash_config.moe_router_center(_momentum) removed (the fold replaced them). *out is a new reference.
 df_status df_export_moe_draft_json(const json_t *src, const df_moe_config *m, json_t **out, df_error *err);

@@ -1,6 +1,5 @@
-// The MoE part of the HF export (train/export.h; moe.md §4.5, §6.11, §9): refusal of recipes the serving
-// classes cannot run, the folded draft config, the serving fields and class names of config.json, and the fold
-// of router centering into an fp32 logit bias gate.bias = b − W·μ.
+// The MoE part of the HF export (train/export.h; moe.md §4.5, §6.11, §9): the folded draft config, the serving fields
+// and class names of config.json, and the fold of router centering into an fp32 logit bias gate.bias = b − W·μ.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,42 +7,6 @@
 #include "moe/config.h"
 #include "moe/params.h"
 #include "train/export.h"
-
-static const char SERVE_HINT[] = "the MoE serving classes (Qwen3MoeDSparkModel, DFlashMoEDraftModel) run softmax "
-                                 "top-k routing without selection bias, groups, scaling or clamp; train such a recipe";
-
-df_status df_export_moe_check(const df_moe_config *m, df_error *err) {
-  if (!m) return DF_OK;
-  if (m->scoring_func != DF_MOE_SCORE_SOFTMAX)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "scoring_func", SERVE_HINT,
-                   "cannot export: the serving class routes with softmax scores, this draft with %s",
-                   df_moe_score_func_name(m->scoring_func));
-  if (m->balance != DF_MOE_BALANCE_NONE) // the same rule as the qwen layout's (moe/config_serving.c)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "balance", SERVE_HINT,
-                   "cannot export: balance %s (a selection bias) is not served", df_moe_balance_name(m->balance));
-  if (m->n_group != 1 || m->topk_group != 1)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, m->n_group != 1 ? "n_group" : "topk_group", SERVE_HINT,
-                   "cannot export: group-limited routing (n_group %lld, topk_group %lld) is not served",
-                   (long long)m->n_group, (long long)m->topk_group);
-  if (m->n_shared_experts < 0 || m->n_shared_experts > 1)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "n_shared_experts", SERVE_HINT,
-                   "cannot export: n_shared_experts %lld (the serving class has 0 or 1)",
-                   (long long)m->n_shared_experts);
-  if (m->num_experts_per_tok < 1 || m->num_experts_per_tok > m->n_routed_experts)
-    return DF_FAIL(err, DF_ERR_INVALID, "num_experts_per_tok", "use 1 <= num_experts_per_tok <= n_routed_experts",
-                   "cannot export: top-%lld of %lld experts", (long long)m->num_experts_per_tok,
-                   (long long)m->n_routed_experts);
-  if (m->n_shared_experts == 1 && m->shared_expert_intermediate_size <= 0)
-    return DF_FAIL(err, DF_ERR_INVALID, "shared_expert_intermediate_size", "set a positive shared expert width",
-                   "cannot export: a shared expert of width %lld", (long long)m->shared_expert_intermediate_size);
-  if (m->routed_scaling_factor != 1.0)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "routed_scaling_factor", SERVE_HINT,
-                   "cannot export: routed_scaling_factor %g (the serving class scales by 1)", m->routed_scaling_factor);
-  if (m->swiglu_limit > 0.0)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "swiglu_limit", SERVE_HINT,
-                   "cannot export: swiglu_limit %g (the serving class has no SwiGLU clamp)", m->swiglu_limit);
-  return DF_OK;
-}
 
 // Router centering is folded into the logit bias, so the export routes with a bias and without centering.
 static bool folds(const df_moe_config *m) { return m->router_center != DF_MOE_CENTER_NONE; }

@@ -274,6 +274,34 @@ static void run_blocked(xjob *jb, int threads, float beta) {
   }
 }
 
+// A call whose every block would run the portable loop on one thread anyway (C' narrower than the narrowest
+// calibrated kernel, too small to split): the canonical chains over the whole of K straight from the operands,
+// without packing, kernel dispatch or a parallel region. Attention's per-tile products at small head sizes are
+// such calls, tens of thousands per step, where that set-up cost more than the arithmetic. The bits are the
+// portable loop's: each element is one chain over k in order, from 0 (beta 0) or from C.
+static void run_direct(const xjob *jb, float beta) {
+  for (int64_t i = 0; i < jb->n; i++) {
+    float *ci = jb->C + i * jb->ldc;
+    if (beta == 0.0f)
+      for (int64_t j = 0; j < jb->m; j++) ci[j] = 0.0f;
+    if (!jb->trans_x) { // X(j, k) = B[k·ldb + j]: vectorised across j
+      for (int64_t k = 0; k < jb->k; k++) {
+        const float yk = jb->trans_y ? jb->A[k * jb->lda + i] : jb->A[i * jb->lda + k];
+        const float *xk = jb->B + k * jb->ldb;
+        for (int64_t j = 0; j < jb->m; j++) ci[j] = chain_step(xk[j], yk, ci[j]);
+      }
+    } else { // X(j, k) = B[j·ldb + k]: one chain per element along the row of B
+      for (int64_t j = 0; j < jb->m; j++) {
+        const float *xj = jb->B + j * jb->ldb;
+        float c = ci[j];
+        for (int64_t k = 0; k < jb->k; k++)
+          c = chain_step(xj[k], jb->trans_y ? jb->A[k * jb->lda + i] : jb->A[i * jb->lda + k], c);
+        ci[j] = c;
+      }
+    }
+  }
+}
+
 static void run_blas(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   (void)threads; // OpenBLAS (OpenMP build) takes the team size from the OpenMP ICV and stays single-threaded
@@ -302,7 +330,10 @@ void df_cpu_sgemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N,
              .ldc = ldc,
              .C = C};
   if (2.0 * (double)M * (double)N * (double)K < MIN_PARALLEL_FLOPS) threads = 1;
-  run_blocked(&jb, threads, beta);
+  if (threads == 1 && N < min_jit_m())
+    run_direct(&jb, beta);
+  else
+    run_blocked(&jb, threads, beta);
 }
 
 bool df_cpu_sgemm_uses_xsmm(void) { return min_jit_m() <= MB; }

@@ -600,29 +600,29 @@ Test(moe_train, export_refuses_unservable_recipes) {
   df_error err = {0};
   const df_draft_config *cfg;
   DF_ASSERT_OK(df_draft_config_from_file(CFG_DS, &cfg, &err), &err);
-  cr_expect_eq(df_export_moe_check(cfg->moe, &err), DF_ERR_UNSUPPORTED);
+  cr_expect_eq(df_moe_serving_check(cfg->moe, &err), DF_ERR_UNSUPPORTED);
   cr_expect(strstr(err.where, "scoring_func"), "where: %s", err.where);
   df_moe_config m = *cfg->moe;
   m.scoring_func = DF_MOE_SCORE_SOFTMAX;
-  cr_expect_eq(df_export_moe_check(&m, &err), DF_ERR_UNSUPPORTED);
+  cr_expect_eq(df_moe_serving_check(&m, &err), DF_ERR_UNSUPPORTED);
   cr_expect(strstr(err.where, "balance") && strstr(err.msg, "noaux_tc"), "%s: %s", err.where, err.msg);
   m.balance = DF_MOE_BALANCE_NONE;
-  cr_expect_eq(df_export_moe_check(&m, &err), DF_ERR_UNSUPPORTED);
+  cr_expect_eq(df_moe_serving_check(&m, &err), DF_ERR_UNSUPPORTED);
   cr_expect(strstr(err.where, "n_group"), "where: %s", err.where);
   m.n_group = m.topk_group = 1;
   m.n_shared_experts = 2;
-  cr_expect_neq(df_export_moe_check(&m, &err), DF_OK);
+  cr_expect_neq(df_moe_serving_check(&m, &err), DF_OK);
   cr_expect(strstr(err.where, "n_shared_experts"), "where: %s", err.where);
   m.n_shared_experts = 1;
   m.num_experts_per_tok = m.n_routed_experts + 1;
-  cr_expect_neq(df_export_moe_check(&m, &err), DF_OK);
+  cr_expect_neq(df_moe_serving_check(&m, &err), DF_OK);
   cr_expect(strstr(err.where, "num_experts_per_tok"), "where: %s", err.where);
   m.num_experts_per_tok = 2;
   m.routed_scaling_factor = 1.0;
-  cr_expect_neq(df_export_moe_check(&m, &err), DF_OK);
+  cr_expect_neq(df_moe_serving_check(&m, &err), DF_OK);
   cr_expect(strstr(err.where, "swiglu_limit"), "where: %s", err.where);
   m.swiglu_limit = 0;
-  cr_expect_eq(df_export_moe_check(&m, &err), DF_OK);
+  cr_expect_eq(df_moe_serving_check(&m, &err), DF_OK);
   df_draft_config_free(cfg);
 }
 
