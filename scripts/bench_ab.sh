@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Before/after benches in one run on one machine: bench_step, bench_train and bench_moe of two builds,
 # interleaved round by round (base, new, base, new, ...), each process timed for CPU (user+sys) and wall.
+# bench_step prints one row per shape (older builds: one "draftforge step" row, the large shape); a build that
+# predates the small shape may carry bench_stepsmall (its bench/step.c with the small shape's constants), run
+# when present.
 #   scripts/bench_ab.sh BASE_REPO BASE_BUILD NEW_REPO NEW_BUILD [ROUNDS]
 # Knobs (environment): STEP_REPS (3), TRAIN_STEPS (60), MOE_REPS (3), THREADS (2). OPENBLAS_CORETYPE and
 # OMP_WAIT_POLICY are passed through and printed with the OpenBLAS core that runs. Read the numbers with the
@@ -26,9 +29,11 @@ echo "# round which bench | the bench's lines | cpu user+sys, wall (s) | load be
 for round in $(seq 1 "$ROUNDS"); do
   for which in base new; do
     if [ "$which" = base ]; then B=$BASE_BUILD R=$BASE_REPO; else B=$NEW_BUILD R=$NEW_REPO; fi
-    for b in step train moe; do
+    for b in step stepsmall train moe; do
+      [ "$b" = stepsmall ] && [ ! -x "$B/bench_stepsmall" ] && continue
       case $b in
-        step) cmd=("$B/bench_step" --no-reference --reps "${STEP_REPS:-3}" --threads "$THREADS") pat='draftforge step' ;;
+        step | stepsmall) cmd=("$B/bench_$b" --no-reference --reps "${STEP_REPS:-3}" --threads "$THREADS")
+          pat='draftforge step|^\| (small|large) ' ;;
         train) cmd=("$B/bench_train" --steps "${TRAIN_STEPS:-60}" --threads "$THREADS" --repo "$R")
           pat='^prefetch|^synchronous' ;;
         moe) cmd=("$B/bench_moe" --threads "$THREADS" --reps "${MOE_REPS:-3}") pat='^moe forward\+backward|^dense' ;;

@@ -275,28 +275,101 @@ static void run_blocked(xjob *jb, int threads, float beta) {
 }
 
 // A call whose every block would run the portable loop on one thread anyway (C' narrower than the narrowest
-// calibrated kernel, too small to split): the canonical chains over the whole of K straight from the operands,
-// without packing, kernel dispatch or a parallel region. Attention's per-tile products at small head sizes are
-// such calls, tens of thousands per step, where that set-up cost more than the arithmetic. The bits are the
-// portable loop's: each element is one chain over k in order, from 0 (beta 0) or from C.
+// calibrated kernel, too small to split): no kernel dispatch, task plan or parallel region. Attention's per-tile
+// products at small head sizes are such calls, tens of thousands per step, where that set-up cost more than the
+// arithmetic. C' is computed DW columns (one vector) by up to four rows at a time, the four in registers so that
+// four chains are in flight; X comes straight from B when a full DW run is contiguous, else from a zero-padded
+// pack per k-block. Each element is still one chain over k in order, from 0 (beta 0) or from C, so the bits are
+// the portable loop's.
+enum { DW = 16 };
+
+typedef struct {
+  const float *x; // X(j, k) of the DW columns at x[k·xs + j]
+  int64_t xs;
+  const float *y; // Y(k, i) of the first row at y[k·ys], row i + r at + r·yr
+  int64_t ys, yr;
+  int64_t kk;
+} direct_span;
+
+static void direct_rows4(const direct_span *d, float acc[4][DW]) {
+  float a0[DW], a1[DW], a2[DW], a3[DW];
+  memcpy(a0, acc[0], sizeof a0), memcpy(a1, acc[1], sizeof a1), memcpy(a2, acc[2], sizeof a2);
+  memcpy(a3, acc[3], sizeof a3);
+  const float *y = d->y;
+  const int64_t yr = d->yr;
+  for (int64_t k = 0; k < d->kk; k++, y += d->ys) {
+    const float *xk = d->x + k * d->xs, y0 = y[0], y1 = y[yr], y2 = y[2 * yr], y3 = y[3 * yr];
+    for (int j = 0; j < DW; j++) {
+      a0[j] = chain_step(xk[j], y0, a0[j]), a1[j] = chain_step(xk[j], y1, a1[j]);
+      a2[j] = chain_step(xk[j], y2, a2[j]), a3[j] = chain_step(xk[j], y3, a3[j]);
+    }
+  }
+  memcpy(acc[0], a0, sizeof a0), memcpy(acc[1], a1, sizeof a1), memcpy(acc[2], a2, sizeof a2);
+  memcpy(acc[3], a3, sizeof a3);
+}
+
+static void direct_row(const direct_span *d, float acc[DW]) {
+  float a[DW];
+  memcpy(a, acc, sizeof a);
+  const float *y = d->y;
+  for (int64_t k = 0; k < d->kk; k++, y += d->ys) {
+    const float *xk = d->x + k * d->xs, yk = y[0];
+    for (int j = 0; j < DW; j++) a[j] = chain_step(xk[j], yk, a[j]);
+  }
+  memcpy(acc, a, sizeof a);
+}
+
+// A row of C' into a DW-wide accumulator and back (full rows as one fixed-size copy; short ones masked).
+static void load_acc(float acc[DW], const float *c, int64_t mm, bool zero) {
+  if (zero) {
+    memset(acc, 0, sizeof(float) * DW);
+  } else if (mm == DW) {
+    memcpy(acc, c, sizeof(float) * DW);
+  } else {
+    for (int j = 0; j < DW; j++) acc[j] = j < mm ? c[j] : 0.0f;
+  }
+}
+
+static void store_acc(float *c, const float acc[DW], int64_t mm) {
+  if (mm == DW) {
+    memcpy(c, acc, sizeof(float) * DW);
+  } else {
+    for (int j = 0; j < DW; j++)
+      if (j < mm) c[j] = acc[j];
+  }
+}
+
 static void run_direct(const xjob *jb, float beta) {
-  for (int64_t i = 0; i < jb->n; i++) {
-    float *ci = jb->C + i * jb->ldc;
-    if (beta == 0.0f)
-      for (int64_t j = 0; j < jb->m; j++) ci[j] = 0.0f;
-    if (!jb->trans_x) { // X(j, k) = B[k·ldb + j]: vectorised across j
-      for (int64_t k = 0; k < jb->k; k++) {
-        const float yk = jb->trans_y ? jb->A[k * jb->lda + i] : jb->A[i * jb->lda + k];
-        const float *xk = jb->B + k * jb->ldb;
-        for (int64_t j = 0; j < jb->m; j++) ci[j] = chain_step(xk[j], yk, ci[j]);
+  float xp[KB * DW] __attribute__((aligned(64)));
+  const int64_t ys = jb->trans_y ? jb->lda : 1, yr = jb->trans_y ? 1 : jb->lda;
+  for (int64_t j0 = 0; j0 < jb->m; j0 += DW) {
+    const int64_t mm = min64(DW, jb->m - j0);
+    for (int64_t k0 = 0; k0 < jb->k; k0 += KB) {
+      direct_span d = {.x = jb->B + k0 * jb->ldb + j0, .xs = jb->ldb, .ys = ys, .yr = yr};
+      d.kk = min64(KB, jb->k - k0);
+      if (jb->trans_x || mm < DW) { // pack X(j0.., k0..): B[j·ldb + k] (B transposed) or B[k·ldb + j]
+        memset(xp, 0, sizeof(float) * (size_t)(d.kk * DW));
+        for (int64_t j = 0; j < mm; j++)
+          for (int64_t k = 0; k < d.kk; k++)
+            xp[k * DW + j] = jb->trans_x ? jb->B[(j0 + j) * jb->ldb + k0 + k] : jb->B[(k0 + k) * jb->ldb + j0 + j];
+        d.x = xp, d.xs = DW;
       }
-    } else { // X(j, k) = B[j·ldb + k]: one chain per element along the row of B
-      for (int64_t j = 0; j < jb->m; j++) {
-        const float *xj = jb->B + j * jb->ldb;
-        float c = ci[j];
-        for (int64_t k = 0; k < jb->k; k++)
-          c = chain_step(xj[k], jb->trans_y ? jb->A[k * jb->lda + i] : jb->A[i * jb->lda + k], c);
-        ci[j] = c;
+      const bool zero = k0 == 0 && beta == 0.0f;
+      for (int64_t i0 = 0; i0 < jb->n; i0 += 4) {
+        const int rows = (int)min64(4, jb->n - i0);
+        float acc[4][DW];
+        for (int r = 0; r < rows; r++) load_acc(acc[r], jb->C + (i0 + r) * jb->ldc + j0, mm, zero);
+        d.y = jb->A + (jb->trans_y ? k0 * jb->lda + i0 : i0 * jb->lda + k0);
+        if (rows == 4) {
+          direct_rows4(&d, acc);
+        } else {
+          for (int r = 0; r < rows; r++) {
+            direct_span dr = d;
+            dr.y += r * yr;
+            direct_row(&dr, acc[r]);
+          }
+        }
+        for (int r = 0; r < rows; r++) store_acc(jb->C + (i0 + r) * jb->ldc + j0, acc[r], mm);
       }
     }
   }
