@@ -65,7 +65,8 @@ typedef struct {
   int64_t cap; // cache capacity = sample buffer rows
   int32_t *ids, *gen;
   uint8_t *mask;
-  float *hidden, *last_buf;
+  float *hidden, *last_buf; // host: what the shard writer reads
+  float *dhidden, *dlast;   // the same on the context's device (NULL on the CPU: the host buffers serve)
   df_token_jsonl in;
   int64_t total_lines;
   double t0, last_print;
@@ -74,6 +75,7 @@ typedef struct {
 static void run_free(capture_run *r) {
   df_token_jsonl_close(&r->in);
   free(r->ids), free(r->gen), free(r->mask), free(r->hidden), free(r->last_buf);
+  if (r->ctx) df_buffer_free(r->ctx, r->dhidden), df_buffer_free(r->ctx, r->dlast);
   df_target_cache_free(r->cache);
   df_target_free(r->target);
   df_ctx_destroy(r->ctx);
@@ -89,8 +91,10 @@ static df_status setup(capture_run *r, df_error *err) {
   const df_dflash_config *dc = &r->draft->dflash;
   DF_TRY(df_capture_check_layer_ids(dc->target_layer_ids, dc->num_target_layer_ids, r->tcfg->num_hidden_layers, err));
   r->last = o->last_hidden < 0 ? r->draft->kind == DF_DRAFT_DSPARK : o->last_hidden > 0;
-  df_ctx_options co = {.device = DF_DEV_CPU};
-  DF_TRY(df_ctx_create(&co, &r->ctx, err));
+  if (o->ctx_options)
+    DF_TRY(df_ctx_create(o->ctx_options, &r->ctx, err));
+  else
+    DF_TRY(df_device_open(o->device, NULL, o->threads, o->log, &r->ctx, err));
   DF_TRY(df_target_load(o->target_dir, r->ctx, &r->target, err));
   DF_TRY(df_target_eos_ids(o->target_dir, r->eos, &r->n_eos, err));
   r->cap = o->max_length;
@@ -101,6 +105,10 @@ static df_status setup(capture_run *r, df_error *err) {
   r->last_buf = r->last ? malloc(sizeof(float) * (size_t)(r->cap * H)) : NULL;
   if (!r->ids || !r->gen || !r->mask || !r->hidden || (r->last && !r->last_buf))
     return DF_FAIL(err, DF_ERR_NOMEM, "capture", "lower --max-length", "cannot allocate the sample buffers");
+  if (!df_ctx_host_addressable(r->ctx)) {
+    DF_TRY(df_buffer_alloc(r->ctx, sizeof(float) * (size_t)(r->cap * K * H), (void **)&r->dhidden, err));
+    if (r->last) DF_TRY(df_buffer_alloc(r->ctx, sizeof(float) * (size_t)(r->cap * H), (void **)&r->dlast, err));
+  }
   DF_TRY(df_token_jsonl_count(o->data_path, &r->total_lines, err));
   return df_token_jsonl_open(o->data_path, r->tcfg->vocab_size, &r->in, err);
 }
@@ -230,8 +238,15 @@ static df_status one_sample(capture_run *r, df_hs_writer *w, df_capture_report *
     return DF_OK;
   }
   const df_dflash_config *dc = &r->draft->dflash;
-  DF_TRY(df_capture_sample(r->target, r->cache, r->ids, len, dc->num_target_layer_ids, dc->target_layer_ids, r->hidden,
-                           r->last ? r->last_buf : NULL, err));
+  const int64_t H = r->tcfg->hidden_size, K = dc->num_target_layer_ids;
+  float *hidden = r->dhidden ? r->dhidden : r->hidden, *last = r->dlast ? r->dlast : r->last_buf;
+  DF_TRY(df_capture_sample(r->target, r->cache, r->ids, len, (int)K, dc->target_layer_ids, hidden,
+                           r->last ? last : NULL, err));
+  const df_device dev = df_ctx_device(r->ctx);
+  if (r->dhidden)
+    DF_TRY(df_copy(r->ctx, r->hidden, DF_DEV_CPU, r->dhidden, dev, sizeof(float) * (size_t)(len * K * H), err));
+  if (r->dlast && r->last)
+    DF_TRY(df_copy(r->ctx, r->last_buf, DF_DEV_CPU, r->dlast, dev, sizeof(float) * (size_t)(len * H), err));
   DF_TRY(df_hs_writer_append(w, len, r->ids, r->mask, r->hidden, r->last ? r->last_buf : NULL, err));
   rep->tokens += len;
   rep->written++;

@@ -2,7 +2,8 @@
 // Optional greedy regeneration of each response; shard k holds the samples of input lines
 // [k·samples_per_shard, (k+1)·samples_per_shard), so a rerun skips the shards that exist (each is renamed into
 // place only when complete) and redoes a partial one. capture.json records the settings; a rerun with others
-// is refused, so no capture is mixed into another one's directory.
+// is refused, so no capture is mixed into another one's directory. The target runs on the chosen device; each
+// sample's features are computed there and read back once for the shard writer.
 #ifndef DF_TRAIN_CAPTURE_H
 #define DF_TRAIN_CAPTURE_H
 
@@ -13,16 +14,20 @@
 #include "base/error.h"
 #include "kernels/tensor.h"
 #include "modeling/target/target_model.h"
+#include "train/device.h"
 
 typedef struct {
   const char *target_dir, *data_path, *draft_config_path, *out_dir;
-  bool regenerate;           // replace every response by the target's greedy continuation of its prompt
-  int64_t max_new_tokens;    // with regenerate (default 256)
-  int64_t max_length;        // truncate samples to this many tokens (default 2048)
-  int64_t samples_per_shard; // default 1000
-  df_dtype dtype;            // DF_BF16 (default) or DF_F32
-  int last_hidden;           // target_last_hidden_states: -1 auto (DSpark drafts), 0 no, 1 yes
-  FILE *log;                 // progress and summary (NULL: quiet)
+  bool regenerate;                   // replace every response by the target's greedy continuation of its prompt
+  int64_t max_new_tokens;            // with regenerate (default 256)
+  int64_t max_length;                // truncate samples to this many tokens (default 2048)
+  int64_t samples_per_shard;         // default 1000
+  df_dtype dtype;                    // DF_BF16 (default) or DF_F32
+  int last_hidden;                   // target_last_hidden_states: -1 auto (DSpark drafts), 0 no, 1 yes
+  FILE *log;                         // progress and summary (NULL: quiet)
+  df_device_choice device;           // where the target runs (--device; auto: CUDA when built and visible)
+  int threads;                       // CPU threads (0: OpenMP's)
+  const df_ctx_options *ctx_options; // when not NULL, the exact context to run on (tests: the fake device)
 } df_capture_options;
 
 typedef struct {

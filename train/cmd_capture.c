@@ -23,6 +23,8 @@ static const df_cli_opt CAPTURE_OPTS[] = {
     {"--dtype", "bfloat16|float32", DF_CLI_VALUE, "bfloat16", "how the hidden states are stored"},
     {"--last-hidden", "auto|yes|no", DF_CLI_VALUE, "auto: for a DSpark draft",
      "also store the final post-norm state (target_last_hidden_states)"},
+    {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "auto",
+     "where the target runs (auto: the GPU when the build has CUDA and one is visible)"},
     {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
     DF_CLI_END};
 
@@ -48,13 +50,15 @@ static int parse_args(int argc, char **argv, df_capture_options *o, int *threads
   df_cli_args a;
   int rc = df_cli_parse(&CAPTURE_CLI, argc, argv, &a);
   static const char *const dtypes[] = {"bfloat16", "float32", NULL}, *const lasts[] = {"auto", "yes", "no", NULL};
+  static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
   long long mnt, ml, sps, th;
-  int dt, last;
+  int dt, last, device;
   if (!rc &&
       !(df_cli_int(&a, "--max-new-tokens", 1, 1 << 20, 256, &mnt) &&
         df_cli_int(&a, "--max-length", 2, 1 << 24, 2048, &ml) &&
         df_cli_int(&a, "--samples-per-shard", 1, 1 << 30, 1000, &sps) && df_cli_int(&a, "--threads", 0, 4096, 0, &th) &&
-        df_cli_choice(&a, "--dtype", dtypes, 0, &dt) && df_cli_choice(&a, "--last-hidden", lasts, 0, &last)))
+        df_cli_choice(&a, "--dtype", dtypes, 0, &dt) && df_cli_choice(&a, "--last-hidden", lasts, 0, &last) &&
+        df_cli_choice(&a, "--device", devices, 0, &device)))
     rc = DF_EXIT_USAGE;
   if (!rc) {
     o->target_dir = df_cli_get(&a, "--target"), o->data_path = df_cli_get(&a, "--data");
@@ -62,6 +66,7 @@ static int parse_args(int argc, char **argv, df_capture_options *o, int *threads
     o->regenerate = df_cli_has(&a, "--regenerate");
     o->max_new_tokens = mnt, o->max_length = ml, o->samples_per_shard = sps, *threads = (int)th;
     o->dtype = dt == 0 ? DF_BF16 : DF_F32, o->last_hidden = last == 0 ? -1 : last == 1;
+    o->device = (df_device_choice)device, o->threads = (int)th;
     *verbose = a.verbose;
   }
   df_cli_free(&a); // the values point into argv

@@ -45,7 +45,7 @@ static const df_cli_spec EVAL_CLI = {
     "alphas and the data: --data, else data.eval_hidden_states_path or data.eval_data_path, else the\n"
     "training data (not held out). Captured shards are read as they are; a token or conversations JSONL runs\n"
     "the recipe's target to compute the features (online, as draftforge train does). --device: where the draft\n"
-    "runs (default: the recipe's training.device; an online target runs on the CPU). A non-finite result fails\n"
+    "runs (default: the recipe's training.device; an online target runs there too). A non-finite result fails\n"
     "(exit 1), naming the samples that hold NaN/Inf hidden states.\n"
     "\n"
     "draftforge eval --spec-decode --target DIR --draft CKPT --data FILE.jsonl: real speculative decoding\n"
@@ -143,6 +143,7 @@ static df_status run_eval(const eval_args *a, eval_run *r, df_eval_report *rep, 
   o.max_samples = a->max_samples;
   const char *key;
   *data = eval_data_path(r->recipe, a->data, &key);
+  const df_ctx_options target_ctx = {.device = df_ctx_device(r->ctx), .num_threads = a->threads};
   df_data_source_options so = {.rc = r->recipe,
                                .path = *data,
                                .key = key,
@@ -150,6 +151,7 @@ static df_status run_eval(const eval_args *a, eval_run *r, df_eval_report *rep, 
                                .allow_online = true,
                                .cfg = r->res.draft,
                                .threads = a->threads,
+                               .target_ctx = &target_ctx,
                                .log = stderr,
                                .target = &r->online};
   DF_TRY(df_data_source_open(&so, &r->src, err));

@@ -14,6 +14,7 @@
 #include "train/capture.h"
 #include "train/cli.h"
 #include "train/commands.h"
+#include "train/device.h"
 #include "train/evaluate.h"
 #include "train/export.h"
 #include "train/fsutil.h"
@@ -30,6 +31,8 @@ static const df_cli_opt SPEC_OPTS[] = {
     {"--max-new-tokens", "N", DF_CLI_VALUE, "64", "tokens generated per prompt, at most (or up to end-of-sequence)"},
     {"--max-samples", "N", DF_CLI_VALUE, "every line", "decode the first N prompts"},
     {"--num-anchors", "N", DF_CLI_VALUE, "512", "the simulated eval's blocks per sample, at most"},
+    {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "auto",
+     "where the target and the draft run (auto: the GPU when the build has CUDA and one is visible)"},
     {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
     DF_CLI_END};
 
@@ -49,6 +52,7 @@ typedef struct {
   const char *target, *draft, *data, *out;
   int64_t max_new, max_samples, num_anchors;
   int threads;
+  df_device_choice device;
   bool verbose;
 } spec_args;
 
@@ -56,10 +60,13 @@ typedef struct {
 static int parse(int argc, char **argv, spec_args *a) {
   df_cli_args c;
   int rc = df_cli_parse(&SPEC_CLI, argc, argv, &c);
+  static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
   long long mnt = 0, ms = 0, na = 0, th = 0;
+  int device = 0;
   if (!rc && !(df_cli_int(&c, "--max-new-tokens", 1, 1 << 20, 64, &mnt) &&
                df_cli_int(&c, "--max-samples", 0, INT32_MAX, 0, &ms) &&
-               df_cli_int(&c, "--num-anchors", 1, 1 << 20, 512, &na) && df_cli_int(&c, "--threads", 0, 4096, 0, &th)))
+               df_cli_int(&c, "--num-anchors", 1, 1 << 20, 512, &na) && df_cli_int(&c, "--threads", 0, 4096, 0, &th) &&
+               df_cli_choice(&c, "--device", devices, 0, &device)))
     rc = DF_EXIT_USAGE;
   *a = (spec_args){.target = df_cli_get(&c, "--target"),
                    .draft = df_cli_get(&c, "--draft"),
@@ -69,6 +76,7 @@ static int parse(int argc, char **argv, spec_args *a) {
                    .max_samples = ms,
                    .num_anchors = na,
                    .threads = (int)th,
+                   .device = (df_device_choice)device,
                    .verbose = c.verbose};
   df_cli_free(&c); // the values point into argv
   if (rc) return rc;
@@ -115,8 +123,7 @@ static void run_free(spec_run *r) {
 }
 
 static df_status load(const spec_args *a, spec_run *r, df_error *err) {
-  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = a->threads};
-  DF_TRY(df_ctx_create(&co, &r->ctx, err));
+  DF_TRY(df_device_open(a->device, NULL, a->threads, stderr, &r->ctx, err));
   DF_TRY(df_target_config_from_dir(a->target, &r->tcfg, err));
   DF_TRY(df_target_load(a->target, r->ctx, &r->target, err));
   DF_TRY(df_target_eos_ids(a->target, r->eos, &r->n_eos, err));
@@ -144,7 +151,9 @@ static df_status simulated(const spec_args *a, spec_run *r, const char *seqs, df
                            .max_length = 1 << 20,
                            .samples_per_shard = 1 << 20,
                            .dtype = DF_F32,
-                           .last_hidden = -1};
+                           .last_hidden = -1,
+                           .device = df_ctx_device(r->ctx) == DF_DEV_CPU ? DF_DEVICE_CPU : DF_DEVICE_CUDA,
+                           .threads = a->threads};
   df_capture_report cr;
   DF_TRY(df_capture_run(&co, &cr, err));
   df_tensor emb = df_target_embed(r->target), head = df_target_lm_head(r->target);

@@ -152,7 +152,8 @@ static df_status open_online(const df_data_source_options *o, const char *tokens
                                    .cfg = o->cfg,
                                    .feature_dtype = rc->data.online_feature_dtype,
                                    .threads = o->threads,
-                                   .overlap = o->overlap};
+                                   .overlap = o->overlap,
+                                   .ctx_options = o->target_ctx};
     DF_TRY(df_online_target_open(&to, o->target, err));
   }
   int64_t dropped = 0;

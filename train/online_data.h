@@ -35,15 +35,16 @@ df_status df_data_prepare(const df_recipe *rc, const char *conversations, const 
 
 typedef struct {
   const df_recipe *rc;
-  const char *path;           // the data
-  const char *key;            // the recipe key or option that named it, for messages ("data.train_data_path")
-  bool allow_hidden_states;   // which kinds the key may name
-  bool allow_online;          //
-  const df_draft_config *cfg; // the draft the data is for
-  bool need_last_hidden;      // DSpark's teacher
-  int threads;                // the online target's CPU threads (0: OpenMP's)
-  bool overlap;               // online batches may be prefilled on the feed's reader thread
-  FILE *log;                  // what preparation and the scan report (may be NULL)
+  const char *path;                 // the data
+  const char *key;                  // the recipe key or option that named it, for messages ("data.train_data_path")
+  bool allow_hidden_states;         // which kinds the key may name
+  bool allow_online;                //
+  const df_draft_config *cfg;       // the draft the data is for
+  bool need_last_hidden;            // DSpark's teacher
+  int threads;                      // the online target's CPU threads (0: OpenMP's)
+  const df_ctx_options *target_ctx; // the online target's context (the run's device); NULL: the CPU
+  bool overlap;                     // online batches may be prefilled on the feed's reader thread
+  FILE *log;                        // what preparation and the scan report (may be NULL)
   // The run's online target, shared by its sources: opened here on first online use (the caller frees it with
   // df_online_target_free after closing the sources); NULL pointer: online data is refused.
   df_online_target **target;

@@ -64,9 +64,10 @@ df_status df_online_target_open(const df_online_target_options *o, df_online_tar
   t->k = o->cfg->dflash.num_target_layer_ids;
   memcpy(t->layer_ids, o->cfg->dflash.target_layer_ids, sizeof(int) * (size_t)t->k);
   t->dtype = o->feature_dtype, t->overlap = o->overlap;
-  // CPU for now, as capture: the forward writes its outputs on the context's device, and the batch is host
-  // memory until the device-resident data path takes the features where they are.
-  df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = o->threads};
+  // The target's own context, on the trainer's device: the forward writes its outputs there and each sample's
+  // rows are read back into the host batch, which the trainer's stage uploads like any other.
+  df_ctx_options co = o->ctx_options ? *o->ctx_options : (df_ctx_options){.device = DF_DEV_CPU};
+  if (co.num_threads == 0) co.num_threads = o->threads;
   df_status st = df_ctx_create(&co, &t->ctx, err);
   if (st == DF_OK) st = df_target_load(o->target_dir, t->ctx, &t->target, err);
   if (st != DF_OK) {
@@ -106,6 +107,7 @@ typedef struct {
   int64_t n, *offset, *line, *len; // (n) the kept samples: line offset, line number, length after truncation
   int64_t longest;
   float *full_hidden, *full_last; // a whole sample's features when a read wants fewer rows (allocated then)
+  float *dev_hidden, *dev_last;   // a device target's outputs (longest rows; NULL on the CPU): read back per sample
 } online_source;
 
 static bool has_adjacent(const uint8_t *mask, int64_t len) {
@@ -186,7 +188,9 @@ static df_status one_sample(online_source *s, df_batch *b, int64_t i, int64_t id
   memcpy(b->loss_mask + i * b->S, s->in.mask, (size_t)L);
   float *hidden = b->hidden + i * b->S * W;
   float *final = last ? b->last_hidden + i * b->S * H : NULL;
-  if (full > L) {
+  if (s->dev_hidden) {
+    hidden = s->dev_hidden, final = last ? s->dev_last : NULL;
+  } else if (full > L) {
     DF_TRY(full_buffers(s, last, err));
     hidden = s->full_hidden, final = last ? s->full_last : NULL;
   }
@@ -199,12 +203,19 @@ static df_status one_sample(online_source *s, df_batch *b, int64_t i, int64_t id
   omp_set_num_threads(t->threads);
   double t0 = now_s();
   df_status st = df_capture_sample(t->target, s->cache, s->in.ids, full, t->k, t->layer_ids, hidden, final, err);
+  if (st == DF_OK && s->dev_hidden) { // the batch's L rows, read back from the device
+    const df_device dev = df_ctx_device(t->ctx);
+    float *hb = b->hidden + i * b->S * W, *fb = last ? b->last_hidden + i * b->S * H : NULL;
+    st = df_copy(t->ctx, hb, DF_DEV_CPU, hidden, dev, sizeof(float) * (size_t)(L * W), err);
+    if (st == DF_OK && fb) st = df_copy(t->ctx, fb, DF_DEV_CPU, final, dev, sizeof(float) * (size_t)(L * H), err);
+    hidden = hb, final = fb;
+  }
   t->stats.forward_s += now_s() - t0;
   omp_set_num_threads(saved);
   t->stats.samples++, t->stats.tokens += full;
   pthread_mutex_unlock(&t->mu);
   DF_TRY(st);
-  if (full > L) {
+  if (full > L && !s->dev_hidden) {
     memcpy(b->hidden + i * b->S * W, hidden, sizeof(float) * (size_t)(L * W));
     if (last) memcpy(b->last_hidden + i * b->S * H, final, sizeof(float) * (size_t)(L * H));
     hidden = b->hidden + i * b->S * W, final = last ? b->last_hidden + i * b->S * H : NULL;
@@ -241,6 +252,7 @@ static void online_close(df_batch_source *src) {
   df_target_cache_free(s->cache);
   df_token_jsonl_close(&s->in);
   free(s->offset), free(s->line), free(s->len), free(s->path), free(s->full_hidden), free(s->full_last);
+  df_buffer_free(s->t->ctx, s->dev_hidden), df_buffer_free(s->t->ctx, s->dev_last);
   free(s);
 }
 
@@ -262,6 +274,11 @@ df_status df_online_source_open(df_online_target *t, const char *tokens_path, in
   if (dropped_out) *dropped_out = dropped;
   s->longest = longest;
   if (st == DF_OK) st = df_target_cache_create(t->target, longest, &s->cache, err);
+  if (st == DF_OK && !df_ctx_host_addressable(t->ctx)) {
+    const size_t row = sizeof(float) * (size_t)t->hidden;
+    st = df_buffer_alloc(t->ctx, row * (size_t)(longest * t->k), (void **)&s->dev_hidden, err);
+    if (st == DF_OK) st = df_buffer_alloc(t->ctx, row * (size_t)longest, (void **)&s->dev_last, err);
+  }
   if (st != DF_OK) {
     online_close(&s->base);
     return st;

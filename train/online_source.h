@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "modeling/draft_config.h"
 #include "train/batch_source.h"
@@ -27,6 +28,9 @@ typedef struct {
   df_dtype feature_dtype; // DF_BF16: every feature rounded to bf16 (what a bf16 capture stores); DF_F32: as computed
   int threads;            // the target context's CPU threads (0: OpenMP's default)
   bool overlap;           // its sources may be read on the feed's reader thread (df_batch_source.concurrent)
+  // The target's context (device, backend); NULL: the CPU. num_threads 0 takes `threads`. A device target computes
+  // each sample there and reads its rows back into the host batch.
+  const df_ctx_options *ctx_options;
 } df_online_target_options;
 
 df_status df_online_target_open(const df_online_target_options *o, df_online_target **out, df_error *err);

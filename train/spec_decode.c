@@ -3,6 +3,9 @@
 // slots 1..bs−1 propose. DSpark as SGLang's DSpark worker decodes it (sample_from_anchor): the same block, every
 // slot k = 0..bs−1 proposes the token after it, with the Markov bias of the previous token applied one slot at
 // a time (prev of slot 0 = the anchor token), greedy. The target then verifies [last token, proposals].
+// Everything the target and the draft compute stays on the context's device: the context features, the block's
+// embedding and the draft's output never leave it; per block the host uploads the block ids and positions and
+// reads back the proposal logits for the argmax (and, for DSpark, one Markov bias row per slot).
 #include "train/spec_decode.h"
 
 #include <stdlib.h>
@@ -24,19 +27,43 @@ typedef struct {
   df_dflash_model *m;
   const df_draft_config *cfg;
   const df_spec_options *o;
+  df_ctx *ctx;
+  df_device dev;
   df_target_cache *cache;
   int64_t cap, H, V, K, bs, nprop;
   int32_t eos[DF_TARGET_MAX_EOS];
   int n_eos;
   df_dspark_heads *heads;
+  // host
   int32_t *seq, *greedy, *block_ids, *verify, *targ, *prev;
-  float *feats, *vfeats, *block_embed, *logits, *base;
+  int32_t *ints; // [anchor, pos_q (bs), pos_kv (S + bs)] of the block being proposed
+  float *logits, *base, *bias;
+  // the context's device
+  float *feats, *vfeats, *block_embed, *dlogits, *dbias;
+  int32_t *dblock_ids, *dprev, *dints;
+  uint8_t *dkeep;
 } sd_run;
+
+static void sd_free_device(sd_run *r) {
+  void *dev[] = {r->feats,      r->vfeats, r->block_embed, r->dlogits, r->dbias,
+                 r->dblock_ids, r->dprev,  r->dints,       r->dkeep};
+  for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) df_buffer_free(r->ctx, dev[i]);
+  r->feats = r->vfeats = r->block_embed = r->dlogits = r->dbias = NULL;
+  r->dblock_ids = r->dprev = r->dints = NULL, r->dkeep = NULL;
+}
 
 static void sd_free(sd_run *r) {
   df_target_cache_free(r->cache);
   free(r->seq), free(r->greedy), free(r->block_ids), free(r->verify), free(r->targ), free(r->prev);
-  free(r->feats), free(r->vfeats), free(r->block_embed), free(r->logits), free(r->base);
+  free(r->ints), free(r->logits), free(r->base), free(r->bias);
+  sd_free_device(r);
+}
+
+static df_status to_device(sd_run *r, void *dst, const void *src, size_t bytes, df_error *err) {
+  return df_copy(r->ctx, dst, r->dev, src, DF_DEV_CPU, bytes, err);
+}
+static df_status to_host(sd_run *r, void *dst, const void *src, size_t bytes, df_error *err) {
+  return df_copy(r->ctx, dst, DF_DEV_CPU, src, r->dev, bytes, err);
 }
 
 void df_spec_report_free(df_spec_report *r) {
@@ -57,31 +84,34 @@ static int32_t argmax_row(const float *z, int64_t V) {
   return (int32_t)best;
 }
 
-// logits (n, V) = x (n, H) · lm_headᵀ.
+// Device logits (n, V) = x (n, H) · lm_headᵀ, x on the device.
 static df_status head_rows(sd_run *r, const float *x, int64_t n, float *out, df_error *err) {
-  df_ctx *ctx = df_target_ctx(r->t);
   df_tensor head = df_target_lm_head(r->t);
-  df_tensor xv = df_view((void *)x, DF_F32, DF_DEV_CPU, 2, (const int64_t[]){n, r->H});
-  df_tensor yv = df_view(out, DF_F32, DF_DEV_CPU, 2, (const int64_t[]){n, r->V});
-  return df_linear_forward(ctx, &xv, &head, NULL, &yv, err);
+  df_tensor xv = df_view((void *)x, DF_F32, r->dev, 2, (const int64_t[]){n, r->H});
+  df_tensor yv = df_view(out, DF_F32, r->dev, 2, (const int64_t[]){n, r->V});
+  return df_linear_forward(r->ctx, &xv, &head, NULL, &yv, err);
 }
 
 // DSpark: slot k's token = argmax(lm_head h_k + W2 u_k(prev_k)), prev_0 = the anchor token, prev_k = slot k−1's.
 static df_status dspark_propose(sd_run *r, const float *hidden, int32_t *props, df_error *err) {
-  DF_TRY(head_rows(r, hidden, r->bs, r->base, err));
+  const size_t row = sizeof(float) * (size_t)r->V;
+  DF_TRY(head_rows(r, hidden, r->bs, r->dlogits, err));
+  DF_TRY(to_host(r, r->base, r->dlogits, row * (size_t)r->bs, err));
   const int64_t rank = df_dspark_heads_markov_rank(r->heads);
   for (int64_t k = 0; k < r->bs; k++) r->prev[k] = r->block_ids[0];
   for (int64_t k = 0; k < r->bs; k++) {
     float *z = r->logits;
-    memcpy(z, r->base + k * r->V, sizeof(float) * (size_t)r->V);
+    memcpy(z, r->base + k * r->V, row);
     if (rank > 0) {
       const float *u = NULL, *conf = NULL;
-      DF_TRY(df_dspark_heads_forward(r->heads, 1, r->bs, hidden, r->prev, &u, &conf, err));
+      DF_TRY(to_device(r, r->dprev, r->prev, sizeof(int32_t) * (size_t)r->bs, err));
+      DF_TRY(df_dspark_heads_forward(r->heads, 1, r->bs, hidden, r->dprev, &u, &conf, err));
       const df_tensor *w2 = df_dspark_heads_w2(r->heads);
-      df_tensor uv = df_view((void *)(u + k * rank), DF_F32, DF_DEV_CPU, 2, (const int64_t[]){1, rank});
-      df_tensor bias = df_view(r->logits + r->V, DF_F32, DF_DEV_CPU, 2, (const int64_t[]){1, r->V});
-      DF_TRY(df_linear_forward(df_target_ctx(r->t), &uv, w2, NULL, &bias, err));
-      for (int64_t v = 0; v < r->V; v++) z[v] += r->logits[r->V + v];
+      df_tensor uv = df_view((void *)(u + k * rank), DF_F32, r->dev, 2, (const int64_t[]){1, rank});
+      df_tensor bias = df_view(r->dbias, DF_F32, r->dev, 2, (const int64_t[]){1, r->V});
+      DF_TRY(df_linear_forward(r->ctx, &uv, w2, NULL, &bias, err));
+      DF_TRY(to_host(r, r->bias, r->dbias, row, err));
+      for (int64_t v = 0; v < r->V; v++) z[v] += r->bias[v];
     }
     props[k] = argmax_row(z, r->V);
     for (int64_t j = k + 1; j < r->bs; j++) r->prev[j] = props[k];
@@ -91,28 +121,38 @@ static df_status dspark_propose(sd_run *r, const float *hidden, int32_t *props, 
 
 // The draft's proposals for the block anchored at start (context = feats rows < start).
 static df_status propose(sd_run *r, int64_t start, int32_t last, int32_t *props, df_error *err) {
+  const int64_t bs = r->bs, S = start + 1;
   r->block_ids[0] = last;
-  for (int64_t k = 1; k < r->bs; k++) r->block_ids[k] = (int32_t)r->o->mask_token_id;
-  df_tensor emb = df_target_embed(r->t);
-  df_tensor ids = df_view(r->block_ids, DF_I32, DF_DEV_CPU, 1, (const int64_t[]){r->bs});
-  df_tensor out = df_view(r->block_embed, DF_F32, DF_DEV_CPU, 2, (const int64_t[]){r->bs, r->H});
-  DF_TRY(df_embedding_forward(df_target_ctx(r->t), &emb, &ids, &out, err));
-  // Row `start` of the context is masked (keys j < anchor), so any value serves; it holds zeros.
-  memset(r->feats + start * r->K * r->H, 0, sizeof(float) * (size_t)(r->K * r->H));
-  const int32_t anchor = (int32_t)start;
+  for (int64_t k = 1; k < bs; k++) r->block_ids[k] = (int32_t)r->o->mask_token_id;
+  // one upload: the block's ids, then [anchor, pos_q, pos_kv]
   const uint8_t keep = 1;
+  r->ints[0] = (int32_t)start;
+  df_dflash_fill_positions(1, S, 1, bs, r->ints, &keep, r->ints + 1, r->ints + 1 + bs);
+  DF_TRY(to_device(r, r->dblock_ids, r->block_ids, sizeof(int32_t) * (size_t)bs, err));
+  DF_TRY(to_device(r, r->dints, r->ints, sizeof(int32_t) * (size_t)(1 + bs + S + bs), err));
+  df_tensor emb = df_target_embed(r->t);
+  df_tensor ids = df_view(r->dblock_ids, DF_I32, r->dev, 1, (const int64_t[]){bs});
+  df_tensor out = df_view(r->block_embed, DF_F32, r->dev, 2, (const int64_t[]){bs, r->H});
+  DF_TRY(df_embedding_forward(r->ctx, &emb, &ids, &out, err));
+  // Row `start` of the context is masked (keys j < anchor), so any value serves; it holds zeros.
+  df_tensor row = df_view(r->feats + start * r->K * r->H, DF_F32, r->dev, 1, (const int64_t[]){r->K * r->H});
+  DF_TRY(df_fill(r->ctx, &row, 0.0, err));
   df_dflash_batch b = {.B = 1,
-                       .S = start + 1,
+                       .S = S,
                        .N = 1,
                        .target_hidden = r->feats,
                        .block_embed = r->block_embed,
-                       .anchors = &anchor,
-                       .keep = &keep};
+                       .anchors = r->dints,
+                       .keep = r->dkeep,
+                       .pos_q = r->dints + 1,
+                       .pos_kv = r->dints + 1 + bs,
+                       .on_device = true};
   const float *hidden = NULL;
   DF_TRY(df_dflash_model_forward(r->m, &b, &hidden, err));
   if (r->heads) return dspark_propose(r, hidden, props, err);
-  DF_TRY(head_rows(r, hidden + r->H, r->bs - 1, r->logits, err));
-  for (int64_t k = 0; k < r->bs - 1; k++) props[k] = argmax_row(r->logits + k * r->V, r->V);
+  DF_TRY(head_rows(r, hidden + r->H, bs - 1, r->dlogits, err));
+  DF_TRY(to_host(r, r->logits, r->dlogits, sizeof(float) * (size_t)((bs - 1) * r->V), err));
+  for (int64_t k = 0; k < bs - 1; k++) props[k] = argmax_row(r->logits + k * r->V, r->V);
   return DF_OK;
 }
 
@@ -145,7 +185,8 @@ static df_status decode_one(sd_run *r, const int32_t *prompt, int64_t P, int64_t
     }
     for (int64_t k = 0; k < a; k++) r->seq[start + 1 + k] = props[k];
     r->seq[start + 1 + a] = r->targ[a];
-    memcpy(r->feats + start * W, r->vfeats, sizeof(float) * (size_t)((a + 1) * W));
+    DF_TRY(
+        df_copy(r->ctx, r->feats + start * W, r->dev, r->vfeats, r->dev, sizeof(float) * (size_t)((a + 1) * W), err));
     DF_TRY(df_target_cache_truncate(r->cache, start + a + 1, err));
     rep->committed += a + 1;
     int64_t added = a + 1;
@@ -161,6 +202,7 @@ static df_status setup(sd_run *r, df_error *err) {
   const df_target_spec *s = df_target_get_spec(r->t);
   r->H = s->hidden, r->V = s->vocab, r->K = r->cfg->dflash.num_target_layer_ids, r->bs = r->cfg->block_size;
   r->heads = r->cfg->kind == DF_DRAFT_DSPARK ? df_dflash_model_dspark_heads(r->m) : NULL;
+  r->ctx = df_target_ctx(r->t), r->dev = df_ctx_device(r->ctx);
   r->nprop = r->heads ? r->bs : r->bs - 1;
   return DF_OK;
 }
@@ -171,23 +213,36 @@ static bool grow(void **p, size_t bytes) {
   return q != NULL;
 }
 
+static df_status device_buf(sd_run *r, void **p, size_t bytes, df_error *err) {
+  return df_buffer_alloc(r->ctx, bytes, p, err);
+}
+
 // Buffers and a KV cache for a prompt of P tokens (grown, never shrunk).
 static df_status alloc_for(sd_run *r, int64_t P, df_error *err) {
-  const int64_t need = P + r->o->max_new_tokens + r->bs + 2, W = r->K * r->H;
+  const int64_t need = P + r->o->max_new_tokens + r->bs + 2, W = r->K * r->H, bs = r->bs, V = r->V;
   if (need <= r->cap) return DF_OK;
   df_target_cache_free(r->cache);
   r->cache = NULL, r->cap = 0;
+  sd_free_device(r);
   DF_TRY(df_target_cache_create(r->t, need, &r->cache, err));
-  bool ok = grow((void **)&r->seq, sizeof(int32_t) * need) && grow((void **)&r->greedy, sizeof(int32_t) * need) &&
-            grow((void **)&r->block_ids, sizeof(int32_t) * r->bs) &&
-            grow((void **)&r->verify, sizeof(int32_t) * (r->bs + 1)) &&
-            grow((void **)&r->targ, sizeof(int32_t) * (r->bs + 1)) &&
-            grow((void **)&r->prev, sizeof(int32_t) * r->bs) && grow((void **)&r->feats, sizeof(float) * need * W) &&
-            grow((void **)&r->vfeats, sizeof(float) * (r->bs + 1) * W) &&
-            grow((void **)&r->block_embed, sizeof(float) * r->bs * r->H) &&
-            grow((void **)&r->logits, sizeof(float) * 2 * r->bs * r->V) &&
-            grow((void **)&r->base, sizeof(float) * r->bs * r->V);
+  const size_t f = sizeof(float), i4 = sizeof(int32_t);
+  bool ok = grow((void **)&r->seq, i4 * need) && grow((void **)&r->greedy, i4 * need) &&
+            grow((void **)&r->block_ids, i4 * bs) && grow((void **)&r->verify, i4 * (bs + 1)) &&
+            grow((void **)&r->targ, i4 * (bs + 1)) && grow((void **)&r->prev, i4 * bs) &&
+            grow((void **)&r->ints, i4 * (1 + bs + need + bs)) && grow((void **)&r->logits, f * bs * V) &&
+            grow((void **)&r->base, f * bs * V) && grow((void **)&r->bias, f * V);
   if (!ok) return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", "lower --max-new-tokens", "out of memory");
+  DF_TRY(device_buf(r, (void **)&r->feats, f * need * W, err));
+  DF_TRY(device_buf(r, (void **)&r->vfeats, f * (bs + 1) * W, err));
+  DF_TRY(device_buf(r, (void **)&r->block_embed, f * bs * r->H, err));
+  DF_TRY(device_buf(r, (void **)&r->dlogits, f * bs * V, err));
+  DF_TRY(device_buf(r, (void **)&r->dbias, f * V, err));
+  DF_TRY(device_buf(r, (void **)&r->dblock_ids, i4 * bs, err));
+  DF_TRY(device_buf(r, (void **)&r->dprev, i4 * bs, err));
+  DF_TRY(device_buf(r, (void **)&r->dints, i4 * (1 + bs + need + bs), err));
+  DF_TRY(device_buf(r, (void **)&r->dkeep, 1, err));
+  const uint8_t keep = 1;
+  DF_TRY(to_device(r, r->dkeep, &keep, 1, err));
   r->cap = need;
   return DF_OK;
 }

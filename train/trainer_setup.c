@@ -17,6 +17,10 @@
 static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **train_src, df_error *err) {
   const df_recipe *rc = t->recipe;
   const bool online = rc->data.train_data_path != NULL;
+  // An online target runs on the run's device (the exact context options when a test gave them).
+  const df_ctx_options target_ctx =
+      t->opt->ctx_options ? *t->opt->ctx_options
+                          : (df_ctx_options){.device = df_ctx_device(t->ctx), .num_threads = t->opt->threads};
   df_data_source_options so = {.rc = rc,
                                .path = online ? rc->data.train_data_path : rc->data.hidden_states_path,
                                .key = online ? "data.train_data_path" : "data.hidden_states_path",
@@ -26,6 +30,7 @@ static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **t
                                .need_last_hidden = need_last,
                                .threads = t->opt->threads,
                                .overlap = t->opt->online_overlap,
+                               .target_ctx = &target_ctx,
                                .log = t->log,
                                .target = &t->online};
   DF_TRY(df_data_source_open(&so, train_src, err));

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
+
 static bool dtype_from_name(const char *s, df_dtype *dt) {
   static const struct {
     const char *name;
@@ -166,6 +168,14 @@ void df_test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi
     s ^= s << 17;
     x[i] = lo + (hi - lo) * (float)((s >> 40) * (1.0 / 16777216.0));
   }
+}
+
+df_ctx *df_test_strict_fake_ctx(int num_threads) {
+  df_ctx *ctx = NULL;
+  df_error err = {0};
+  df_ctx_options o = {.device = DF_DEV_FAKE, .num_threads = num_threads, .backend = df_fake_strict_backend()};
+  DF_ASSERT_OK(df_ctx_create(&o, &ctx, &err), &err);
+  return ctx;
 }
 
 df_ctx *df_test_cpu_ctx(int num_threads) {

@@ -54,6 +54,9 @@ void df_test_fill_uniform(float *x, int64_t n, uint64_t seed, float lo, float hi
 
 // A CPU context with the given thread count (0 = default); fails the test on error.
 df_ctx *df_test_cpu_ctx(int num_threads);
+// A context on the strict fake device (kernels/fake/strict.c): the CPU kernels behind a table whose buffers fault
+// on any host dereference, so code that runs on it touches device data only through df_copy.
+df_ctx *df_test_strict_fake_ctx(int num_threads);
 
 // Fails the test with the error's message when st != DF_OK.
 #define DF_ASSERT_OK(st, err) cr_assert_eq((st), DF_OK, "unexpected error: %s [%s]", (err)->msg, (err)->where)

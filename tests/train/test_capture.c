@@ -12,6 +12,7 @@
 
 #include "../common/fixture.h"
 #include "../common/json_edit.h"
+#include "kernels/backend.h"
 #include "train/capture.h"
 #include "train/hidden_states.h"
 
@@ -81,8 +82,10 @@ static void expect_same_samples(const char *a, const char *b) {
     int32_t id1[64], id2[64];
     uint8_t m1[64], m2[64];
     float *h1 = calloc(64 * W, sizeof(float)), *h2 = calloc(64 * W, sizeof(float));
-    df_hs_sample_bufs b1 = {.input_ids = id1, .loss_mask = m1, .hidden = h1};
-    df_hs_sample_bufs b2 = {.input_ids = id2, .loss_mask = m2, .hidden = h2};
+    float *l1 = calloc(64 * ix->hidden_size, sizeof(float)), *l2 = calloc(64 * ix->hidden_size, sizeof(float));
+    const bool last = ix->has_last_hidden && iy->has_last_hidden;
+    df_hs_sample_bufs b1 = {.input_ids = id1, .loss_mask = m1, .hidden = h1, .last_hidden = last ? l1 : NULL};
+    df_hs_sample_bufs b2 = {.input_ids = id2, .loss_mask = m2, .hidden = h2, .last_hidden = last ? l2 : NULL};
     int64_t n1, n2;
     DF_ASSERT_OK(df_hs_read_sample(x, i, 64, &b1, &n1, &err), &err);
     DF_ASSERT_OK(df_hs_read_sample(y, i, 64, &b2, &n2, &err), &err);
@@ -90,7 +93,9 @@ static void expect_same_samples(const char *a, const char *b) {
     cr_assert_eq(memcmp(id1, id2, sizeof(int32_t) * n1), 0);
     cr_assert_eq(memcmp(m1, m2, n1), 0);
     cr_assert_eq(memcmp(h1, h2, sizeof(float) * n1 * W), 0, "sample %lld differs", (long long)i);
-    free(h1), free(h2);
+    cr_assert_eq(memcmp(l1, l2, sizeof(float) * n1 * ix->hidden_size), 0, "sample %lld: final states differ",
+                 (long long)i);
+    free(h1), free(h2), free(l1), free(l2);
   }
   df_hs_close(x);
   df_hs_close(y);
@@ -153,6 +158,35 @@ Test(capture, features_follow_the_layer_convention_and_shards_resume) {
   cr_assert(strstr(err.msg, "'dtype' differs"), "%s", err.msg);
   free(ids), free(mask), free(hid), free(last);
   fx_free(e);
+}
+
+// The target on the strict fake device (buffers fault on any host dereference): each sample's features are
+// computed there and read back once; the shards equal the CPU capture's bit for bit (the fake device runs the
+// CPU kernels), final states included, with and without regeneration.
+Test(capture, on_the_strict_device_equals_cpu) {
+  fx_file *e = setup_dir();
+  fx_free(e);
+  for (int regen = 0; regen < 2; regen++) {
+    df_capture_options o = opts();
+    o.regenerate = regen;
+    df_ctx_options cpu = {.device = DF_DEV_CPU, .num_threads = 1};
+    df_ctx_options fake = {.device = DF_DEV_FAKE, .num_threads = 1, .backend = df_fake_strict_backend()};
+    df_capture_report rc, rf;
+    df_error err = {0};
+    o.out_dir = DIR_TMP "/cpu", o.ctx_options = &cpu;
+    DF_ASSERT_OK(df_capture_run(&o, &rc, &err), &err);
+    o.out_dir = DIR_TMP "/fake", o.ctx_options = &fake;
+    DF_ASSERT_OK(df_capture_run(&o, &rf, &err), &err);
+    cr_assert_eq(rc.written, 5);
+    cr_assert_eq(rf.written, rc.written);
+    cr_assert_eq(rf.generated_tokens, rc.generated_tokens);
+    for (int k = 0; k < 3; k++) {
+      char a[128], b[128];
+      snprintf(a, sizeof a, DIR_TMP "/cpu/shard_%05d.h5", k), snprintf(b, sizeof b, DIR_TMP "/fake/shard_%05d.h5", k);
+      expect_same_samples(a, b);
+    }
+    cr_assert_eq(system("rm -rf " DIR_TMP "/cpu " DIR_TMP "/fake"), 0);
+  }
 }
 
 // --regenerate keeps the prompt and appends the target's greedy tokens: the first is transformers' argmax at the

@@ -48,21 +48,32 @@ static void write_prompts(const int32_t *ids) {
   fclose(fp);
 }
 
-static void run_case(bool dspark) {
-  fx_file *e = fx_load("target/qwen3_gqa_untied_f32/expected.safetensors");
-  const int32_t *ids = fx_get(e, "input_ids")->data;
-  write_prompts(ids);
+// Speculative decoding of the three prompts on ctx (taken) with a draft initialised from seed 7; the sequences
+// go to seq_path.
+static df_spec_report decode_on(df_ctx *ctx, bool dspark, const char *seq_path) {
   df_error err = {0};
-  df_ctx *ctx = df_test_cpu_ctx(2);
   df_target *t = NULL;
   DF_ASSERT_OK(df_target_load(TARGET, ctx, &t, &err), &err);
   const df_draft_config *cfg = draft_config(dspark);
   df_dflash_model *m = NULL;
   DF_ASSERT_OK(df_dflash_model_create(cfg, ctx, &m, &err), &err);
   DF_ASSERT_OK(df_dflash_model_init(m, 7, &err), &err);
-  df_spec_options o = {.max_new_tokens = 24, .mask_token_id = 95, .sequences_out = TMP "/seq.jsonl"};
+  df_spec_options o = {.max_new_tokens = 24, .mask_token_id = 95, .sequences_out = seq_path};
   df_spec_report rep;
   DF_ASSERT_OK(df_spec_decode_run(t, m, cfg, TMP "/data.jsonl", &o, &rep, &err), &err);
+  df_dflash_model_free(m);
+  df_draft_config_free(cfg);
+  df_target_free(t);
+  df_ctx_destroy(ctx);
+  return rep;
+}
+
+static void run_case(bool dspark) {
+  fx_file *e = fx_load("target/qwen3_gqa_untied_f32/expected.safetensors");
+  const int32_t *ids = fx_get(e, "input_ids")->data;
+  write_prompts(ids);
+  const df_draft_config *cfg = draft_config(dspark);
+  df_spec_report rep = decode_on(df_test_cpu_ctx(2), dspark, TMP "/seq.jsonl");
   cr_assert(rep.identical_to_greedy, "first mismatch: prompt %lld token %lld", (long long)rep.first_mismatch_prompt,
             (long long)rep.first_mismatch_pos);
   cr_assert_eq(rep.prompts, 3);
@@ -96,15 +107,51 @@ static void run_case(bool dspark) {
   if (z[best] - z[second] > 1e-3) cr_assert_eq(json_integer_value(json_array_get(got, 4)), best);
   json_decref(row);
   df_spec_report_free(&rep);
-  df_dflash_model_free(m);
   df_draft_config_free(cfg);
-  df_target_free(t);
-  df_ctx_destroy(ctx);
   fx_free(e);
 }
 
 Test(spec_decode, dflash_output_equals_greedy) { run_case(false); }
 Test(spec_decode, dspark_output_equals_greedy) { run_case(true); }
+
+static char *slurp(const char *path) {
+  FILE *fp = fopen(path, "rb");
+  cr_assert(fp, "cannot open %s", path);
+  static char buf[1 << 16];
+  const size_t n = fread(buf, 1, sizeof buf - 1, fp);
+  fclose(fp);
+  buf[n] = 0;
+  return strdup(buf);
+}
+
+// The decode loop on the strict fake device (its buffers fault on any host dereference): the target's features,
+// the block embedding and the draft's output stay on the device, and every count, the per-slot acceptance and the
+// sequences equal the CPU run's exactly (the fake device runs the CPU kernels).
+static void strict_device_equals_cpu(bool dspark) {
+  fx_file *e = fx_load("target/qwen3_gqa_untied_f32/expected.safetensors");
+  write_prompts(fx_get(e, "input_ids")->data);
+  fx_free(e);
+  df_spec_report a = decode_on(df_test_cpu_ctx(1), dspark, TMP "/seq_cpu.jsonl");
+  df_spec_report b = decode_on(df_test_strict_fake_ctx(1), dspark, TMP "/seq_fake.jsonl");
+  cr_assert(a.identical_to_greedy && b.identical_to_greedy);
+  cr_expect_eq(a.verifications, b.verifications);
+  cr_expect_eq(a.target_forwards, b.target_forwards);
+  cr_expect_eq(a.committed, b.committed);
+  cr_expect_eq(a.generated_tokens, b.generated_tokens);
+  cr_assert_eq(a.proposals, b.proposals);
+  for (int64_t k = 0; k < a.proposals; k++) {
+    cr_expect_eq(a.reached[k], b.reached[k], "slot %lld reached", (long long)k + 1);
+    cr_expect_eq(a.accepted[k], b.accepted[k], "slot %lld accepted", (long long)k + 1);
+  }
+  cr_expect(a.committed > a.verifications, "a random draft that never hits makes the comparison weak");
+  char *sa = slurp(TMP "/seq_cpu.jsonl"), *sb = slurp(TMP "/seq_fake.jsonl");
+  cr_expect_str_eq(sa, sb);
+  free(sa), free(sb);
+  df_spec_report_free(&a), df_spec_report_free(&b);
+}
+
+Test(spec_decode, dflash_on_the_strict_device_equals_cpu) { strict_device_equals_cpu(false); }
+Test(spec_decode, dspark_on_the_strict_device_equals_cpu) { strict_device_equals_cpu(true); }
 
 // The CLI end to end: a random DFlash draft saved as an export directory, `draftforge eval --spec-decode`
 // writes the report with its documented keys, exits 0 (output identical to greedy); a missing flag is a
