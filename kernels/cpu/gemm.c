@@ -383,6 +383,37 @@ static void run_blas(int threads, bool trans_a, bool trans_b, int64_t M, int64_t
               (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
+// ---- A transposed with long rows ----------------------------------------------------------------------------
+// dW = dYᵀ · X of a wide layer reads A = dY [K, M] transposed: each kernel's Y block is nn floats from each of kk
+// rows a whole row (M floats) apart, so even the packed-Y path spends its time on TLB misses and copies (98 GF/s at
+// M 3072, K 1024 against 227 for the plain layout). Such a call, made outside a parallel region, first transposes
+// A into a scratch of M × K and runs the plain layout on it: the same products in the same k order, so the same
+// chains and bits. The scratch is one process-wide buffer, grown and kept; a call that finds it taken (another
+// thread's GEMM, e.g. the online target's) keeps the packed-Y path.
+enum { TRANSPOSE_MIN_M = 512 };
+#define TRANSPOSE_MIN_FLOPS 5e7
+static pthread_mutex_t g_at_mu = PTHREAD_MUTEX_INITIALIZER;
+static float *g_at;
+static size_t g_at_cap;
+
+static bool transpose_a(int threads, int64_t M, int64_t K, const float *A, int64_t lda) {
+  const size_t need = (size_t)M * (size_t)K;
+  if (need > g_at_cap) {
+    float *p = realloc(g_at, sizeof(float) * need);
+    if (!p) return false;
+    g_at = p, g_at_cap = need;
+  }
+  float *at = g_at;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t it = 0; it < M; it += 16) // 16 × 16 tiles: reads and writes stay within a few cache lines
+    for (int64_t kt = 0; kt < K; kt += 16) {
+      const int64_t ie = min64(it + 16, M), ke = min64(kt + 16, K);
+      for (int64_t k = kt; k < ke; k++)
+        for (int64_t i = it; i < ie; i++) at[i * K + k] = A[k * lda + i];
+    }
+  return true;
+}
+
 void df_cpu_sgemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
@@ -403,10 +434,27 @@ void df_cpu_sgemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N,
              .ldc = ldc,
              .C = C};
   if (2.0 * (double)M * (double)N * (double)K < MIN_PARALLEL_FLOPS) threads = 1;
-  if (threads == 1 && N < min_jit_m())
+  if (threads == 1 && N < min_jit_m()) {
     run_direct(&jb, beta);
-  else
-    run_blocked(&jb, threads, beta);
+    return;
+  }
+  const bool wide_ta = trans_a && M >= TRANSPOSE_MIN_M && lda >= LD_PACK_Y && threads > 1 &&
+                       2.0 * (double)M * (double)N * (double)K >= TRANSPOSE_MIN_FLOPS;
+#ifdef _OPENMP
+  const bool outside = !omp_in_parallel();
+#else
+  const bool outside = true;
+#endif
+  if (wide_ta && outside && pthread_mutex_trylock(&g_at_mu) == 0) {
+    if (transpose_a(threads, M, K, A, lda)) {
+      jb.trans_y = false, jb.A = g_at, jb.lda = K;
+      run_blocked(&jb, threads, beta);
+      pthread_mutex_unlock(&g_at_mu);
+      return;
+    }
+    pthread_mutex_unlock(&g_at_mu);
+  }
+  run_blocked(&jb, threads, beta);
 }
 
 bool df_cpu_sgemm_uses_xsmm(void) { return min_jit_m() <= MB; }
