@@ -23,10 +23,16 @@ static inline float bf16_to_f32(uint16_t h) {
 }
 
 df_status df_cpu_fill(df_ctx *ctx, df_tensor *t, double value, df_error *err) {
-  (void)ctx;
   const int64_t n = df_numel(t);
-  if (value == 0.0 && !signbit(value)) { // every dtype's zero is all-zero bytes
-    memset(t->data, 0, (size_t)n * df_dtype_size(t->dtype));
+  if (value == 0.0 && !signbit(value)) { // every dtype's zero is all-zero bytes; large buffers (a step's gradients)
+    const size_t bytes = (size_t)n * df_dtype_size(t->dtype), chunk = (size_t)1 << 20; // are cleared by every thread
+    const int64_t chunks = (int64_t)((bytes + chunk - 1) / chunk);
+    char *p = t->data;
+#pragma omp parallel for num_threads(df_ctx_num_threads(ctx)) schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+      const size_t off = (size_t)c * chunk;
+      memset(p + off, 0, bytes - off < chunk ? bytes - off : chunk);
+    }
     return DF_OK;
   }
   switch (t->dtype) {
