@@ -389,8 +389,9 @@ static void run_blas(int threads, bool trans_a, bool trans_b, int64_t M, int64_t
 // M 3072, K 1024 against 227 for the plain layout). Such a call, made outside a parallel region, first transposes
 // A into a scratch of M × K and runs the plain layout on it: the same products in the same k order, so the same
 // chains and bits. The scratch is one process-wide buffer, grown and kept; a call that finds it taken (another
-// thread's GEMM, e.g. the online target's) keeps the packed-Y path.
-enum { TRANSPOSE_MIN_M = 512 };
+// thread's GEMM, e.g. the online target's) keeps the packed-Y path, and so does a narrow C (N < 512), where the
+// transpose of a long A costs more than it saves (M 1024, N 256, K 12288: 206 GF/s packed, 119 transposed).
+enum { TRANSPOSE_MIN_M = 512, TRANSPOSE_MIN_N = 512 }; // N: each transposed element is used N times
 #define TRANSPOSE_MIN_FLOPS 5e7
 static pthread_mutex_t g_at_mu = PTHREAD_MUTEX_INITIALIZER;
 static float *g_at;
@@ -438,7 +439,7 @@ void df_cpu_sgemm(int threads, bool trans_a, bool trans_b, int64_t M, int64_t N,
     run_direct(&jb, beta);
     return;
   }
-  const bool wide_ta = trans_a && M >= TRANSPOSE_MIN_M && lda >= LD_PACK_Y && threads > 1 &&
+  const bool wide_ta = trans_a && M >= TRANSPOSE_MIN_M && N >= TRANSPOSE_MIN_N && lda >= LD_PACK_Y && threads > 1 &&
                        2.0 * (double)M * (double)N * (double)K >= TRANSPOSE_MIN_FLOPS;
 #ifdef _OPENMP
   const bool outside = !omp_in_parallel();

@@ -102,8 +102,8 @@ static float chain(const float *A, int64_t lda, bool ta, const float *B, int64_t
 }
 
 Test(gemm, every_element_is_the_canonical_chain) {
-  // {37, 5, 700} and {3, 16, 40}: the direct path; {700, 64, 600} with A transposed: the transposed-A scratch
-  const int64_t shapes[][3] = {{37, 5, 700}, {3, 16, 40}, {70, 17, 1100}, {200, 64, 9}, {9, 130, 513}, {700, 64, 600}};
+  // {37, 5, 700} and {3, 16, 40}: the direct path; {700, 512, 160} with A transposed: the transposed-A scratch
+  const int64_t shapes[][3] = {{37, 5, 700}, {3, 16, 40}, {70, 17, 1100}, {200, 64, 9}, {9, 130, 513}, {700, 512, 160}};
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
     for (int tr = 0; tr < 3; tr++) // A plain, A transposed, B transposed
       for (int beta = 0; beta < 2; beta++) {
