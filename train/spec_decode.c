@@ -124,7 +124,7 @@ static df_status propose(sd_run *r, int64_t start, int32_t last, int32_t *props,
   const int64_t bs = r->bs, S = start + 1;
   r->block_ids[0] = last;
   for (int64_t k = 1; k < bs; k++) r->block_ids[k] = (int32_t)r->o->mask_token_id;
-  // one upload: the block's ids, then [anchor, pos_q, pos_kv]
+  // two uploads: the block's ids, and [anchor, pos_q, pos_kv]
   const uint8_t keep = 1;
   r->ints[0] = (int32_t)start;
   df_dflash_fill_positions(1, S, 1, bs, r->ints, &keep, r->ints + 1, r->ints + 1 + bs);
@@ -213,10 +213,6 @@ static bool grow(void **p, size_t bytes) {
   return q != NULL;
 }
 
-static df_status device_buf(sd_run *r, void **p, size_t bytes, df_error *err) {
-  return df_buffer_alloc(r->ctx, bytes, p, err);
-}
-
 // Buffers and a KV cache for a prompt of P tokens (grown, never shrunk).
 static df_status alloc_for(sd_run *r, int64_t P, df_error *err) {
   const int64_t need = P + r->o->max_new_tokens + r->bs + 2, W = r->K * r->H, bs = r->bs, V = r->V;
@@ -232,15 +228,15 @@ static df_status alloc_for(sd_run *r, int64_t P, df_error *err) {
             grow((void **)&r->ints, i4 * (1 + bs + need + bs)) && grow((void **)&r->logits, f * bs * V) &&
             grow((void **)&r->base, f * bs * V) && grow((void **)&r->bias, f * V);
   if (!ok) return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", "lower --max-new-tokens", "out of memory");
-  DF_TRY(device_buf(r, (void **)&r->feats, f * need * W, err));
-  DF_TRY(device_buf(r, (void **)&r->vfeats, f * (bs + 1) * W, err));
-  DF_TRY(device_buf(r, (void **)&r->block_embed, f * bs * r->H, err));
-  DF_TRY(device_buf(r, (void **)&r->dlogits, f * bs * V, err));
-  DF_TRY(device_buf(r, (void **)&r->dbias, f * V, err));
-  DF_TRY(device_buf(r, (void **)&r->dblock_ids, i4 * bs, err));
-  DF_TRY(device_buf(r, (void **)&r->dprev, i4 * bs, err));
-  DF_TRY(device_buf(r, (void **)&r->dints, i4 * (1 + bs + need + bs), err));
-  DF_TRY(device_buf(r, (void **)&r->dkeep, 1, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * need * W, (void **)&r->feats, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * (bs + 1) * W, (void **)&r->vfeats, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * bs * r->H, (void **)&r->block_embed, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * bs * V, (void **)&r->dlogits, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * V, (void **)&r->dbias, err));
+  DF_TRY(df_buffer_alloc(r->ctx, i4 * bs, (void **)&r->dblock_ids, err));
+  DF_TRY(df_buffer_alloc(r->ctx, i4 * bs, (void **)&r->dprev, err));
+  DF_TRY(df_buffer_alloc(r->ctx, i4 * (1 + bs + need + bs), (void **)&r->dints, err));
+  DF_TRY(df_buffer_alloc(r->ctx, 1, (void **)&r->dkeep, err));
   const uint8_t keep = 1;
   DF_TRY(to_device(r, r->dkeep, &keep, 1, err));
   r->cap = need;
