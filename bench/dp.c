@@ -16,7 +16,7 @@
 
 #include "bench/bench_util.h"
 #include "train/dist/dist.h"
-#include "train/trainer.h"
+#include "train/trainer/trainer.h"
 
 #ifdef DF_HAVE_MPI
 #include <mpi.h>

@@ -23,8 +23,8 @@
 
 #include "bench/bench_util.h"
 #include "modeling/target/byte_tokenizer.h"
-#include "train/capture.h"
-#include "train/trainer.h"
+#include "train/data/capture.h"
+#include "train/trainer/trainer.h"
 
 typedef struct {
   int steps, threads, samples;

@@ -7,7 +7,7 @@
 //   bench_step [--shape small|large|all] [--threads N] [--reps N] [--rounds N] [--repo DIR]
 //              [--python PATH] [--attn eager|sdpa] [--no-reference]
 #define _GNU_SOURCE // fdopen, kill
-#include "train/step.h"
+#include "train/step/step.h"
 
 #include <cblas.h>
 #include <omp.h>

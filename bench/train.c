@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
-#include "train/trainer.h"
+#include "train/trainer/trainer.h"
 
 typedef struct {
   int steps, threads;

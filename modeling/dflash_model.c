@@ -388,7 +388,7 @@ static df_status check_batch(const df_dflash_model *m, const df_dflash_batch *b,
   if (!b->on_device && (!b->pos_q) != (!b->pos_kv))
     return DF_FAIL(err, DF_ERR_INVALID, "batch.pos_q", "pass both position arrays or neither", "half the positions");
   if (b->on_device && (!b->pos_q || !b->pos_kv))
-    return DF_FAIL(err, DF_ERR_INVALID, "batch.pos_q", "stage the positions with the batch (train/stage.c)",
+    return DF_FAIL(err, DF_ERR_INVALID, "batch.pos_q", "stage the positions with the batch (train/step/stage.c)",
                    "a device batch needs its position ids");
   if (b->on_device && !df_ctx_host_addressable(m->ctx)) return DF_OK; // validated on the host where it was built
   for (int64_t i = 0; i < b->B * b->N; i++) {

@@ -20,7 +20,7 @@ extern "C" {
 typedef struct df_dflash_model df_dflash_model;
 
 // One micro-batch as the strategy prepared it. Host arrays by default (the model uploads them); with on_device the
-// arrays already live on the context's device (train/stage.c staged them) and are copied device to device.
+// arrays already live on the context's device (train/step/stage.c staged them) and are copied device to device.
 typedef struct {
   int64_t B, S, N;            // batch, padded context length, blocks per sample (block size from config)
   const float *target_hidden; // (B, S, K·H) raw concatenated target features

@@ -45,7 +45,7 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
     return DF_OK;
   }
   // An MoE draft trains as its dense class plus moe_preset; the *Moe* names are the serving classes an MoE
-  // export names (train/export.c), read back as their training class when the config names a moe_preset.
+  // export names (train/export/export.c), read back as their training class when the config names a moe_preset.
   const bool has_preset = df_cj_get(root, "moe_preset") != NULL;
   if (has_preset && !strcmp(name, "DFlashMoEDraftModel")) {
     cfg->kind = DF_DRAFT_DFLASH;

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "modeling/draft_config.h"
-#include "moe/config.h"
 
 // obj[key] = v (a new reference, stolen). False when out of memory.
 static bool put(json_t *obj, const char *key, json_t *v) { return v && json_object_set_new(obj, key, v) == 0; }

@@ -10,7 +10,7 @@
 //   loss and leaves the metrics alone; sample centering uses the running mean there.
 // - The aux loss is part of the objective: df_moe_layer_aux_loss gives its coefficient-scaled value from the
 //   last training forward, and the backward adds its gradient scaled by aux_grad_scale = ∂objective/∂aux
-//   (default 1: objective = loss + Σ_layers aux). train/step.c adds aux·den to the numerator, so it sets the
+//   (default 1: objective = loss + Σ_layers aux). train/step/step.c adds aux·den to the numerator, so it sets the
 //   scale to grad_scale·den (trainer: numerator mode) or 1 (draftforge step: num/den), before the backward.
 #ifndef DF_MOE_LAYER_H
 #define DF_MOE_LAYER_H

@@ -13,7 +13,7 @@ packages=(
   libxxhash-dev            # checkpoint manifests (XXH3-64 checksums)
   libcriterion-dev         # the C test suite
   openmpi-bin libopenmpi-dev  # the MPI communicator (CPU data parallel) and mpirun for its tests
-  libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event records (train/proto/tb_event.proto)
+  libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event records (train/observe/proto/tb_event.proto)
   clang libomp-dev libclang-rt-14-dev  # libFuzzer targets (clang + its sanitizer runtimes)
   python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and their tests
   python3-matplotlib python3-venv  # draftforge plot (tools/plot_run.py); the tools venv below

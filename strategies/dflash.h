@@ -38,7 +38,7 @@ df_status df_dflash_sample_anchors(df_dflash_sampler *s, const uint8_t *loss_mas
 void df_dflash_anchors_free(df_dflash_anchors *a);
 
 // Data parallel: this rank's batch is its share of a global batch of world·B samples (slots rank, rank + world,
-// … of it, train/data_feed.h), padded to global_S = the longest sample of the whole global batch, with
+// … of it, train/data/data_feed.h), padded to global_S = the longest sample of the whole global batch, with
 // global_cmax = the largest candidate count over it (both reduced with MAX across ranks). The stream is replayed
 // over the global batch in slot order — global_S − 1 draws per sample, the other ranks' draws discarded — and
 // N = min(num_anchors, global_cmax), so the anchors, N and the stream state equal the one-process ones of the
@@ -100,8 +100,8 @@ typedef struct {
   double *pos_acc_num, *pos_acc_den; // (bs) the same split by slot k (slot 0 is never supervised)
   double accept_len_sum; // Σ over kept blocks of 1 + the leading run of correct slots k >= 1 (invalid slots
                          // neither break nor extend the run, as SpecForge's compute_accept_len)
-  double aux_loss;       // MoE drafts (train/step.c): Σ over layers of the coefficient-scaled router aux loss of this
-                         // training micro-batch, already added to loss_num as aux_loss·loss_den; 0 otherwise
+  double aux_loss; // MoE drafts (train/step/step.c): Σ over layers of the coefficient-scaled router aux loss of this
+                   // training micro-batch, already added to loss_num as aux_loss·loss_den; 0 otherwise
 } df_dflash_metrics;
 
 void df_dflash_metrics_free(df_dflash_metrics *m);
@@ -118,7 +118,7 @@ df_status df_dflash_objective(df_ctx *ctx, const df_dflash_loss_options *opt, co
 
 // ---- the objective on the device -----------------------------------------------------------------------------
 
-// The objective's per-row inputs, as views on the context's device (train/stage.c uploads them with the batch).
+// The objective's per-row inputs, as views on the context's device (train/step/stage.c uploads them with the batch).
 typedef struct {
   int64_t B, N, bs;   // rows R = B·N·bs, ordered (b, n, k)
   df_tensor labels;   // [R] i32, −1: no target

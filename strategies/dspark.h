@@ -88,7 +88,7 @@ typedef struct {
 } df_dspark_terms;
 df_dspark_terms df_dspark_objective_terms(const df_dspark_loss_options *opt, const df_dspark_heads *heads);
 
-// The objective's per-row inputs as views on the context's device (train/stage.c uploads them with the batch).
+// The objective's per-row inputs as views on the context's device (train/step/stage.c uploads them with the batch).
 typedef struct {
   int64_t B, N, bs;      // rows R = B·N·bs, ordered (b, n, k)
   df_tensor labels;      // [R] i32

@@ -189,7 +189,7 @@ def write_shard(path, samples, target_layer_ids, hidden_size, dtype="bfloat16", 
             w.append(s["input_ids"], s["loss_mask"], s["hidden_states"], s.get(DS_LAST))
 
 
-# ---- validation (the C reader's rules, train/hs_check.c) ---------------------------------------------------
+# ---- validation (the C reader's rules, train/data/hs_check.c) ---------------------------------------------------
 
 
 def shard_paths(path):

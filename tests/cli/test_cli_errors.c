@@ -1,4 +1,4 @@
-// Every error ends with a HINT line (issue 13), scanned over every subcommand of train/main.c: each option each
+// Every error ends with a HINT line (issue 13), scanned over every subcommand of train/cli/main.c: each option each
 // --help lists, given without its value, with a value of the wrong kind, or (a flag) with a value, is a usage
 // error (exit 2); and a table of failures per subcommand (bad files, missing data, a draft for another target,
 // an unwritable output) exits 1. In every case the error comes before the last line, the last line is a HINT

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/hidden_states.h"
+#include "train/data/hs.h"
 
 typedef struct {
   const uint8_t *p;

@@ -89,7 +89,7 @@ Test(cuda, linear_matches_cpu) {
 }
 
 // Every op of kernels/backend.h has a CUDA slot, so training.device: auto picks the GPU when one is visible
-// (train/device.c asks df_backend_complete). Runs without a device: the table is built, nothing is launched.
+// (train/recipe/device.c asks df_backend_complete). Runs without a device: the table is built, nothing is launched.
 Test(cuda, table_is_complete) {
   const df_backend *be = df_cuda_backend();
   if (!be) cr_skip_test("this build has no CUDA backend");

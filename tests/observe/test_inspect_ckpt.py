@@ -1,4 +1,4 @@
-"""`draftforge inspect CHECKPOINT` (train/inspect_ckpt.c): progress, contract, RNG and the tensor table of a
+"""`draftforge inspect CHECKPOINT` (train/export/inspect_ckpt.c): progress, contract, RNG and the tensor table of a
 checkpoint, read from its files alone, its manifest verified. The weight statistics are checked against model.safetensors
 parsed here with numpy; a NaN planted in state.h5 (with h5py, /usr/bin/python3) is reported, naming the tensor,
 and so is the change to the file the manifest sees."""

@@ -25,7 +25,7 @@ def load(run_dir):
 
 
 def expected_scalars(lines):
-    """{tag: [(step, value), ...]} in file order, as the writer's documented mapping says (train/tb_writer.h).
+    """{tag: [(step, value), ...]} in file order, as the writer's documented mapping says (train/observe/tb_writer.h).
     A train line and an eval line of the same step both carry "epoch": two points at that step."""
     want = {}
 

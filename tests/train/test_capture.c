@@ -13,8 +13,8 @@
 #include "../common/fixture.h"
 #include "../common/json_edit.h"
 #include "kernels/backend.h"
-#include "train/capture.h"
-#include "train/hidden_states.h"
+#include "train/data/capture.h"
+#include "train/data/hs.h"
 
 #define TARGET  DF_FIXTURE_DIR "/target/qwen3_gqa_untied_f32"
 #define DIR_TMP "/tmp/df_test_capture"

@@ -11,7 +11,7 @@
 #include "modeling/dflash_model.h"
 #include "modeling/draft_config.h"
 #include "tests/common/fixture.h"
-#include "train/checkpoint.h"
+#include "train/run/ckpt.h"
 
 #define TINY DF_FIXTURE_DIR "/dflash_step/tiny-dflash.json"
 

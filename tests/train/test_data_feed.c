@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "tests/common/fixture.h"
-#include "train/data_feed.h"
+#include "train/data/data_feed.h"
 
 #define STEP_DATA DF_FIXTURE_DIR "/dflash_step/data"
 #define HS_F32    DF_FIXTURE_DIR "/hidden_states/h5py_f32.h5"

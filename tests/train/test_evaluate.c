@@ -12,9 +12,9 @@
 
 #include "modeling/target_pieces.h"
 #include "tests/common/fixture.h"
-#include "train/batch.h"
-#include "train/evaluate.h"
-#include "train/hidden_states.h"
+#include "train/data/batch.h"
+#include "train/data/hs.h"
+#include "train/eval/evaluate.h"
 
 #define STEP_DIR DF_FIXTURE_DIR "/dflash_step"
 #define DATA     STEP_DIR "/data"

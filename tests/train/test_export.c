@@ -15,8 +15,9 @@
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
 #include "tests/common/fixture.h"
-#include "train/batch.h"
-#include "train/export.h"
+#include "train/data/batch.h"
+#include "train/export/export.h"
+#include "train/run/run_dir.h"
 
 #define STEP_DIR  DF_FIXTURE_DIR "/dflash_step"
 #define CKPT_DIR  STEP_DIR "/draft_ckpt"

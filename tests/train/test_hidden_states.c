@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "tests/common/fixture.h"
-#include "train/hidden_states.h"
+#include "train/data/hs.h"
 
 // ---- scratch directories and sample content ---------------------------------------------------------------
 

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "tests/common/fixture.h"
-#include "train/lr_schedule.h"
+#include "train/trainer/lr_schedule.h"
 
 static df_lr_schedule sched(df_lr_kind kind, double lr, double ratio, int64_t T) {
   df_lr_schedule s;

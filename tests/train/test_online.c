@@ -20,10 +20,10 @@
 #include "modeling/target/byte_tokenizer.h"
 #include "tests/common/fixture.h"
 #include "tests/common/json_edit.h"
-#include "train/capture.h"
-#include "train/metrics_log.h"
-#include "train/online_data.h"
-#include "train/trainer.h"
+#include "train/data/capture.h"
+#include "train/data/online_data.h"
+#include "train/observe/metrics_log.h"
+#include "train/trainer/trainer.h"
 
 #define TARGET     DF_SOURCE_DIR "/recipes/tiny-target"
 #define DFLASH_CFG DF_SOURCE_DIR "/configs/tiny-target-dflash.json"
@@ -431,7 +431,7 @@ static void on_step(void *ctx, int64_t step, df_transfer_stats x) {
   if (step >= 1 && step <= 6) t->per_step[step] = x, t->seen++;
 }
 
-// The online source fills the same host batch the trainer's stage (train/stage.h) uploads for shards: on the
+// The online source fills the same host batch the trainer's stage (train/step/stage.h) uploads for shards: on the
 // strict fake device (its memory faults on any host access) an online run with online eval moves one upload per
 // micro-batch and one read per step, and equals the CPU run bit for bit.
 Test(online, online_run_on_the_strict_fake_device_equals_the_cpu_run) {

@@ -1,13 +1,13 @@
-// The terminal progress line (train/progress.h): in-place redraws, messages printed above the line, the
-// throttle, the width cut and the final newline; and the progress text itself (train/metrics_log.h).
+// The terminal progress line (train/observe/progress.h): in-place redraws, messages printed above the line, the
+// throttle, the width cut and the final newline; and the progress text itself (train/observe/metrics_log.h).
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/metrics_log.h"
-#include "train/progress.h"
+#include "train/observe/metrics_log.h"
+#include "train/observe/progress.h"
 
 typedef struct {
   char *buf;

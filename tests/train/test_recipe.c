@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "tests/common/fixture.h"
-#include "train/recipe.h"
-#include "train/recipe_schema.h"
+#include "train/recipe/recipe.h"
+#include "train/recipe/recipe_schema.h"
 
 #define HEAD                                                                                                           \
   "model:\n"                                                                                                           \

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/recipe.h"
+#include "train/recipe/recipe.h"
 
 static char *read_all(const char *path) {
   FILE *fp = fopen(path, "rb");

@@ -1,8 +1,8 @@
-// Recipe paths as SpecForge resolves them (train/recipe_paths.c): relative to the current directory, file://
+// Recipe paths as SpecForge resolves them (train/recipe/recipe_paths.c): relative to the current directory, file://
 // and ~ handled, inputs checked with the directory named, hub ids found offline in the Hugging Face cache
 // (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME, ~/.cache; model.cache_dir first) through refs/main; the feature
-// gates (train/recipe_features.c) and the inert-key line; paths as messages show them (train/run_dir.h). Each test runs
-// in its own process, in a sandbox.
+// gates (train/recipe/recipe_features.c) and the inert-key line; paths as messages show them (train/run/run_dir.h).
+// Each test runs in its own process, in a sandbox.
 #include <criterion/criterion.h>
 #include <limits.h>
 #include <stdio.h>
@@ -11,9 +11,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/path.h"
 #include "tests/common/fixture.h"
-#include "train/recipe.h"
-#include "train/run_dir.h"
+#include "train/recipe/recipe.h"
+#include "train/run/run_dir.h"
 
 static char sandbox[PATH_MAX];
 

@@ -10,7 +10,7 @@
 #include "../common/fixture.h"
 #include "../common/json_edit.h"
 #include "modeling/strict_load.h"
-#include "train/spec_decode.h"
+#include "train/eval/spec_decode.h"
 
 #define TARGET DF_FIXTURE_DIR "/target/qwen3_gqa_untied_f32"
 #define TMP    "/tmp/df_test_spec_decode"

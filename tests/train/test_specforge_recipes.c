@@ -17,7 +17,7 @@
 
 #include "modeling/draft_config.h"
 #include "tests/common/fixture.h"
-#include "train/recipe.h"
+#include "train/recipe/recipe.h"
 
 #define SPECFORGE DF_FIXTURE_DIR "/specforge_recipes"
 #define MANIFEST  SPECFORGE "/expected.tsv"

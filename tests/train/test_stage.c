@@ -1,4 +1,4 @@
-// The micro-batch stage (train/stage.c): what it uploads equals what the host builders produce, in one copy per
+// The micro-batch stage (train/step/stage.c): what it uploads equals what the host builders produce, in one copy per
 // micro-batch; two slots alternate; ids outside the vocabulary are refused on the host, naming sample and row.
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 
 #include "kernels/backend.h"
 #include "tests/common/fixture.h"
-#include "train/device.h"
-#include "train/stage.h"
+#include "train/recipe/device.h"
+#include "train/step/stage.h"
 
 enum { B = 2, S = 12, KH = 6, H = 4, BS = 3, V = 50, MASK = 49 };
 

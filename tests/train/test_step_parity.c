@@ -16,8 +16,8 @@
 
 #include "modeling/safetensors.h"
 #include "tests/common/fixture.h"
-#include "train/recipe.h"
-#include "train/step.h"
+#include "train/recipe/recipe.h"
+#include "train/step/step.h"
 
 #define STEP_DIR   DF_FIXTURE_DIR "/dflash_step"
 #define DSPARK_DIR DF_FIXTURE_DIR "/dspark_step"

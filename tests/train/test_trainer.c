@@ -17,12 +17,12 @@
 #include "modeling/dflash_model.h"
 #include "modeling/target_pieces.h"
 #include "tests/common/fixture.h"
-#include "train/checkpoint.h"
-#include "train/data_feed.h"
-#include "train/metrics_log.h"
-#include "train/recipe.h"
-#include "train/step.h"
-#include "train/trainer.h"
+#include "train/data/data_feed.h"
+#include "train/observe/metrics_log.h"
+#include "train/recipe/recipe.h"
+#include "train/run/ckpt.h"
+#include "train/step/step.h"
+#include "train/trainer/trainer.h"
 
 #define FX DF_FIXTURE_DIR "/dflash_step"
 

@@ -12,7 +12,7 @@
 
 #include "tests/common/cli_run.h"
 #include "tests/common/fixture.h"
-#include "train/trainer.h"
+#include "train/trainer/trainer.h"
 
 #define FX DF_FIXTURE_DIR "/dflash_step"
 

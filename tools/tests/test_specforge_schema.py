@@ -1,5 +1,5 @@
 """Every key of SpecForge's run-config schema is in draftforge's recipe table (`draftforge schema --markdown`,
-train/recipe_schema.c) as used, inert or unsupported, with SpecForge's default and, unless used, the reason.
+train/recipe/recipe_schema.c) as used, inert or unsupported, with SpecForge's default and, unless used, the reason.
 
 The key list is tests/fixtures/specforge_recipes/schema_keys.tsv, written by tools/specforge_schema_keys.py
 from specforge/config/schema.py at the SpecForge commit its header names. A key SpecForge adds makes this test

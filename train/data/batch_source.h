@@ -1,0 +1,65 @@
+// Where batches come from: a fixed set of samples addressed by index, each read as the padded df_batch of
+// train/data/batch.h. Two sources exist: captured hidden states (HDF5 shards, below) and the target itself
+// (train/data/online_source.h: token JSONL in, features computed per batch). The data feed and the evaluator read
+// through this interface only, so both give the trainer the same batches from either source.
+#ifndef DF_TRAIN_DATA_BATCH_SOURCE_H
+#define DF_TRAIN_DATA_BATCH_SOURCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "modeling/draft_config.h"
+#include "train/data/batch.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct df_batch_source df_batch_source;
+
+typedef struct {
+  // Samples index[0 .. B−1] in that order, each truncated to max_length rows (<= 0: no limit), zero padded to
+  // the longest; with last_hidden also target_last_hidden_states (the source must have them). Nothing is left
+  // allocated in *out on failure.
+  df_status (*read)(df_batch_source *s, const int64_t *index, int64_t B, int64_t max_length, bool last_hidden,
+                    df_batch *out, df_error *err);
+  void (*close)(df_batch_source *s);
+} df_batch_source_vt;
+
+// The common head of every source (the implementation's struct starts with it).
+struct df_batch_source {
+  const df_batch_source_vt *vt;
+  const char *label;    // the data path, for messages
+  int64_t num_samples;  // indices are 0 .. num_samples − 1
+  bool has_last_hidden; // can deliver target_last_hidden_states
+  // The feed reads it on its reader thread while the caller trains (prefetch): safe, and worth it. The HDF5 source
+  // when libhdf5 is thread-safe; the online source when asked (a CPU target shares the step's cores).
+  bool concurrent;
+};
+
+static inline df_status df_batch_source_read(df_batch_source *s, const int64_t *index, int64_t B, int64_t max_length,
+                                             bool last_hidden, df_batch *out, df_error *err) {
+  return s->vt->read(s, index, B, max_length, last_hidden, out, err);
+}
+
+static inline void df_batch_source_close(df_batch_source *s) {
+  if (s) s->vt->close(s);
+}
+
+// Captured hidden states: one .h5 shard or a directory of them. When cfg is not NULL the data must have been
+// captured for it (K, target_layer_ids, H); need_last_hidden requires target_last_hidden_states. concurrent
+// when libhdf5 is thread-safe (the caller may read other HDF5 files while the feed's reader thread reads).
+df_status df_hs_source_open(const char *path, const df_draft_config *cfg, bool need_last_hidden, df_batch_source **out,
+                            df_error *err);
+
+// The HDF5 dataset behind a source of df_hs_source_open (NULL for any other source): messages locate a sample
+// in its shard through it.
+typedef struct df_hs_dataset df_hs_dataset;
+const df_hs_dataset *df_batch_source_dataset(const df_batch_source *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

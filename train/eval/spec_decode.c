@@ -1,0 +1,321 @@
+// Speculative decoding (train/eval/spec_decode.h). DFlash: block = [last token, MASK × (bs−1)] at positions
+// start..start+bs−1 over the context features of positions < start (the draft's training mask: keys j < anchor);
+// slots 1..bs−1 propose. DSpark as SGLang's DSpark worker decodes it (sample_from_anchor): the same block, every
+// slot k = 0..bs−1 proposes the token after it, with the Markov bias of the previous token applied one slot at
+// a time (prev of slot 0 = the anchor token), greedy. The target then verifies [last token, proposals].
+// Everything the target and the draft compute stays on the context's device: the context features, the block's
+// embedding and the draft's output never leave it; per block the host uploads the block ids and positions and
+// reads back the proposal logits for the argmax (and, for DSpark, one Markov bias row per slot).
+#include "train/eval/spec_decode.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "modeling/dspark_heads.h"
+#include "train/data/capture.h"
+#include "train/data/token_jsonl.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+  df_target *t;
+  df_dflash_model *m;
+  const df_draft_config *cfg;
+  const df_spec_options *o;
+  df_ctx *ctx;
+  df_device dev;
+  df_target_cache *cache;
+  int64_t cap, H, V, K, bs, nprop;
+  int32_t eos[DF_TARGET_MAX_EOS];
+  int n_eos;
+  df_dspark_heads *heads;
+  // host
+  int32_t *seq, *greedy, *block_ids, *verify, *targ, *prev;
+  int32_t *ints; // [anchor, pos_q (bs), pos_kv (S + bs)] of the block being proposed
+  float *logits, *base, *bias;
+  // the context's device
+  float *feats, *vfeats, *block_embed, *dlogits, *dbias;
+  int32_t *dblock_ids, *dprev, *dints;
+  uint8_t *dkeep;
+} sd_run;
+
+static void sd_free_device(sd_run *r) {
+  void *dev[] = {r->feats,      r->vfeats, r->block_embed, r->dlogits, r->dbias,
+                 r->dblock_ids, r->dprev,  r->dints,       r->dkeep};
+  for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) df_buffer_free(r->ctx, dev[i]);
+  r->feats = r->vfeats = r->block_embed = r->dlogits = r->dbias = NULL;
+  r->dblock_ids = r->dprev = r->dints = NULL, r->dkeep = NULL;
+}
+
+static void sd_free(sd_run *r) {
+  df_target_cache_free(r->cache);
+  free(r->seq), free(r->greedy), free(r->block_ids), free(r->verify), free(r->targ), free(r->prev);
+  free(r->ints), free(r->logits), free(r->base), free(r->bias);
+  sd_free_device(r);
+}
+
+static df_status to_device(sd_run *r, void *dst, const void *src, size_t bytes, df_error *err) {
+  return df_copy(r->ctx, dst, r->dev, src, DF_DEV_CPU, bytes, err);
+}
+static df_status to_host(sd_run *r, void *dst, const void *src, size_t bytes, df_error *err) {
+  return df_copy(r->ctx, dst, DF_DEV_CPU, src, r->dev, bytes, err);
+}
+
+void df_spec_report_free(df_spec_report *r) {
+  free(r->reached), free(r->accepted);
+  r->reached = r->accepted = NULL;
+}
+
+static bool is_eos(const sd_run *r, int32_t tok) {
+  for (int i = 0; i < r->n_eos; i++)
+    if (r->eos[i] == tok) return true;
+  return false;
+}
+
+static int32_t argmax_row(const float *z, int64_t V) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < V; v++)
+    if (z[v] > z[best]) best = v;
+  return (int32_t)best;
+}
+
+// Device logits (n, V) = x (n, H) · lm_headᵀ, x on the device.
+static df_status head_rows(sd_run *r, const float *x, int64_t n, float *out, df_error *err) {
+  df_tensor head = df_target_lm_head(r->t);
+  df_tensor xv = df_view((void *)x, DF_F32, r->dev, 2, (const int64_t[]){n, r->H});
+  df_tensor yv = df_view(out, DF_F32, r->dev, 2, (const int64_t[]){n, r->V});
+  return df_linear_forward(r->ctx, &xv, &head, NULL, &yv, err);
+}
+
+// DSpark: slot k's token = argmax(lm_head h_k + W2 u_k(prev_k)), prev_0 = the anchor token, prev_k = slot k−1's.
+static df_status dspark_propose(sd_run *r, const float *hidden, int32_t *props, df_error *err) {
+  const size_t row = sizeof(float) * (size_t)r->V;
+  DF_TRY(head_rows(r, hidden, r->bs, r->dlogits, err));
+  DF_TRY(to_host(r, r->base, r->dlogits, row * (size_t)r->bs, err));
+  const int64_t rank = df_dspark_heads_markov_rank(r->heads);
+  for (int64_t k = 0; k < r->bs; k++) r->prev[k] = r->block_ids[0];
+  for (int64_t k = 0; k < r->bs; k++) {
+    float *z = r->logits;
+    memcpy(z, r->base + k * r->V, row);
+    if (rank > 0) {
+      const float *u = NULL, *conf = NULL;
+      DF_TRY(to_device(r, r->dprev, r->prev, sizeof(int32_t) * (size_t)r->bs, err));
+      DF_TRY(df_dspark_heads_forward(r->heads, 1, r->bs, hidden, r->dprev, &u, &conf, err));
+      const df_tensor *w2 = df_dspark_heads_w2(r->heads);
+      df_tensor uv = df_view((void *)(u + k * rank), DF_F32, r->dev, 2, (const int64_t[]){1, rank});
+      df_tensor bias = df_view(r->dbias, DF_F32, r->dev, 2, (const int64_t[]){1, r->V});
+      DF_TRY(df_linear_forward(r->ctx, &uv, w2, NULL, &bias, err));
+      DF_TRY(to_host(r, r->bias, r->dbias, row, err));
+      for (int64_t v = 0; v < r->V; v++) z[v] += r->bias[v];
+    }
+    props[k] = argmax_row(z, r->V);
+    for (int64_t j = k + 1; j < r->bs; j++) r->prev[j] = props[k];
+  }
+  return DF_OK;
+}
+
+// The draft's proposals for the block anchored at start (context = feats rows < start).
+static df_status propose(sd_run *r, int64_t start, int32_t last, int32_t *props, df_error *err) {
+  const int64_t bs = r->bs, S = start + 1;
+  r->block_ids[0] = last;
+  for (int64_t k = 1; k < bs; k++) r->block_ids[k] = (int32_t)r->o->mask_token_id;
+  // two uploads: the block's ids, and [anchor, pos_q, pos_kv]
+  const uint8_t keep = 1;
+  r->ints[0] = (int32_t)start;
+  df_dflash_fill_positions(1, S, 1, bs, r->ints, &keep, r->ints + 1, r->ints + 1 + bs);
+  DF_TRY(to_device(r, r->dblock_ids, r->block_ids, sizeof(int32_t) * (size_t)bs, err));
+  DF_TRY(to_device(r, r->dints, r->ints, sizeof(int32_t) * (size_t)(1 + bs + S + bs), err));
+  df_tensor emb = df_target_embed(r->t);
+  df_tensor ids = df_view(r->dblock_ids, DF_I32, r->dev, 1, (const int64_t[]){bs});
+  df_tensor out = df_view(r->block_embed, DF_F32, r->dev, 2, (const int64_t[]){bs, r->H});
+  DF_TRY(df_embedding_forward(r->ctx, &emb, &ids, &out, err));
+  // Row `start` of the context is masked (keys j < anchor), so any value serves; it holds zeros.
+  df_tensor row = df_view(r->feats + start * r->K * r->H, DF_F32, r->dev, 1, (const int64_t[]){r->K * r->H});
+  DF_TRY(df_fill(r->ctx, &row, 0.0, err));
+  df_dflash_batch b = {.B = 1,
+                       .S = S,
+                       .N = 1,
+                       .target_hidden = r->feats,
+                       .block_embed = r->block_embed,
+                       .anchors = r->dints,
+                       .keep = r->dkeep,
+                       .pos_q = r->dints + 1,
+                       .pos_kv = r->dints + 1 + bs,
+                       .on_device = true};
+  const float *hidden = NULL;
+  DF_TRY(df_dflash_model_forward(r->m, &b, &hidden, err));
+  if (r->heads) return dspark_propose(r, hidden, props, err);
+  DF_TRY(head_rows(r, hidden + r->H, bs - 1, r->dlogits, err));
+  DF_TRY(to_host(r, r->logits, r->dlogits, sizeof(float) * (size_t)((bs - 1) * r->V), err));
+  for (int64_t k = 0; k < bs - 1; k++) props[k] = argmax_row(r->logits + k * r->V, r->V);
+  return DF_OK;
+}
+
+// Speculative decoding of one prompt into r->seq[P ..]; *n receives the generated count (<= max_new).
+static df_status decode_one(sd_run *r, const int32_t *prompt, int64_t P, int64_t *n, df_spec_report *rep,
+                            df_error *err) {
+  const int64_t max_new = r->o->max_new_tokens, W = r->K * r->H;
+  const int *lids = r->cfg->dflash.target_layer_ids;
+  memcpy(r->seq, prompt, sizeof *prompt * (size_t)P);
+  DF_TRY(df_target_cache_truncate(r->cache, 0, err));
+  df_target_outputs pre = {
+      .num_capture = (int)r->K, .capture_ids = lids, .captured = r->feats, .logits_from = P - 1, .argmax = &r->seq[P]};
+  DF_TRY(df_target_forward(r->t, r->cache, prompt, P, &pre, err));
+  rep->target_forwards++;
+  *n = 1;
+  int32_t *props = r->verify + 1;
+  while (*n < max_new && !is_eos(r, r->seq[P + *n - 1])) {
+    const int64_t start = P + *n - 1;
+    DF_TRY(propose(r, start, r->seq[start], props, err));
+    r->verify[0] = r->seq[start];
+    df_target_outputs v = {
+        .num_capture = (int)r->K, .capture_ids = lids, .captured = r->vfeats, .logits_from = 0, .argmax = r->targ};
+    DF_TRY(df_target_forward(r->t, r->cache, r->verify, r->nprop + 1, &v, err));
+    rep->target_forwards++, rep->verifications++;
+    int64_t a = 0;
+    while (a < r->nprop && props[a] == r->targ[a]) a++;
+    for (int64_t k = 0; k < r->nprop && k <= a; k++) {
+      rep->reached[k]++;
+      rep->accepted[k] += k < a;
+    }
+    for (int64_t k = 0; k < a; k++) r->seq[start + 1 + k] = props[k];
+    r->seq[start + 1 + a] = r->targ[a];
+    DF_TRY(
+        df_copy(r->ctx, r->feats + start * W, r->dev, r->vfeats, r->dev, sizeof(float) * (size_t)((a + 1) * W), err));
+    DF_TRY(df_target_cache_truncate(r->cache, start + a + 1, err));
+    rep->committed += a + 1;
+    int64_t added = a + 1;
+    for (int64_t k = 0; k < added; k++)
+      if (is_eos(r, r->seq[start + 1 + k])) added = k + 1; // stop after the end-of-sequence token
+    *n += added;
+  }
+  if (*n > max_new) *n = max_new;
+  return DF_OK;
+}
+
+static df_status setup(sd_run *r, df_error *err) {
+  const df_target_spec *s = df_target_get_spec(r->t);
+  r->H = s->hidden, r->V = s->vocab, r->K = r->cfg->dflash.num_target_layer_ids, r->bs = r->cfg->block_size;
+  r->heads = r->cfg->kind == DF_DRAFT_DSPARK ? df_dflash_model_dspark_heads(r->m) : NULL;
+  r->ctx = df_target_ctx(r->t), r->dev = df_ctx_device(r->ctx);
+  r->nprop = r->heads ? r->bs : r->bs - 1;
+  return DF_OK;
+}
+
+static bool grow(void **p, size_t bytes) {
+  void *q = realloc(*p, bytes);
+  if (q) *p = q;
+  return q != NULL;
+}
+
+// Buffers and a KV cache for a prompt of P tokens (grown, never shrunk).
+static df_status alloc_for(sd_run *r, int64_t P, df_error *err) {
+  const int64_t need = P + r->o->max_new_tokens + r->bs + 2, W = r->K * r->H, bs = r->bs, V = r->V;
+  if (need <= r->cap) return DF_OK;
+  df_target_cache_free(r->cache);
+  r->cache = NULL, r->cap = 0;
+  sd_free_device(r);
+  DF_TRY(df_target_cache_create(r->t, need, &r->cache, err));
+  const size_t f = sizeof(float), i4 = sizeof(int32_t);
+  bool ok = grow((void **)&r->seq, i4 * need) && grow((void **)&r->greedy, i4 * need) &&
+            grow((void **)&r->block_ids, i4 * bs) && grow((void **)&r->verify, i4 * (bs + 1)) &&
+            grow((void **)&r->targ, i4 * (bs + 1)) && grow((void **)&r->prev, i4 * bs) &&
+            grow((void **)&r->ints, i4 * (1 + bs + need + bs)) && grow((void **)&r->logits, f * bs * V) &&
+            grow((void **)&r->base, f * bs * V) && grow((void **)&r->bias, f * V);
+  if (!ok) return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", "lower --max-new-tokens", "out of memory");
+  DF_TRY(df_buffer_alloc(r->ctx, f * need * W, (void **)&r->feats, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * (bs + 1) * W, (void **)&r->vfeats, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * bs * r->H, (void **)&r->block_embed, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * bs * V, (void **)&r->dlogits, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * V, (void **)&r->dbias, err));
+  DF_TRY(df_buffer_alloc(r->ctx, i4 * bs, (void **)&r->dblock_ids, err));
+  DF_TRY(df_buffer_alloc(r->ctx, i4 * bs, (void **)&r->dprev, err));
+  DF_TRY(df_buffer_alloc(r->ctx, i4 * (1 + bs + need + bs), (void **)&r->dints, err));
+  DF_TRY(df_buffer_alloc(r->ctx, 1, (void **)&r->dkeep, err));
+  const uint8_t keep = 1;
+  DF_TRY(to_device(r, r->dkeep, &keep, 1, err));
+  r->cap = need;
+  return DF_OK;
+}
+
+// prompt (P) + gen (n) as a token JSONL line, loss_mask 1 on gen.
+static void write_sequence(FILE *fp, const int32_t *prompt, int64_t P, const int32_t *gen, int64_t n) {
+  fputs("{\"input_ids\": [", fp);
+  for (int64_t i = 0; i < P + n; i++) fprintf(fp, "%s%d", i ? ", " : "", i < P ? prompt[i] : gen[i - P]);
+  fputs("], \"loss_mask\": [", fp);
+  for (int64_t i = 0; i < P + n; i++) fprintf(fp, "%s%d", i ? ", " : "", i >= P);
+  fputs("]}\n", fp);
+}
+
+static df_status one_prompt(sd_run *r, const df_token_jsonl *in, df_spec_report *rep, FILE *seq_out, df_error *err) {
+  const int64_t P = df_capture_prompt_len(in->mask, in->len);
+  if (P < 1 || P >= in->len) {
+    if (r->o->log) fprintf(r->o->log, "spec-decode: line %lld has no prompt; skipped\n", (long long)in->line);
+    return DF_OK;
+  }
+  DF_TRY(alloc_for(r, P, err));
+  int64_t n = 0, ng = 0;
+  double t0 = now_s();
+  DF_TRY(decode_one(r, in->ids, P, &n, rep, err));
+  double t1 = now_s();
+  DF_TRY(df_target_generate_greedy(r->t, r->cache, in->ids, P, r->o->max_new_tokens, r->eos, r->n_eos, r->greedy, &ng,
+                                   err));
+  rep->greedy_seconds += now_s() - t1;
+  rep->spec_seconds += t1 - t0;
+  rep->generated_tokens += n;
+  int64_t bad = n == ng ? -1 : (n < ng ? n : ng);
+  for (int64_t i = 0; i < n && i < ng && bad < 0; i++)
+    if (r->seq[P + i] != r->greedy[i]) bad = i;
+  if (bad >= 0) {
+    rep->identical_to_greedy = false;
+    if (rep->mismatched_prompts++ == 0) rep->first_mismatch_prompt = rep->prompts, rep->first_mismatch_pos = bad;
+  }
+  if (seq_out) write_sequence(seq_out, in->ids, P, r->greedy, ng);
+  if (r->o->log)
+    fprintf(r->o->log, "spec-decode: prompt %lld (%lld tokens): %lld generated, %s greedy\n", (long long)rep->prompts,
+            (long long)P, (long long)n, bad < 0 ? "identical to" : "DIFFERS from");
+  rep->prompts++;
+  return DF_OK;
+}
+
+df_status df_spec_decode_run(df_target *t, df_dflash_model *m, const df_draft_config *cfg, const char *data_path,
+                             const df_spec_options *o, df_spec_report *rep, df_error *err) {
+  memset(rep, 0, sizeof *rep);
+  rep->identical_to_greedy = true;
+  rep->first_mismatch_prompt = rep->first_mismatch_pos = -1;
+  if (o->mask_token_id < 0 || o->max_new_tokens < 1)
+    return DF_FAIL(err, DF_ERR_INVALID, "mask_token_id", "set dflash_config.mask_token_id; --max-new-tokens >= 1",
+                   "bad spec-decode options (mask %lld, max_new_tokens %lld)", (long long)o->mask_token_id,
+                   (long long)o->max_new_tokens);
+  sd_run r = {.t = t, .m = m, .cfg = cfg, .o = o};
+  DF_TRY(setup(&r, err));
+  rep->proposals = r.nprop;
+  rep->reached = calloc((size_t)r.nprop, sizeof(int64_t)), rep->accepted = calloc((size_t)r.nprop, sizeof(int64_t));
+  if (!rep->reached || !rep->accepted) return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", NULL, "out of memory");
+  df_dflash_model_set_training(m, false);
+  df_token_jsonl in;
+  r.n_eos = o->n_eos < DF_TARGET_MAX_EOS ? o->n_eos : DF_TARGET_MAX_EOS;
+  if (r.n_eos > 0) memcpy(r.eos, o->eos, sizeof(int32_t) * (size_t)r.n_eos);
+  DF_TRY(df_token_jsonl_open(data_path, r.V, &in, err));
+  FILE *seq_out = o->sequences_out ? fopen(o->sequences_out, "w") : NULL;
+  df_status st = o->sequences_out && !seq_out
+                     ? DF_FAIL(err, DF_ERR_IO, o->sequences_out, NULL, "cannot write %s", o->sequences_out)
+                     : DF_OK;
+  while (st == DF_OK && (o->max_samples <= 0 || rep->prompts < o->max_samples)) {
+    bool done = false;
+    st = df_token_jsonl_next(&in, &done, err);
+    if (st != DF_OK || done) break;
+    st = one_prompt(&r, &in, rep, seq_out, err);
+  }
+  if (seq_out && fclose(seq_out) != 0 && st == DF_OK)
+    st = DF_FAIL(err, DF_ERR_IO, o->sequences_out, NULL, "cannot write %s", o->sequences_out);
+  df_token_jsonl_close(&in);
+  sd_free(&r);
+  rep->tau = rep->verifications ? (double)rep->committed / (double)rep->verifications : 0.0;
+  return st;
+}

@@ -1,0 +1,108 @@
+// Loading a recipe's configs, frozen target pieces and mask token (train/step/resources.h), in the order
+// and with the checks `draftforge step` uses (docs/dflash-step.md).
+#include "train/step/resources.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+// model.draft_model_config: a JSON file or a directory holding config.json.
+static df_status load_draft_config(const df_recipe *rc, const df_draft_config **out, df_error *err) {
+  const char *p = rc->model.draft_model_config;
+  if (!p)
+    return DF_FAIL(err, DF_ERR_INVALID, "model.draft_model_config", "point it at the draft's config.json",
+                   "%s: model.draft_model_config is required (draft configs are not derived from the target yet)",
+                   rc->path);
+  struct stat sb;
+  if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) return df_draft_config_from_file(p, out, err);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/config.json", p);
+  return df_draft_config_from_file(path, out, err);
+}
+
+static df_status load_pieces(const df_recipe *rc, df_run_resources *t, df_error *err) {
+  df_target_pieces_options o = {.embed_key = rc->model.embedding_key,
+                                .lm_head_key = rc->model.lm_head_key,
+                                .tied = t->target->tie_word_embeddings,
+                                .expect_vocab = t->target->vocab_size,
+                                .expect_hidden = t->target->hidden_size};
+  DF_TRY(df_target_pieces_load(rc->model.target_model_path, &o, &t->pieces, err));
+  t->frozen = (df_step_frozen){t->pieces.embed, t->pieces.lm_head, t->pieces.vocab, t->pieces.hidden};
+  if (!t->target->has_logits_mup) return DF_OK;
+  // SpecForge divides the frozen head by the target's logits_mup_width_multiplier (reference §1.6).
+  int64_t n = t->pieces.vocab * t->pieces.hidden;
+  t->scaled_head = malloc((size_t)n * sizeof(float));
+  if (!t->scaled_head) return DF_FAIL(err, DF_ERR_NOMEM, "lm_head", NULL, "out of memory for the scaled LM head");
+  float inv = (float)(1.0 / t->target->logits_mup_width_multiplier);
+  for (int64_t i = 0; i < n; i++) t->scaled_head[i] = t->pieces.lm_head[i] * inv;
+  t->frozen.lm_head = t->scaled_head;
+  return DF_OK;
+}
+
+// model.mask_token_id overrides dflash_config.mask_token_id; one of them must be set, below the vocabulary.
+static df_status resolve_mask_token(const df_recipe *rc, const df_run_resources *t, int64_t *out, df_error *err) {
+  int64_t id = rc->model.has_mask_token_id ? rc->model.mask_token_id : t->draft->dflash.mask_token_id;
+  if (id < 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "model.mask_token_id",
+                   "set model.mask_token_id in the recipe or dflash_config.mask_token_id in the draft config",
+                   "%s: no mask token id (neither the recipe nor %s sets one)", rc->path, t->draft->source);
+  if (id >= t->pieces.vocab)
+    return DF_FAIL(err, DF_ERR_INVALID, rc->model.has_mask_token_id ? "model.mask_token_id" : "dflash_config",
+                   "the mask token must be a row of the target embedding", "mask_token_id %lld >= vocabulary %lld",
+                   (long long)id, (long long)t->pieces.vocab);
+  *out = id;
+  return DF_OK;
+}
+
+// training.strategy names the algorithm the draft config already decides (architectures): they must agree.
+static df_status check_strategy(const df_recipe *rc, const df_draft_config *cfg, df_error *err) {
+  bool dspark = cfg->kind == DF_DRAFT_DSPARK;
+  if (dspark == (rc->training.strategy == DF_STRATEGY_DSPARK)) return DF_OK;
+  return DF_FAIL(err, DF_ERR_INVALID, "training.strategy",
+                 dspark ? "set training.strategy: dspark for a DSpark draft config"
+                        : "set training.strategy: dflash for a DFlash draft config",
+                 "%s: training.strategy is %s but %s is a %s draft", rc->path, dspark ? "dflash" : "dspark",
+                 cfg->source, df_draft_kind_name(cfg->kind));
+}
+
+df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_error *err) {
+  return df_run_resources_load_ex(rc, NULL, out, err);
+}
+
+df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config_path, df_run_resources *out,
+                                   df_error *err) {
+  memset(out, 0, sizeof *out);
+  df_status st = df_target_config_from_dir(rc->model.target_model_path, &out->target, err);
+  if (st == DF_OK)
+    st = draft_config_path ? df_draft_config_from_file(draft_config_path, &out->draft, err)
+                           : load_draft_config(rc, &out->draft, err);
+  if (st == DF_OK) st = check_strategy(rc, out->draft, err);
+  if (st == DF_OK) st = df_draft_config_check_target(out->draft, out->target, err);
+  if (st == DF_OK) st = load_pieces(rc, out, err);
+  if (st == DF_OK) st = resolve_mask_token(rc, out, &out->mask_token_id, err);
+  if (st == DF_OK) st = df_draft_config_resolved_json(out->draft, out->mask_token_id, &out->resolved_config, err);
+  if (st != DF_OK) df_run_resources_free(out);
+  return st;
+}
+
+df_status df_run_resources_place(df_run_resources *r, df_ctx *ctx, df_error *err) {
+  if (df_ctx_host_addressable(ctx)) return DF_OK;
+  const size_t bytes = sizeof(float) * (size_t)(r->frozen.vocab * r->frozen.hidden);
+  r->placed = ctx;
+  DF_TRY(df_buffer_alloc(ctx, bytes, (void **)&r->dev_embed, err));
+  DF_TRY(df_buffer_alloc(ctx, bytes, (void **)&r->dev_head, err));
+  DF_TRY(df_copy(ctx, r->dev_embed, df_ctx_device(ctx), r->frozen.embed, DF_DEV_CPU, bytes, err));
+  DF_TRY(df_copy(ctx, r->dev_head, df_ctx_device(ctx), r->frozen.lm_head, DF_DEV_CPU, bytes, err));
+  r->frozen.embed = r->dev_embed, r->frozen.lm_head = r->dev_head;
+  return DF_OK;
+}
+
+void df_run_resources_free(df_run_resources *r) {
+  json_decref(r->resolved_config);
+  if (r->placed) df_buffer_free(r->placed, r->dev_embed), df_buffer_free(r->placed, r->dev_head);
+  free(r->scaled_head);
+  df_target_pieces_free(&r->pieces);
+  df_draft_config_free(r->draft);
+  df_target_config_free(r->target);
+  memset(r, 0, sizeof *r);
+}

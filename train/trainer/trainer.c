@@ -1,0 +1,690 @@
+// The training loop: per optimizer step, accumulation_steps micro-batches add their numerator gradients, the
+// boundary divides by the window's Σ loss weight, clips, and steps AdamW; then log, eval, checkpoint, signals.
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/path.h"
+#include "moe/ffn_moe.h"
+#include "train/eval/evaluate.h"
+#include "train/observe/progress.h"
+#include "train/trainer/trainer_internal.h"
+
+// The one process-wide variable: set by the SIGINT/SIGTERM handler, read at optimizer-step boundaries.
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig) {
+  if (g_stop_signal) { // a second signal: stop now, the default way
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+typedef struct {
+  bool installed;
+  struct sigaction old_int, old_term;
+} signal_guard;
+
+static void signals_install(signal_guard *g) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  g_stop_signal = 0;
+  g->installed = sigaction(SIGINT, &sa, &g->old_int) == 0 && sigaction(SIGTERM, &sa, &g->old_term) == 0;
+}
+
+static void signals_restore(signal_guard *g) {
+  if (!g->installed) return;
+  sigaction(SIGINT, &g->old_int, NULL);
+  sigaction(SIGTERM, &g->old_term, NULL);
+  g->installed = false;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---- one accumulation window -------------------------------------------------------------------------------------
+
+// Sums over the window's micro-batches; ratios are taken only at the end (ratio metrics sum first). The host knows
+// loss_den, the token count and the MoE part of loss_num as the window runs; the device sums (the objective's
+// loss_num, accuracy, τ, per-position counts) arrive with the one read at the optimizer boundary.
+typedef struct {
+  double loss_num, loss_den, acc_num, acc_den, accept_len_sum;
+  double host_loss_num; // the part of loss_num not in the objective's sums: Σ aux_loss·loss_den (MoE drafts)
+  int64_t num_blocks, tokens, epoch, bs;
+  double *pos_num, *pos_den; // (bs)
+  double data_wait_s;
+  bool numeric_fail; // a micro-step reported NaN/Inf itself (DF_ERR_NUMERIC): the step is skipped
+  // MoE drafts: the moe/* metrics (layer averages, moe/ffn_moe.h) summed over the window's micro-batches
+  int moe_n, moe_micro;
+  df_moe_metric moe[DF_MOE_MAX_METRICS];
+  // MoE: per MoE layer (moe_ids) the experts' shares of routed slots (moe_layers, moe_E), summed likewise
+  int moe_layers;
+  int64_t moe_E, *moe_ids;
+  double *moe_load;
+} window;
+
+typedef struct {
+  bool skipped;
+  const char *skip_reason;
+  char skip_detail[1200]; // which samples of the window hold NaN/Inf (or that none does)
+  json_t *skip_samples;   // their global numbers (owned; NULL unless skipped)
+  double loss, acc, lr, grad_norm, clip_coef;
+  double step_time_s;
+} step_result;
+
+static void window_reset(window *w) {
+  w->loss_num = w->loss_den = w->acc_num = w->acc_den = w->accept_len_sum = w->data_wait_s = 0;
+  w->host_loss_num = 0;
+  w->num_blocks = w->tokens = 0;
+  w->numeric_fail = false;
+  for (int64_t k = 0; k < w->bs; k++) w->pos_num[k] = w->pos_den[k] = 0;
+  w->moe_n = w->moe_micro = 0;
+}
+
+// The moe/* metrics and the per-layer expert load of the window, from the MoE layers' device sums (read with the
+// window's stats block): layer averages over the window's micro-batches.
+static void window_finish_moe(window *w, df_dflash_model *m, const double *sums) {
+  int n = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
+  w->moe_n = df_moe_stats_metrics(ffns, n, sums, w->moe_micro, w->moe);
+  if (!w->moe_load || !w->moe_micro) return;
+  const int64_t E = w->moe_E;
+  w->moe_layers = 0;
+  for (int i = 0; i < n; i++) {
+    if (!df_ffn_is_moe(ffns[i])) continue;
+    const double *blk = sums + (int64_t)w->moe_layers * DF_MOE_STATS(E) + DF_MOE_STAT_LOAD;
+    w->moe_ids[w->moe_layers] = ffns[i]->layer;
+    memcpy(w->moe_load + (int64_t)w->moe_layers * E, blk, sizeof(double) * (size_t)E);
+    w->moe_layers++;
+  }
+}
+
+// {"<decoder layer>": [share of expert 0, ...], ...}: the window's mean expert load per MoE layer.
+static json_t *moe_load_json(const window *w) {
+  json_t *o = json_object();
+  for (int j = 0; j < w->moe_layers; j++) {
+    json_t *a = json_array();
+    for (int64_t e = 0; e < w->moe_E; e++)
+      json_array_append_new(a, json_real(w->moe_load[j * w->moe_E + e] / (double)w->moe_micro));
+    char key[32];
+    snprintf(key, sizeof key, "%lld", (long long)w->moe_ids[j]);
+    json_object_set_new(o, key, a);
+  }
+  return o;
+}
+
+// The host-known part of one micro-batch (df_step_micro with device stats: loss_den, and loss_num = aux·loss_den).
+static void window_add(window *w, const df_dflash_metrics *m, const df_batch *b) {
+  w->loss_den += m->loss_den;
+  w->host_loss_num += m->loss_num;
+  for (int64_t i = 0; i < b->B; i++) w->tokens += b->length[i];
+}
+
+// The device sums, once read back: DFlash's block stats or DSpark's (its loss_num from the α-weighted terms).
+static void window_finish(const df_trainer *t, window *w, const double *st) {
+  const int64_t bs = w->bs;
+  if (t->nstats > t->nobj) { // MoE: the aux loss's part of loss_num and the moe/* metrics, from the device sums
+    int n = 0;
+    df_ffn *const *ffns = df_dflash_model_ffns(t->model, &n);
+    w->host_loss_num += df_moe_stats_aux_num(ffns, n, st + t->nobj);
+    window_finish_moe(w, t->model, st + t->nobj);
+  }
+  if (t->draft->kind != DF_DRAFT_DSPARK) {
+    w->loss_num = st[DF_BSTAT_LOSS_NUM] + w->host_loss_num;
+    w->acc_num = st[DF_BSTAT_ACC_NUM], w->acc_den = st[DF_BSTAT_ACC_DEN];
+    w->accept_len_sum = st[DF_BSTAT_ACCEPT_SUM], w->num_blocks = (int64_t)st[DF_BSTAT_BLOCKS];
+    memcpy(w->pos_num, st + DF_BSTAT_POS, sizeof(double) * (size_t)bs);
+    memcpy(w->pos_den, st + DF_BSTAT_POS + bs, sizeof(double) * (size_t)bs);
+    return;
+  }
+  df_dspark_loss_options lo = df_step_dspark_loss(&t->step_opt);
+  const double l1 = lo.l1_alpha > 0 ? st[DF_DSTAT_L1] : 0.0; // SpecForge logs the L1 term only in the loss
+  const bool conf = df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(t->model)).conf;
+  w->loss_num = lo.ce_alpha * st[DF_DSTAT_CE] + lo.l1_alpha * l1 + (conf ? lo.conf_alpha * st[DF_DSTAT_CONF] : 0.0) +
+                w->host_loss_num;
+  w->acc_num = st[DF_DSTAT_ACC_NUM], w->acc_den = st[DF_DSTAT_EVAL_DEN];
+  w->accept_len_sum = st[DF_DSTAT_GREEDY], w->num_blocks = (int64_t)st[DF_DSTAT_BLOCKS];
+  memcpy(w->pos_num, st + DF_DSTAT_POS + bs, sizeof(double) * (size_t)bs);
+  memcpy(w->pos_den, st + DF_DSTAT_POS + 2 * bs, sizeof(double) * (size_t)bs);
+}
+
+// Test hooks see host memory: on a device that is not host-addressable the buffer is staged down and back up
+// (only when a hook is installed, so a normal step moves nothing).
+typedef struct {
+  float *p;
+  bool staged;
+} host_view;
+
+static df_status view_down(df_trainer *t, float *dev, int64_t n, host_view *v, df_error *err) {
+  v->staged = !df_ctx_host_addressable(t->ctx);
+  v->p = v->staged ? malloc(sizeof(float) * (size_t)n) : dev;
+  if (!v->p) return DF_FAIL(err, DF_ERR_NOMEM, "hooks", NULL, "out of memory");
+  if (!v->staged) return DF_OK;
+  return df_copy(t->ctx, v->p, DF_DEV_CPU, dev, df_ctx_device(t->ctx), sizeof(float) * (size_t)n, err);
+}
+
+static df_status view_up(df_trainer *t, float *dev, int64_t n, host_view *v, bool write_back, df_error *err) {
+  df_status st = DF_OK;
+  if (v->staged && write_back)
+    st = df_copy(t->ctx, dev, df_ctx_device(t->ctx), v->p, DF_DEV_CPU, sizeof(float) * (size_t)n, err);
+  if (v->staged) free(v->p);
+  return st;
+}
+
+static df_status after_micro_hook(df_trainer *t, int64_t step, int64_t k, df_error *err) {
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (!hooks || !hooks->after_micro) return DF_OK;
+  const int64_t n = df_params_numel(t->table);
+  float *g = df_dflash_model_grads(t->model);
+  host_view v;
+  DF_TRY(view_down(t, g, n, &v, err));
+  hooks->after_micro(hooks->ctx, step, k, v.p, n);
+  return view_up(t, g, n, &v, true, err);
+}
+
+// Zeroes the gradient and the window's device sums, then adds d(loss_num) and the sums of every micro-batch of
+// step `step`.
+static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *err) {
+  df_dflash_model_zero_grads(t->model);
+  df_dflash_model_set_training(t->model, true); // MoE: routing stashes, deferred updates and the aux loss
+  window_reset(w);
+  df_tensor all = df_f64_on(df_ctx_device(t->ctx), t->stats_buf, t->nstats + DF_NORM_STATS);
+  DF_TRY(df_fill(t->ctx, &all, 0.0, err)); // the window's sums, and {norm, coef, ok} = 0 until the norm runs
+  df_step_options opt = t->step_opt;
+  opt.stage = t->stage, opt.stats = &t->obj_stats;
+  opt.moe_stats = t->nstats > t->nobj ? (double *)t->stats_buf + t->nobj : NULL;
+  if (t->world > 1) opt.global = &t->global;
+  for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
+    const df_batch *b;
+    double wait = 0;
+    DF_TRY(df_feed_next(t->feed, &b, &wait, err));
+    w->data_wait_s += wait;
+    if (t->world > 1) DF_TRY(df_trainer_dp_global_batch(t, b, err)); // this rank's share of the global batch
+    df_trainer_note_batch(t, b->index, b->B, k == 0);                // a skipped step names its samples
+    if (df_dflash_model_is_moe(t->model)) t->state_dirty = true;     // MoE forwards update router buffers
+    df_dflash_metrics m;
+    int64_t N;
+    df_error micro_err = {0};
+    df_status st = df_step_micro(t->ctx, t->model, t->draft, &t->frozen, b, &t->sampler, &opt, &N, &m, &micro_err);
+    if (st == DF_ERR_NUMERIC) { // finish the window (the data stays aligned), then skip the step
+      w->numeric_fail = true;
+      continue;
+    }
+    if (st != DF_OK) return *err = micro_err, st;
+    window_add(w, &m, b);
+    if (df_dflash_model_is_moe(t->model)) w->moe_micro++; // its statistics went into the device sums
+    if (t->log && step == t->start_step + 1 && k == 0)    // the arena is sized by the first batch's shape
+      fprintf(t->log, "  activations %.1f MiB for a batch of %lld x %lld (grows with longer batches)\n",
+              (double)df_dflash_model_activation_bytes(t->model) / (1 << 20), (long long)b->B, (long long)b->S);
+    df_dflash_metrics_free(&m);
+    DF_TRY(after_micro_hook(t, step, k, err));
+  }
+  int64_t e, c;
+  df_feed_position(t->feed, &e, &c);
+  w->epoch = c == 0 ? e - 1 : e; // the epoch of the window's last batch
+  // MoE: the last micro-batch's deferred updates (centering mean, noaux_tc bias) are applied here, at the
+  // boundary, rather than at the start of the next training forward. The next training forward sees the same
+  // state either way; eval and checkpoints see every training forward's update, and no stash is left pending
+  // at a checkpoint, so state.h5's buffers are all a bit-exact resume needs.
+  int nf = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nf);
+  return df_moe_apply_pending(ffns, nf, err);
+}
+
+// before_update sees the gradient as the update reads it: × 1/Σ loss_den, then × the clip coefficient (fp32
+// products in that order, as adamw_fused forms them). Test-only: it costs a read of the norm block and the grads.
+static df_status before_update_hook(df_trainer *t, int64_t step, float scale, step_result *r, df_error *err) {
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (!hooks || !hooks->before_update) return DF_OK;
+  double ns[DF_NORM_STATS];
+  DF_TRY(df_copy(t->ctx, ns, DF_DEV_CPU, t->norm_stats.data, df_ctx_device(t->ctx), sizeof ns, err));
+  if (ns[DF_NORM_OK] == 0.0) return DF_OK; // the step is skipped: no update to show
+  const int64_t n = df_params_numel(t->table);
+  host_view v;
+  DF_TRY(view_down(t, df_dflash_model_grads(t->model), n, &v, err));
+  float *g = malloc(sizeof(float) * (size_t)n);
+  if (!g) return view_up(t, NULL, n, &v, false, err), DF_FAIL(err, DF_ERR_NOMEM, "hooks", NULL, "out of memory");
+  const float cf = (float)ns[DF_NORM_COEF];
+  for (int64_t i = 0; i < n; i++) g[i] = ns[DF_NORM_COEF] < 1.0 ? v.p[i] * scale * cf : v.p[i] * scale;
+  (void)r;
+  hooks->before_update(hooks->ctx, step, g, n, ns[DF_NORM_VALUE], ns[DF_NORM_COEF]);
+  free(g);
+  return view_up(t, NULL, n, &v, false, err);
+}
+
+static df_status after_update_hook(df_trainer *t, int64_t step, df_error *err) {
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (!hooks || !hooks->after_update) return DF_OK;
+  const int64_t n = df_params_numel(t->table);
+  float *w = df_dflash_model_weights(t->model);
+  host_view v;
+  DF_TRY(view_down(t, w, n, &v, err));
+  hooks->after_update(hooks->ctx, step, v.p, n);
+  return view_up(t, w, n, &v, true, err);
+}
+
+// The boundary, queued without a host round trip: the norm of grad/Σ loss_den with the clip coefficient and the
+// go/no-go flag (a non-finite norm or window sum skips) on the device, one fused AdamW over the flat buffer that
+// reads them, then the ONE device→host read of the step: the window's sums and {norm, coef, ok}. A skipped step
+// leaves the parameters and moments untouched.
+static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_result *r, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  r->lr = df_lr_at(&t->sched, step);
+  r->grad_norm = NAN, r->clip_coef = NAN;
+  t->stop = g_stop_signal != 0;
+  if (t->world > 1) { // the job's window: every rank then takes the same decisions from the same sums
+    double sc[5] = {w->loss_den, w->host_loss_num, (double)w->tokens, w->numeric_fail, t->stop};
+    DF_TRY(df_trainer_dp_reduce(t, sc, 5, !t->zero, err)); // ZeRO-1 reduce-scatters the gradient below
+    w->loss_den = sc[0], w->host_loss_num = sc[1], w->tokens = (int64_t)sc[2];
+    w->numeric_fail = sc[3] > 0, t->stop = sc[4] > 0;
+  }
+  // Known on the host before anything is queued: a micro-step that failed numerically, an empty window.
+  const bool host_skip = w->numeric_fail || !(w->loss_den > 0) || !isfinite(w->host_loss_num);
+  const float scale = w->loss_den > 0 ? (float)(1.0 / w->loss_den) : 0.0f;
+  if (!host_skip && t->zero) { // ZeRO-1: the same update, each rank computing its shard of it
+    df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
+    df_adamw_fused_desc ad = {.hp = {.lr = (float)r->lr,
+                                     .beta1 = (float)rc->training.adam_beta1,
+                                     .beta2 = (float)rc->training.adam_beta2,
+                                     .eps = (float)rc->training.adam_eps,
+                                     .weight_decay = (float)rc->training.weight_decay,
+                                     .step = t->prog.adam_step + 1},
+                              .grad_scale = scale};
+    DF_TRY(df_trainer_dp_zero_step(t, &ad, &nd, err));
+  } else if (!host_skip) {
+    df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
+    df_tensor g = df_f32_on(df_ctx_device(t->ctx), df_dflash_model_grads(t->model), df_params_numel(t->table));
+    df_tensor mk = df_u8_on(df_ctx_device(t->ctx), t->mask, df_params_numel(t->table));
+    DF_TRY(df_grad_norm_clip(t->ctx, &nd, &g, &mk, &t->win_stats, &t->norm_stats, err));
+    DF_TRY(before_update_hook(t, step, scale, r, err));
+    df_adamw_fused_desc ad = {.hp = {.lr = (float)r->lr,
+                                     .beta1 = (float)rc->training.adam_beta1,
+                                     .beta2 = (float)rc->training.adam_beta2,
+                                     .eps = (float)rc->training.adam_eps,
+                                     .weight_decay = (float)rc->training.weight_decay,
+                                     .step = t->prog.adam_step + 1},
+                              .grad_scale = scale};
+    const df_device dev = df_ctx_device(t->ctx);
+    const int64_t n = df_params_numel(t->table);
+    df_tensor p = df_f32_on(dev, df_dflash_model_weights(t->model), n), m = df_f32_on(dev, t->exp_avg, n);
+    df_tensor v = df_f32_on(dev, t->exp_avg_sq, n);
+    t->state_dirty = true; // from the update until the progress record follows
+    DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->norm_stats, NULL, err));
+  }
+  const size_t bytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
+  DF_TRY(df_copy(t->ctx, t->stats_host, DF_DEV_CPU, t->stats_buf, df_ctx_device(t->ctx), bytes, err));
+  window_finish(t, w, t->stats_host);
+  const double *ns = t->stats_host + t->nstats;
+  r->loss = w->loss_den > 0 ? w->loss_num / w->loss_den : NAN;
+  r->acc = w->acc_den > 0 ? w->acc_num / w->acc_den : 0.0;
+  if (w->numeric_fail) {
+    r->skipped = true, r->skip_reason = "a micro-step reported a non-finite value";
+  } else if (!isfinite(r->loss)) {
+    r->skipped = true, r->skip_reason = w->loss_den > 0 ? "non-finite loss" : "no supervised token in the window";
+  } else if (ns[DF_NORM_OK] == 0.0) {
+    r->skipped = true, r->skip_reason = "non-finite gradient norm";
+    r->grad_norm = ns[DF_NORM_VALUE];
+  } else {
+    r->grad_norm = ns[DF_NORM_VALUE], r->clip_coef = ns[DF_NORM_COEF];
+    t->prog.adam_step++;
+    DF_TRY(after_update_hook(t, step, err));
+  }
+  return DF_OK;
+}
+
+// ---- logging ---------------------------------------------------------------------------------------------------
+
+static json_t *per_position(const double *num, const double *den, int64_t bs) {
+  json_t *a = json_array();
+  for (int64_t k = 0; k < bs; k++) json_array_append_new(a, den[k] > 0 ? json_real(num[k] / den[k]) : json_null());
+  return a;
+}
+
+static json_t *step_line(int64_t step, const window *w, const step_result *r, double elapsed) {
+  json_t *o = json_object();
+  json_object_set_new(o, "step", json_integer(step));
+  json_object_set_new(o, "epoch", json_integer(w->epoch));
+  json_object_set_new(o, "loss", df_metrics_real(r->loss));
+  json_object_set_new(o, "acc", json_real(r->acc));
+  json_object_set_new(o, "lr", json_real(r->lr));
+  json_object_set_new(o, "grad_norm", df_metrics_real(r->grad_norm));
+  json_object_set_new(o, "clip_coef", df_metrics_real(r->clip_coef));
+  json_object_set_new(o, "skipped", json_boolean(r->skipped));
+  if (r->skipped) json_object_set_new(o, "skip_reason", json_string(r->skip_reason));
+  if (r->skipped && r->skip_detail[0]) json_object_set_new(o, "skip_detail", json_string(r->skip_detail));
+  if (r->skipped && r->skip_samples) json_object_set(o, "skip_samples", r->skip_samples);
+  json_object_set_new(o, "loss_den", json_real(w->loss_den));
+  json_object_set_new(o, "tokens", json_integer(w->tokens));
+  json_object_set_new(o, "num_blocks", json_integer(w->num_blocks));
+  json_object_set_new(o, "accept_len", json_real(w->num_blocks ? w->accept_len_sum / (double)w->num_blocks : 0.0));
+  json_object_set_new(o, "per_position_acc", per_position(w->pos_num, w->pos_den, w->bs));
+  // MoE: moe/load_max_ratio, moe/load_min_ratio, moe/experts_unused_frac, moe/aux_loss (+ moe/bias_abs_max for
+  // noaux_tc): layer averages, averaged over the window's micro-batches
+  for (int i = 0; w->moe_micro > 0 && i < w->moe_n; i++)
+    json_object_set_new(o, w->moe[i].name, df_metrics_real(w->moe[i].value)); // already averaged
+  if (w->moe_micro > 0 && w->moe_layers > 0) json_object_set_new(o, "moe/expert_load", moe_load_json(w));
+  // timing (df_metrics_is_timing_key): differs between identical runs
+  json_object_set_new(o, "tokens_per_s", json_real(r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : 0.0));
+  json_object_set_new(o, "step_time_s", json_real(r->step_time_s));
+  json_object_set_new(o, "data_wait_s", json_real(w->data_wait_s));
+  json_object_set_new(o, "elapsed_s", json_real(elapsed));
+  return o;
+}
+
+static df_status log_step(df_trainer *t, int64_t step, const window *w, const step_result *r, double elapsed,
+                          df_error *err) {
+  if (t->rank != 0) return DF_OK; // rank 0 writes the job's (reduced) lines
+  bool line = step % t->recipe->training.log_interval == 0 || r->skipped;
+  if (line) {
+    json_t *o = step_line(step, w, r, elapsed);
+    df_status st = df_metrics_append(&t->metrics, o, err);
+    json_decref(o);
+    DF_TRY(st);
+  }
+  struct df_progress_term *term = t->opt->progress; // a terminal: redrawn every step
+  if (!t->log || !(line || term || step == t->stop_step || t->stop)) return DF_OK;
+  int64_t done = step - t->start_step;
+  df_progress p = {.step = step,
+                   .stop = t->stop_step,
+                   .epoch = w->epoch,
+                   .loss = r->loss,
+                   .acc = r->acc,
+                   .tau = w->num_blocks ? w->accept_len_sum / (double)w->num_blocks : NAN,
+                   .lr = r->lr,
+                   .grad_norm = r->grad_norm,
+                   .tokens_per_s = r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : NAN,
+                   .eta_s = done > 0 ? elapsed / (double)done * (double)(t->stop_step - step) : NAN,
+                   .skipped = r->skipped};
+  char buf[512];
+  df_progress_format(&p, buf, sizeof buf);
+  if (term) {
+    df_progress_term_update(term, buf, line || step == t->stop_step);
+    if (r->skipped && r->skip_detail[0]) fprintf(t->log, "skipped step %lld: %s\n", (long long)step, r->skip_detail);
+    return DF_OK;
+  }
+  fprintf(t->log, "%s\n", buf);
+  if (r->skipped && r->skip_detail[0]) fprintf(t->log, "  skipped step %lld: %s\n", (long long)step, r->skip_detail);
+  fflush(t->log);
+  return DF_OK;
+}
+
+// ---- eval and checkpoints ------------------------------------------------------------------------------------------
+
+// DSpark eval metrics (train/eval/evaluate.h; null where the term did not run).
+static void eval_dspark_json(json_t *o, const df_eval_report *r) {
+  json_object_set_new(o, "eval/ce_loss", df_metrics_real(r->ce_loss));
+  json_object_set_new(o, "eval/l1_loss", df_metrics_real(r->l1_loss));
+  json_object_set_new(o, "eval/confidence_loss", df_metrics_real(r->confidence_loss));
+  json_object_set_new(o, "eval/tau_probabilistic", df_metrics_real(r->tau_probabilistic));
+}
+
+// Eval samples with NaN/Inf hidden states: named in the eval line and the log (such an eval never counts as best).
+static void eval_nonfinite(const df_trainer *t, json_t *o, const df_eval_report *rep, int64_t step) {
+  const df_hs_scan_report *nf = &rep->nonfinite;
+  if (!nf->bad_samples) return;
+  json_t *bad = json_array();
+  for (int i = 0; i < nf->nreported; i++) json_array_append_new(bad, json_integer(nf->bad[i].sample));
+  json_object_set_new(o, "eval/nonfinite_samples", bad);
+  if (!t->log) return;
+  char first[900];
+  df_hs_bad_value_text(&nf->bad[0], first, sizeof first);
+  fprintf(t->log, "warning: eval @ step %lld: %lld eval sample(s) hold NaN/Inf hidden states, first %s\n",
+          (long long)step, (long long)nf->bad_samples, first);
+}
+
+// Held-out eval (train/eval/evaluate.h): an eval line in metrics.jsonl; *improved when τ beats the best so far.
+static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *improved, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  df_eval_options eo = df_eval_options_from_recipe(rc, t->step_opt.mask_token_id); // DSpark alphas included
+  df_eval_report rep;
+  double t0 = now_s();
+  DF_TRY(df_evaluate_source(t->ctx, t->model, t->draft, &t->frozen, t->eval_src, &eo, &rep, err));
+  json_t *o = json_object();
+  json_object_set_new(o, "step", json_integer(step));
+  json_object_set_new(o, "epoch", json_integer(epoch));
+  json_object_set_new(o, "eval/loss", df_metrics_real(rep.loss));
+  json_object_set_new(o, "eval/acc", df_metrics_real(rep.acc));
+  json_object_set_new(o, "eval/tau", df_metrics_real(rep.accept_len));
+  json_object_set_new(o, "eval/per_position_acc", per_position(rep.pos_acc_num, rep.pos_acc_den, rep.block_size));
+  json_object_set_new(o, "eval/samples", json_integer(rep.num_samples));
+  if (rep.dspark) eval_dspark_json(o, &rep);
+  eval_nonfinite(t, o, &rep, step);
+  json_object_set_new(o, "eval_time_s", json_real(now_s() - t0));
+  df_status st = df_metrics_append(&t->metrics, o, err);
+  json_decref(o);
+  double tau = rep.accept_len;
+  if (t->log && rep.dspark)
+    fprintf(
+        t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f | tau_prob %.4f | ce %.4f | l1 %.4f | conf %.4f\n",
+        (long long)step, rep.loss, rep.acc, tau, rep.tau_probabilistic, rep.ce_loss, rep.l1_loss, rep.confidence_loss);
+  else if (t->log)
+    fprintf(t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f\n", (long long)step, rep.loss, rep.acc, tau);
+  df_eval_report_free(&rep);
+  *improved = st == DF_OK && isfinite(tau) && isfinite(rep.loss) && !rep.nonfinite.bad_samples &&
+              (!t->prog.has_best || tau > t->prog.best_eval_tau);
+  if (*improved) t->prog.has_best = true, t->prog.best_eval_tau = tau, t->prog.best_step = step;
+  return st;
+}
+
+// Never a NaN checkpoint: every trainable weight and moment must be finite; the error names the tensor. bufs are
+// host copies (params, exp_avg, exp_avg_sq).
+static df_status check_finite(const df_trainer *t, const float *const bufs[3], df_error *err) {
+  static const char *const what[3] = {"weight", "AdamW exp_avg", "AdamW exp_avg_sq"};
+  for (int i = 0; i < df_params_count(t->table); i++) {
+    const df_param *e = df_params_at(t->table, i);
+    for (int b = 0; e->trainable && b < 3; b++)
+      for (int64_t j = e->offset; j < e->offset + e->numel; j++)
+        if (!isfinite(bufs[b][j]))
+          return DF_FAIL(err, DF_ERR_NUMERIC, e->name,
+                         "lower training.learning_rate or training.max_grad_norm and resume from the last checkpoint",
+                         "refusing to checkpoint step %lld: %s[%lld] (%s) is not finite", (long long)t->prog.step,
+                         e->name, (long long)(j - e->offset), what[b]);
+  }
+  return DF_OK;
+}
+
+// The state a checkpoint writes, on the host: the device buffers themselves when they are host memory, else one
+// staged copy of each (a checkpoint is the one place the trainer reads the whole state back).
+static df_status state_to_host(df_trainer *t, float *bufs[3], float **staged, df_error *err) {
+  float *dev[3] = {df_dflash_model_weights(t->model), t->exp_avg, t->exp_avg_sq};
+  *staged = NULL;
+  if (df_ctx_host_addressable(t->ctx)) {
+    for (int i = 0; i < 3; i++) bufs[i] = dev[i];
+    return DF_OK;
+  }
+  const int64_t n = df_params_numel(t->table);
+  if (!(*staged = malloc(3 * sizeof(float) * (size_t)n)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "checkpoint", NULL, "out of memory for %lld parameters", (long long)n);
+  for (int i = 0; i < 3; i++) {
+    bufs[i] = *staged + i * n;
+    DF_TRY(df_copy(t->ctx, bufs[i], DF_DEV_CPU, dev[i], df_ctx_device(t->ctx), sizeof(float) * (size_t)n, err));
+  }
+  return DF_OK;
+}
+
+// ZeRO-1 (host memory): the weights as they are, the moments gathered from every rank into one staged copy.
+static df_status zero_state(df_trainer *t, float *bufs[3], float **staged, df_error *err) {
+  const int64_t n = df_params_numel(t->table);
+  if (!(*staged = malloc(2 * sizeof(float) * (size_t)n)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "checkpoint", NULL, "out of memory for %lld moments", (long long)(2 * n));
+  bufs[0] = df_dflash_model_weights(t->model), bufs[1] = *staged, bufs[2] = *staged + n;
+  return df_trainer_dp_gather_moments(t, bufs[1], bufs[2], err);
+}
+
+// ZeRO-1: collective (every rank's moment shard is gathered), then rank 0 writes.
+df_status df_trainer_save(df_trainer *t, df_error *err) {
+  float *bufs[3], *staged;
+  df_status st = t->zero ? zero_state(t, bufs, &staged, err) : state_to_host(t, bufs, &staged, err);
+  if (st == DF_OK && t->rank != 0) return free(staged), DF_OK;
+  if (st == DF_OK) st = check_finite(t, (const float *const *)bufs, err); // t->prog is current after every step
+  df_ckpt_state s = {.table = t->table,
+                     .params = bufs[0],
+                     .exp_avg = bufs[1],
+                     .exp_avg_sq = bufs[2],
+                     .contract = &t->contract,
+                     .progress = &t->prog,
+                     .draft_config = t->res.resolved_config,
+                     .recipe_yaml = t->recipe_yaml,
+                     .moe = t->draft->moe};
+  if (st == DF_OK)
+    st = df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
+                       sizeof t->last_ckpt, err);
+  free(staged);
+  if (st != DF_OK) return st;
+  t->last_saved_step = t->prog.step, t->last_save_s = now_s();
+  if (t->log) {
+    char shown[4096];
+    df_path_shown(t->last_ckpt, shown, sizeof shown);
+    fprintf(t->log, "checkpoint: %s\n", shown);
+  }
+  return DF_OK;
+}
+
+// ---- the loop --------------------------------------------------------------------------------------------------
+
+// A run that fails after training started keeps its work: a checkpoint of the last complete step, as a signal
+// would write — unless the state is mid-update, a numeric stop (its state is what went wrong), or the step is
+// saved already, or a data-parallel job (its ranks are no longer in step). A failure to save is added to the original
+// error's message.
+static void save_after_error(df_trainer *t, df_train_summary *sum, df_error *err) {
+  if (t->world > 1 || err->status == DF_ERR_NUMERIC || t->state_dirty || t->prog.step <= t->last_saved_step ||
+      t->prog.step == t->start_step)
+    return;
+  df_error save_err = {0};
+  if (df_trainer_save(t, &save_err) == DF_OK) {
+    sum->saved_after_error = true;
+    return;
+  }
+  size_t n = strlen(err->msg);
+  snprintf(err->msg + n, sizeof err->msg - n, " (and the checkpoint after it failed too: %s)", save_err.msg);
+}
+
+// Eval and checkpoints are rank 0's (the other ranks hold the same weights and wait at the next collective). A
+// checkpoint is written whole into a temporary directory and renamed: a rank that dies meanwhile never leaves a
+// `latest` pointing at a partial one.
+static df_status after_step(df_trainer *t, int64_t step, const window *w, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  bool improved = false;
+  if (t->rank != 0 && !t->zero) return DF_OK;
+  if (t->rank == 0 && rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
+    DF_TRY(run_eval(t, step, w->epoch, &improved, err));
+  double minutes = rc->training.save_interval_minutes; // wall-clock saving (a draftforge extension)
+  bool due = minutes > 0 && now_s() - t->last_save_s >= 60.0 * minutes;
+  bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
+              step == t->stop_step || t->stop || due;
+  if (t->zero) { // rank 0's decision (its eval may have improved): the save gathers every rank's moments
+    int32_t f = save;
+    DF_TRY(df_comm_broadcast(t->comm, &f, 1, DF_COMM_I32, 0, err));
+    save = f != 0;
+  }
+  if (save) DF_TRY(df_trainer_save(t, err));
+  if (t->rank == 0 && improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
+  return DF_OK;
+}
+
+static df_status one_step(df_trainer *t, window *w, step_result *r, double t_start, df_error *err) {
+  int64_t step = t->prog.step + 1;
+  double t0 = now_s();
+  memset(r, 0, sizeof *r);
+  df_ctx_reset_transfer_stats(t->ctx);
+  DF_TRY(run_window(t, step, w, err));
+  DF_TRY(optimizer_step(t, step, w, r, err));
+  if (r->skipped) df_trainer_explain_skip(t, r->skip_detail, sizeof r->skip_detail, &r->skip_samples);
+  const df_train_hooks *hooks = t->opt->hooks;
+  if (hooks && hooks->after_step) hooks->after_step(hooks->ctx, step, df_ctx_transfer_stats(t->ctx));
+  df_ckpt_progress *p = &t->prog;
+  p->step = step;
+  p->tokens_seen += w->tokens;
+  p->last_lr = r->lr;
+  p->consecutive_skips = r->skipped ? p->consecutive_skips + 1 : 0;
+  p->skipped_steps += r->skipped;
+  df_feed_position(t->feed, &p->epoch, &p->cursor);
+  p->anchor_rng = t->sampler.rng;
+  t->state_dirty = false; // the state and its progress record describe step `step` again
+  r->step_time_s = now_s() - t0;
+  DF_TRY(log_step(t, step, w, r, now_s() - t_start, err));
+  if (r->skipped && p->consecutive_skips >= t->recipe->training.max_consecutive_skips)
+    return DF_FAIL(err, DF_ERR_NUMERIC, "training.max_consecutive_skips",
+                   "lower training.learning_rate or training.max_grad_norm, check the data for NaN/Inf, and resume "
+                   "from the last checkpoint",
+                   "stopping: %lld optimizer steps in a row were skipped (last: step %lld, %s)",
+                   (long long)p->consecutive_skips, (long long)step, r->skip_reason);
+  return after_step(t, step, w, err);
+}
+
+static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err) {
+  window w = {.bs = t->draft->block_size};
+  w.pos_num = calloc((size_t)w.bs, sizeof(double));
+  w.pos_den = calloc((size_t)w.bs, sizeof(double));
+  int nffn = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nffn);
+  w.moe_E = df_moe_num_experts(ffns, nffn);
+  bool moe_ok = true;
+  if (w.moe_E > 0) {
+    w.moe_ids = calloc((size_t)nffn, sizeof(int64_t));
+    w.moe_load = calloc((size_t)(nffn * w.moe_E), sizeof(double));
+    moe_ok = w.moe_ids && w.moe_load;
+  }
+  if (!w.pos_num || !w.pos_den || !moe_ok) {
+    free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load);
+    return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
+  }
+  if (t->prog.step >= t->stop_step && t->log)
+    fprintf(t->log, "nothing to do: the run is at step %lld and stops at %lld (raise training.max_steps)\n",
+            (long long)t->prog.step, (long long)t->stop_step);
+  double t_start = now_s();
+  t->last_save_s = t_start;
+  df_status st = DF_OK;
+  while (st == DF_OK && t->prog.step < t->stop_step) {
+    step_result r;
+    st = one_step(t, &w, &r, t_start, err);
+    json_decref(r.skip_samples);
+    if (st == DF_OK && !r.skipped) sum->last_loss = r.loss;
+    if (st == DF_OK && t->stop) {
+      sum->stopped_by_signal = true;
+      break;
+    }
+  }
+  free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load);
+  if (st != DF_OK) save_after_error(t, sum, err);
+  return st;
+}
+
+df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error *err) {
+  memset(sum, 0, sizeof *sum);
+  sum->last_loss = NAN;
+  df_trainer t;
+  signal_guard sg = {0};
+  g_stop_signal = 0;
+  df_status st = df_trainer_setup(&t, opt, err);
+  if (st == DF_OK) {
+    sum->start_step = t.start_step, sum->stop_step = t.stop_step, sum->horizon = t.sched.horizon;
+    snprintf(sum->output_dir, sizeof sum->output_dir, "%s", t.recipe->output_dir);
+    if (opt->handle_signals) signals_install(&sg);
+    st = train_loop(&t, sum, err);
+    signals_restore(&sg);
+  }
+  sum->bad_arguments = t.plan.bad_arguments;
+  sum->last_step = t.prog.step;
+  sum->skipped_steps = t.prog.skipped_steps;
+  if (t.online) {
+    df_online_stats os = df_online_target_stats(t.online);
+    sum->online_samples = os.samples, sum->online_tokens = os.tokens, sum->online_target_s = os.forward_s;
+    if (t.log)
+      fprintf(t.log, "online: the target prefilled %lld samples (%lld tokens) in %.1f s\n", (long long)os.samples,
+              (long long)os.tokens, os.forward_s);
+  }
+  snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.last_ckpt);
+  df_trainer_teardown(&t);
+  return st;
+}

@@ -1,0 +1,133 @@
+// Internal to train/trainer*.c: everything one training run owns, built by trainer_setup.c (resources,
+// horizon, fresh start or resume) and driven by trainer.c (the loop).
+#ifndef DF_TRAIN_TRAINER_TRAINER_INTERNAL_H
+#define DF_TRAIN_TRAINER_TRAINER_INTERNAL_H
+
+#include "kernels/ops.h"
+#include "modeling/dflash_model.h"
+#include "train/data/data_feed.h"
+#include "train/data/online_data.h"
+#include "train/observe/metrics_log.h"
+#include "train/recipe/recipe.h"
+#include "train/run/ckpt.h"
+#include "train/run/run_plan.h"
+#include "train/step/resources.h"
+#include "train/step/step.h"
+#include "train/trainer/lr_schedule.h"
+#include "train/trainer/trainer.h"
+
+typedef struct {
+  const df_train_options *opt;
+  FILE *log;
+
+  // resources
+  const df_recipe *recipe;
+  df_run_resources res;         // configs, frozen target pieces, mask token
+  const df_draft_config *draft; // = res.draft
+  df_step_frozen frozen;        // = res.frozen
+  df_ctx *ctx;
+  df_dflash_model *model;
+  df_feed *feed;
+  df_online_target *online;  // the target of online data (NULL: offline), shared by the feed's and eval's sources
+  df_batch_source *eval_src; // the eval set (captured or online), open when training.eval_interval > 0
+  df_step_options step_opt;
+
+  // optimizer state, all on the context's device: the model's fp32 weights are the masters; the AdamW moments and
+  // the per-element mask (DF_PARAM_TRAIN | DF_PARAM_DECAY, kernels/ops.h) share the parameter table's layout
+  const df_params *table;
+  float *exp_avg, *exp_avg_sq;
+  uint8_t *mask;
+  // device residency: the double-buffered micro-batch stage, and one f64 vector holding the window's metric sums
+  // (nstats: the objective's nobj, then the MoE layers' statistics sums) followed by the optimizer's {norm, coef, ok}
+  // — the one block read back per optimizer step. win_stats covers all nstats (the go/no-go guard), obj_stats the
+  // objective's part.
+  df_stage *stage;
+  void *stats_buf;
+  df_tensor win_stats, obj_stats, norm_stats;
+  int64_t nstats, nobj;
+  double *stats_host; // page-locked copy of stats_buf
+
+  df_lr_schedule sched;
+  df_dflash_sampler sampler;
+  df_ckpt_contract contract;
+  df_ckpt_progress prog;
+  int64_t stop_step;
+  int64_t start_step;
+
+  char *recipe_yaml;          // the resolved recipe text
+  df_metrics_log metrics;     // with its TensorBoard mirror (tracking.report_to: tensorboard)
+  struct df_tracker *tracker; // tracking.report_to: wandb | swanlab | mlflow (train/observe/tracker.h)
+  char last_ckpt[4200];
+
+  // data parallel (train/trainer/trainer_dp.c): the job's communicator (NULL: one process), this rank, and the global
+  // batch the current micro-step's anchors replay. Only rank 0 writes (metrics, trackers, checkpoints, exports)
+  // and logs; stop is the stop request reduced over the ranks at the last optimizer step.
+  df_comm *comm;
+  int rank, world;
+  df_dflash_global_batch global;
+  df_moe_collective moe_coll; // MoE drafts: the layers' all-reduce over comm
+  bool stop;
+  // ZeRO-1 (training.fsdp_sharding SHARD_GRAD_OP / FULL_SHARD on several ranks): the flat buffer is cut into world
+  // shards of shard_size elements (a multiple of 16; the last ones may be short or empty); exp_avg / exp_avg_sq
+  // hold only this rank's [shard_off, shard_off + shard_len); zero_buf (world · shard_size) carries the gradient's
+  // reduce-scatter and the parameters' all-gather.
+  bool zero;
+  int64_t shard_size, shard_off, shard_len;
+  float *zero_buf;
+  float *zero_full; // resume: the checkpoint's full moments (2n) while they are handed out
+  // resume and failure handling (train/run/run_plan.h, train/trainer/trainer_data.c)
+  df_run_plan plan;
+  int64_t last_saved_step; // the step of the newest checkpoint of this run (-1: none)
+  double last_save_s;      // monotonic time of the last save (or the start), for training.save_interval_minutes
+  bool state_dirty;        // the saved state (weights, moments, MoE buffers) is mid-update: no checkpoint now
+  int64_t *win_samples;    // the global sample numbers of the current window's micro-batches
+  int64_t n_win_samples, cap_win_samples;
+} df_trainer;
+
+// Loads the recipe (with overrides), the configs, the frozen target pieces, the model, the data feed; sets
+// the schedule, contract and progress; then either initialises (fresh run: init or warm start) or restores a
+// checkpoint (resume); writes recipe.resolved.yaml and opens metrics.jsonl.
+df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err);
+void df_trainer_teardown(df_trainer *t);
+
+// tracking.report_to (train/trainer/trainer_observe.c): prepare checks the tracker's package right after the recipe
+// is read; open starts the TensorBoard mirror of metrics.jsonl or the tracker process; close waits for the
+// tracker after metrics.jsonl is closed.
+df_status df_trainer_observe_prepare(df_trainer *t, df_error *err);
+df_status df_trainer_observe_open(df_trainer *t, df_error *err);
+void df_trainer_observe_close(df_trainer *t);
+
+// Data parallel (train/trainer/trainer_dp.c; all no-ops or unused at world 1). check: what cannot run on several ranks
+// yet, and a communicator whose buffers are not where the context keeps its state. global_batch: the longest
+// sample and the largest anchor-candidate count of the global batch b is this rank's share of (one MAX
+// all-reduce), into t->global. reduce: the window's host scalars (in place), the device metric sums and (grads)
+// the flat gradient buffer (in 25 MiB buckets), all SUM. share_state: rank 0's restored weights, moments and progress
+// to every rank.
+df_status df_trainer_dp_check(df_trainer *t, df_error *err);
+df_status df_trainer_dp_global_batch(df_trainer *t, const df_batch *b, df_error *err);
+df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bool grads, df_error *err);
+df_status df_trainer_dp_share_state(df_trainer *t, df_error *err);
+// ZeRO-1. plan: the shard sizes (t->zero from the recipe and world). step: the update of one optimizer step on
+// the already-reduced scalars — gradient reduce-scatter, the global norm from the shards' squared sums, AdamW on
+// this shard, parameter all-gather; fills t->norm_stats as the replicated path does. gather_moments: the full
+// moments on every rank (n elements each, for a checkpoint; collective); scatter_moments: the inverse (resume).
+void df_trainer_dp_zero_plan(df_trainer *t);
+df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
+                                  df_error *err);
+df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_full, df_error *err);
+
+// Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).
+df_status df_trainer_save(df_trainer *t, df_error *err);
+
+// ---- data checks (train/trainer/trainer_data.c) ----
+
+// Start-up: every data path the recipe names opens and validates (every shard), the eval data was captured for
+// this draft, and neither holds NaN/Inf hidden states (a sampled scan unless opt->data_scan says otherwise).
+df_status df_trainer_check_data(df_trainer *t, df_error *err);
+// Notes the samples of a micro-batch of the current window (reset: a new window starts).
+void df_trainer_note_batch(df_trainer *t, const int64_t *index, int64_t B, bool reset);
+// A skipped step: which of the window's samples hold NaN/Inf hidden states. Writes a sentence naming them (or
+// saying the data is finite) into detail and their global numbers into a new JSON array *samples.
+void df_trainer_explain_skip(df_trainer *t, char *detail, size_t n, json_t **samples);
+
+#endif

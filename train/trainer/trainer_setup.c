@@ -1,0 +1,347 @@
+// Building a training run: recipe (with --set overrides), configs, frozen target pieces, model, data feed, the
+// horizon and schedule, the optimizer buffers, the contract; then a fresh start or a resume from a checkpoint.
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/fsutil.h"
+#include "base/path.h"
+#include "moe/ffn_moe.h"
+#include "train/recipe/device.h"
+#include "train/run/run_dir.h"
+#include "train/trainer/trainer_internal.h"
+
+// ---- resources ---------------------------------------------------------------------------------------------------
+
+// The training source (train/data/online_data.h): captured shards of data.hidden_states_path, or online data of
+// data.train_data_path; and, when the run evaluates, the eval source (data.eval_hidden_states_path or
+// data.eval_data_path), opened here so a bad eval set fails before the first step. Online sources share one target.
+static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **train_src, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  const bool online = rc->data.train_data_path != NULL;
+  // An online target runs on the run's device (the exact context options when a test gave them).
+  const df_ctx_options target_ctx =
+      t->opt->ctx_options ? *t->opt->ctx_options
+                          : (df_ctx_options){.device = df_ctx_device(t->ctx), .num_threads = t->opt->threads};
+  df_data_source_options so = {.rc = rc,
+                               .path = online ? rc->data.train_data_path : rc->data.hidden_states_path,
+                               .key = online ? "data.train_data_path" : "data.hidden_states_path",
+                               .allow_hidden_states = !online,
+                               .allow_online = online,
+                               .cfg = t->draft,
+                               .need_last_hidden = need_last,
+                               .threads = t->opt->threads,
+                               .overlap = t->opt->online_overlap,
+                               .target_ctx = &target_ctx,
+                               .log = t->log,
+                               .target = &t->online};
+  DF_TRY(df_data_source_open(&so, train_src, err));
+  if (rc->training.eval_interval <= 0) return DF_OK;
+  const bool online_eval = rc->data.eval_data_path != NULL;
+  so.path = online_eval ? rc->data.eval_data_path : rc->data.eval_hidden_states_path;
+  so.key = online_eval ? "data.eval_data_path" : "data.eval_hidden_states_path";
+  so.allow_hidden_states = !online_eval, so.allow_online = online_eval;
+  so.need_last_hidden = false; // eval checks what its objective reads (train/eval/evaluate.c)
+  df_status st = df_data_source_open(&so, &t->eval_src, err);
+  if (st != DF_OK) df_batch_source_close(*train_src), *train_src = NULL;
+  return st;
+}
+
+static df_status load_resources(df_trainer *t, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  DF_TRY(df_run_resources_load(rc, &t->res, err));
+  t->draft = t->res.draft, t->frozen = t->res.frozen;
+  t->step_opt = (df_step_options){.num_anchors = rc->training.num_anchors,
+                                  .loss_decay_gamma = rc->training.loss_decay_gamma,
+                                  .mask_token_id = t->res.mask_token_id,
+                                  .loss = {.type = rc->training.loss_type,
+                                           .dpace_alpha = rc->training.dpace_alpha,
+                                           .chunk_blocks = rc->training.objective_chunk_blocks},
+                                  .grad_scale = 1.0,
+                                  .accumulate = true,
+                                  .dspark = {.set = true,
+                                             .ce_alpha = rc->training.dspark_ce_loss_alpha,
+                                             .l1_alpha = rc->training.dspark_l1_loss_alpha,
+                                             .conf_alpha = rc->training.dspark_confidence_head_alpha}};
+  bool dspark = t->draft->kind == DF_DRAFT_DSPARK;
+  if (t->opt->ctx_options) // a caller-chosen backend (tests: the fake device)
+    DF_TRY(df_ctx_create(t->opt->ctx_options, &t->ctx, err));
+  else
+    DF_TRY(df_device_open(t->opt->has_device ? t->opt->device : rc->training.device,
+                          df_device_cpu_only_reason(t->draft), t->opt->threads, t->log, &t->ctx, err));
+  DF_TRY(df_run_resources_place(&t->res, t->ctx, err));
+  t->frozen = t->res.frozen;
+  DF_TRY(df_dflash_model_create(t->draft, t->ctx, &t->model, err));
+  t->table = df_dflash_model_params(t->model);
+  // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
+  const bool need_last =
+      dspark && (rc->training.dspark_l1_loss_alpha > 0 || rc->training.dspark_confidence_head_alpha > 0);
+  df_batch_source *train_src = NULL;
+  DF_TRY(open_sources(t, need_last, &train_src, err));
+  df_feed_options fo = {.path = train_src->label,
+                        .source = train_src,
+                        .batch_size = rc->training.batch_size,
+                        .max_length = rc->data.max_length,
+                        .seed = rc->training.seed,
+                        .rank = t->rank,
+                        .world_size = t->world,
+                        .prefetch = !t->opt->no_prefetch,
+                        .cfg = t->draft,
+                        .need_last_hidden = need_last};
+  return df_feed_open(&fo, &t->feed, err);
+}
+
+// ---- schedule, optimizer buffers, contract -----------------------------------------------------------------------
+
+static df_status plan_schedule(df_trainer *t, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  df_train_plan plan = {.total_steps = rc->training.total_steps,
+                        .max_steps = rc->training.max_steps,
+                        .num_epochs = rc->training.num_epochs,
+                        .batches_per_epoch = df_feed_batches_per_epoch(t->feed),
+                        .accumulation_steps = rc->training.accumulation_steps};
+  int64_t horizon;
+  DF_TRY(df_train_horizon(&plan, &horizon, &t->stop_step, err));
+  return df_lr_schedule_init(&t->sched, rc->training.lr_scheduler, rc->training.learning_rate,
+                             rc->training.warmup_ratio, horizon, err);
+}
+
+// The AdamW moments (zero), the element mask and the stats block on the device; the stage for the micro-batches.
+// ZeRO-1: the moments of this rank's shard only, and the reduce-scatter / all-gather buffer.
+static df_status alloc_optimizer(df_trainer *t, df_error *err) {
+  const int64_t numel = df_params_numel(t->table), bs = t->draft->block_size;
+  const df_device dev = df_ctx_device(t->ctx);
+  df_trainer_dp_zero_plan(t);
+  const int64_t nm = t->zero ? (t->shard_len > 0 ? t->shard_len : 1) : numel;
+  if (t->zero && !(t->zero_buf = malloc(sizeof(float) * (size_t)(t->world * t->shard_size))))
+    return DF_FAIL(err, DF_ERR_NOMEM, "training.fsdp_sharding", NULL, "out of memory for the ZeRO-1 buffer");
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->exp_avg, err));
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->exp_avg_sq, err));
+  DF_TRY(df_buffer_alloc(t->ctx, (size_t)numel, (void **)&t->mask, err));
+  df_tensor m = df_f32_on(dev, t->exp_avg, nm), v = df_f32_on(dev, t->exp_avg_sq, nm);
+  DF_TRY(df_fill(t->ctx, &m, 0.0, err));
+  DF_TRY(df_fill(t->ctx, &v, 0.0, err));
+  uint8_t *mask = calloc((size_t)numel, 1); // padding and buffers stay 0: AdamW never touches them
+  if (!mask) return DF_FAIL(err, DF_ERR_NOMEM, "optimizer", NULL, "out of memory for the parameter mask");
+  for (int i = 0; i < df_params_count(t->table); i++) {
+    const df_param *e = df_params_at(t->table, i);
+    if (e->trainable)
+      memset(mask + e->offset, DF_PARAM_TRAIN | (e->weight_decay ? DF_PARAM_DECAY : 0), (size_t)e->numel);
+  }
+  df_status st = df_copy(t->ctx, t->mask, dev, mask, DF_DEV_CPU, (size_t)numel, err);
+  free(mask);
+  DF_TRY(st);
+  t->nobj = t->draft->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  int nf = 0;
+  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nf);
+  t->nstats = t->nobj + df_moe_stats_elems(ffns, nf);
+  const size_t sbytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
+  DF_TRY(df_buffer_alloc(t->ctx, sbytes, &t->stats_buf, err));
+  DF_TRY(df_host_alloc(t->ctx, sbytes, (void **)&t->stats_host, err));
+  t->win_stats = df_f64_on(dev, t->stats_buf, t->nstats);
+  t->obj_stats = df_f64_on(dev, t->stats_buf, t->nobj);
+  t->norm_stats = df_f64_on(dev, (double *)t->stats_buf + t->nstats, DF_NORM_STATS);
+  df_stage_spec spec = df_step_stage_spec(t->draft, &t->frozen, &t->step_opt, df_dflash_model_dspark_heads(t->model));
+  return df_stage_create(t->ctx, &spec, &t->stage, err);
+}
+
+static void fill_contract(df_trainer *t) {
+  const df_recipe *rc = t->recipe;
+  df_ckpt_contract *c = &t->contract;
+  memset(c, 0, sizeof *c);
+  snprintf(c->strategy, sizeof c->strategy, "%s", rc->training.strategy == DF_STRATEGY_DSPARK ? "dspark" : "dflash");
+  df_ckpt_config_hash(t->draft->json, c->draft_config_hash);
+  snprintf(c->loss_type, sizeof c->loss_type, "%s", df_dflash_loss_type_name(rc->training.loss_type));
+  snprintf(c->lr_scheduler, sizeof c->lr_scheduler, "%s",
+           rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant");
+  c->data_size = df_feed_num_samples(t->feed);
+  c->batch_size = t->world * rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
+  c->world_size = t->world;
+  c->block_size = t->draft->block_size, c->num_anchors = rc->training.num_anchors;
+  c->max_length = rc->data.max_length, c->mask_token_id = t->step_opt.mask_token_id;
+  c->seed = (int64_t)rc->training.seed, c->horizon = t->sched.horizon;
+  c->loss_decay_gamma = rc->training.loss_decay_gamma, c->dpace_alpha = rc->training.dpace_alpha;
+  c->learning_rate = rc->training.learning_rate, c->warmup_ratio = rc->training.warmup_ratio;
+  c->max_grad_norm = rc->training.max_grad_norm, c->weight_decay = rc->training.weight_decay;
+  c->dspark_ce_alpha = rc->training.dspark_ce_loss_alpha, c->dspark_l1_alpha = rc->training.dspark_l1_loss_alpha;
+  c->dspark_conf_alpha = rc->training.dspark_confidence_head_alpha;
+  c->adam_beta1 = rc->training.adam_beta1, c->adam_beta2 = rc->training.adam_beta2, c->adam_eps = rc->training.adam_eps;
+}
+
+// ---- outputs -------------------------------------------------------------------------------------------------
+
+static df_status write_resolved(df_trainer *t, df_error *err) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  if (!mem) return DF_FAIL(err, DF_ERR_NOMEM, "recipe", NULL, "out of memory");
+  df_status st = df_recipe_write_resolved(t->recipe, mem, err);
+  fclose(mem);
+  if (st != DF_OK) return free(text), st;
+  t->recipe_yaml = text;
+  char path[4200];
+  snprintf(path, sizeof path, "%.4000s/recipe.resolved.yaml", t->recipe->output_dir);
+  return df_write_file_atomic(path, text, len, "check the output directory", err);
+}
+
+// ---- fresh start or resume ---------------------------------------------------------------------------------
+
+// Only rank 0 looks at output_dir and opens metrics.jsonl: a refusal there ends the job on every rank.
+static df_status fresh_start(df_trainer *t, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  int64_t *steps = NULL;
+  int n = 0;
+  if (t->rank == 0) DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
+  free(steps);
+  char shown[4096];
+  df_path_shown(rc->output_dir, shown, sizeof shown);
+  if (n > 0)
+    return DF_FAIL(err, DF_ERR_INVALID, "output_dir",
+                   "continue it with --resume <output_dir>, or choose another output_dir (--set output_dir=...)",
+                   "%s already holds %d checkpoint(s) of an earlier run", shown, n);
+  if (rc->model.draft_checkpoint_path) {
+    df_path_shown(rc->model.draft_checkpoint_path, shown, sizeof shown);
+    if (t->log) fprintf(t->log, "warm start: weights from %s\n", shown);
+    // MoE: the centering buffers are optional in a warm start (a serving export has none); absent ones start
+    // from the init values (mean 0, steps 0).
+    if (df_dflash_model_is_moe(t->model)) DF_TRY(df_dflash_model_init(t->model, rc->training.seed, err));
+    DF_TRY(df_dflash_model_load_ex(t->model, rc->model.draft_checkpoint_path, true, err));
+  } else {
+    DF_TRY(df_dflash_model_init(t->model, rc->training.seed, err));
+  }
+  df_dflash_sampler_init(&t->sampler, rc->training.seed);
+  memset(&t->prog, 0, sizeof t->prog);
+  t->prog.last_lr = 0.0;
+  return t->rank == 0 ? df_metrics_open(&t->metrics, rc->output_dir, 0, err) : DF_OK;
+}
+
+// state.h5 into the masters and moments: read in place on a host-addressable device, else through host staging.
+static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *have, df_error *err) {
+  float *w = df_dflash_model_weights(t->model);
+  const int64_t numel = df_params_numel(t->table);
+  if (t->zero) // ZeRO-1 (host memory): the full moments, handed out by df_trainer_dp_share_state
+    return df_ckpt_read(dir, t->table, w, t->zero_full, t->zero_full + numel, have, &t->prog, err);
+  if (df_ctx_host_addressable(t->ctx))
+    return df_ckpt_read(dir, t->table, w, t->exp_avg, t->exp_avg_sq, have, &t->prog, err);
+  const int64_t n = df_params_numel(t->table);
+  const size_t bytes = sizeof(float) * (size_t)n;
+  float *host = malloc(3 * bytes);
+  if (!host) return DF_FAIL(err, DF_ERR_NOMEM, dir, NULL, "out of memory for %lld parameters", (long long)n);
+  const df_device dev = df_ctx_device(t->ctx);
+  df_status st = df_ckpt_read(dir, t->table, host, host + n, host + 2 * n, have, &t->prog, err);
+  if (st == DF_OK) st = df_copy(t->ctx, w, dev, host, DF_DEV_CPU, bytes, err);
+  if (st == DF_OK) st = df_copy(t->ctx, t->exp_avg, dev, host + n, DF_DEV_CPU, bytes, err);
+  if (st == DF_OK) st = df_copy(t->ctx, t->exp_avg_sq, dev, host + 2 * n, DF_DEV_CPU, bytes, err);
+  free(host);
+  return st;
+}
+
+// Rank 0 reads and checks the checkpoint and hands its state to the other ranks (no shared filesystem needed);
+// a checkpoint it refuses ends the job on every rank.
+static df_status resume(df_trainer *t, const char *dir, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  const int64_t numel = df_params_numel(t->table);
+  if (t->zero && !(t->zero_full = malloc(2 * sizeof(float) * (size_t)numel)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "resume", NULL, "out of memory for %lld moments", (long long)(2 * numel));
+  if (t->rank == 0) {
+    df_ckpt_contract have;
+    DF_TRY(read_state(t, dir, &have, err));
+    DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
+  }
+  if (t->world > 1) DF_TRY(df_trainer_dp_share_state(t, err));
+  free(t->zero_full);
+  t->zero_full = NULL;
+  DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
+  t->sampler.rng = t->prog.anchor_rng;
+  snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", dir); // the run's newest checkpoint until it writes one
+  t->last_saved_step = t->prog.step;
+  if (t->log) {
+    char shown[4096];
+    df_path_shown(dir, shown, sizeof shown);
+    fprintf(t->log, "resuming from %s: step %lld, epoch %lld, batch %lld\n", shown, (long long)t->prog.step,
+            (long long)t->prog.epoch, (long long)t->prog.cursor);
+    if (rc->model.draft_checkpoint_path)
+      fprintf(t->log, "note: model.draft_checkpoint_path is not read on resume (the checkpoint has the weights)\n");
+  }
+  return t->rank == 0 ? df_metrics_open(&t->metrics, rc->output_dir, t->prog.step, err) : DF_OK;
+}
+
+static void print_plan(const df_trainer *t) {
+  if (!t->log) return;
+  const df_recipe *rc = t->recipe;
+  char from[4096], to[4096];
+  df_path_shown(rc->path, from, sizeof from);
+  df_path_shown(rc->output_dir, to, sizeof to);
+  fprintf(t->log,
+          "draftforge train: %s -> %s\n  draft %lld parameters (%d tensors); data %lld samples, %lld batches/epoch of "
+          "%lld, accumulation %lld\n  schedule %s, lr %g, warmup %lld of %lld steps; stop at step %lld\n",
+          from, to, (long long)df_params_param_numel(t->table), df_params_count(t->table),
+          (long long)df_feed_num_samples(t->feed), (long long)df_feed_batches_per_epoch(t->feed),
+          (long long)(t->world * rc->training.batch_size), (long long)rc->training.accumulation_steps,
+          rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
+          (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
+  fprintf(t->log, "  device %s (%d CPU threads)\n", df_ctx_backend_name(t->ctx), df_ctx_num_threads(t->ctx));
+  if (t->world > 1)
+    fprintf(t->log, "  data parallel: %d ranks x batch %lld = global batch %lld; %s\n", t->world,
+            (long long)rc->training.batch_size, (long long)(t->world * rc->training.batch_size),
+            t->zero ? "ZeRO-1 (AdamW moments and update sharded, training.fsdp_sharding)"
+                    : "replicated AdamW (training.fsdp_sharding: NO_SHARD)");
+}
+
+df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err) {
+  memset(t, 0, sizeof *t);
+  t->opt = opt, t->log = opt->log;
+  t->comm = opt->comm, t->rank = opt->comm ? df_comm_rank(opt->comm) : 0;
+  t->world = opt->comm ? df_comm_size(opt->comm) : 1;
+  if (t->rank != 0) t->log = NULL; // rank 0 speaks for the job
+  t->last_saved_step = -1;
+  df_run_plan_options po = {.recipe_path = opt->recipe_path,
+                            .overrides = opt->overrides,
+                            .n_overrides = opt->n_overrides,
+                            .resume = opt->resume,
+                            .overwrite = opt->overwrite,
+                            .log = t->log};
+  DF_TRY(df_run_plan_make(&po, &t->recipe, &t->plan, err)); // fresh or resume, and the recipe it runs with
+  // Every rank has decided from the directory as it was before rank 0 (the only writer) touches it.
+  if (t->world > 1) DF_TRY(df_comm_barrier(t->comm, err));
+  DF_TRY(df_trainer_observe_prepare(t, err));
+  DF_TRY(load_resources(t, err));
+  DF_TRY(df_trainer_dp_check(t, err));
+  DF_TRY(df_trainer_check_data(t, err)); // every data path now, not at the first eval
+  DF_TRY(plan_schedule(t, err));
+  DF_TRY(alloc_optimizer(t, err));
+  fill_contract(t);
+  if (t->rank == 0) {
+    DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
+    DF_TRY(df_run_plan_apply(&t->plan, t->recipe, t->log, err)); // --overwrite
+    char ckdir[4200];
+    snprintf(ckdir, sizeof ckdir, "%.4000s/" DF_CKPT_DIR, t->recipe->output_dir);
+    df_ckpt_remove_stale(ckdir, t->log);
+  }
+  DF_TRY(t->plan.resume ? resume(t, t->plan.from.ckpt, err) : fresh_start(t, err));
+  if (t->rank == 0) DF_TRY(write_resolved(t, err));
+  if (t->rank == 0) DF_TRY(df_trainer_observe_open(t, err));
+  t->start_step = t->prog.step;
+  print_plan(t);
+  return DF_OK;
+}
+
+void df_trainer_teardown(df_trainer *t) {
+  free(t->win_samples);
+  df_metrics_close(&t->metrics);
+  df_trainer_observe_close(t); // after the close: the tracker forwards metrics.jsonl to its end
+  df_feed_close(t->feed);
+  df_batch_source_close(t->eval_src);
+  df_online_target_free(t->online); // after every source on it
+  df_stage_free(t->stage);
+  if (t->ctx) {
+    df_buffer_free(t->ctx, t->exp_avg), df_buffer_free(t->ctx, t->exp_avg_sq), df_buffer_free(t->ctx, t->mask);
+    df_buffer_free(t->ctx, t->stats_buf), df_host_free(t->ctx, t->stats_host);
+  }
+  free(t->zero_buf), free(t->zero_full);
+  df_dflash_model_free(t->model);
+  df_run_resources_free(&t->res);
+  df_ctx_destroy(t->ctx);
+  df_recipe_free(t->recipe);
+  free(t->recipe_yaml);
+  memset(t, 0, sizeof *t);
+}
