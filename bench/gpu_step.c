@@ -1,7 +1,7 @@
 // GPU benchmark of one DFlash training step at the Qwen3-8B draft shape (configs/qwen3-8b-dflash.json: 5 layers,
 // H 4096, I 12288, 32/8 heads × 128, V 151936, 5 target layers; S 3072 context, 512 anchors × 16, batch 1), bf16
 // storage with fp32 masters, moments and weight gradients. The step is composed from the CUDA launchers in the op
-// order of modeling/dflash_layer.c (it does not go through the trainer, which reaches the GPU only once the op
+// order of modeling/draft_layer.c (it does not go through the trainer, which reaches the GPU only once the op
 // table is wired): context fc + hidden_norm, per layer input norm → q/k/v over [context ; block] → q/k norm →
 // RoPE → block attention → o_proj + residual → post norm → fused gate/up → SwiGLU → down + residual, final norm,
 // the chunked LM head + CE; the backward of all of it; the global norm and one fused AdamW.

@@ -53,7 +53,7 @@ typedef struct {
   const step_shape *sh;
   df_ctx *ctx;
   const df_draft_config *cfg;
-  df_dflash_model *model;
+  df_draft_model *model;
   float *embed, *head;
   df_batch batch;
   df_dflash_sampler sampler;
@@ -105,8 +105,8 @@ static df_status setup(step_state *s, const step_shape *sh, int threads, df_erro
   df_ctx_options co = {.device = DF_DEV_CPU, .num_threads = threads};
   DF_TRY(df_ctx_create(&co, &s->ctx, err));
   DF_TRY(df_draft_config_from_json(json, strlen(json), "bench-draft", &s->cfg, err));
-  DF_TRY(df_dflash_model_create(s->cfg, s->ctx, &s->model, err));
-  DF_TRY(df_dflash_model_init(s->model, 42, err));
+  DF_TRY(df_draft_model_create(s->cfg, s->ctx, &s->model, err));
+  DF_TRY(df_draft_model_init(s->model, 42, err));
   const int64_t vh = (int64_t)sh->V * sh->H;
   s->embed = bench_alloc(vh), s->head = bench_alloc(vh);
   bench_fill(s->embed, vh, 1, -0.035f, 0.035f); // ≈ N(0, 0.02) in scale
@@ -123,7 +123,7 @@ static df_status setup(step_state *s, const step_shape *sh, int threads, df_erro
 static void teardown(step_state *s) {
   df_batch_free(&s->batch);
   free(s->embed), free(s->head);
-  df_dflash_model_free(s->model);
+  df_draft_model_free(s->model);
   df_draft_config_free(s->cfg);
   df_ctx_destroy(s->ctx);
 }
@@ -237,7 +237,7 @@ static df_status bench_shape(const bench_args *a, const step_shape *sh, shape_re
       torch = false, r->pt_n = 0;
     }
   }
-  r->act_bytes = df_dflash_model_activation_bytes(s.model);
+  r->act_bytes = df_draft_model_activation_bytes(s.model);
   child_stop(&c);
   teardown(&s);
   r->df_wall = median(dw, r->df_n), r->df_cpu = median(dc, r->df_n);

@@ -1,6 +1,6 @@
 // The DSpark heads on top of the DFlash backbone (shared/reference/dflash-dspark.md §2.1): the Markov head
 // (vanilla | gated | rnn), whose logit bias is W2·u for a latent u of rank r, and the confidence head. Their
-// parameters live in the draft model's table (modeling/dflash_model.c adds and binds them when the config is a
+// parameters live in the draft model's table (modeling/draft_model.c adds and binds them when the config is a
 // DSpark draft), after norm.weight, in this order and with SpecForge's checkpoint names:
 //   markov_head.markov_w1.weight   [V, r]      Embedding: W1[prev] is the previous token's latent
 //   markov_head.markov_w2.weight   [V, r]      Linear(r → V, no bias)
@@ -45,7 +45,7 @@ extern "C" {
 #define DF_DSPARK_CONFIDENCE_PREFIX "confidence_head."
 
 typedef struct df_dspark_heads df_dspark_heads;
-struct df_dflash_model;
+struct df_draft_model;
 
 // Adds the heads' parameters for cfg (a DSpark draft; nothing for markov_rank 0 without a confidence head).
 df_status df_dspark_heads_add_params(const df_draft_config *cfg, df_params *p, df_error *err);
@@ -55,8 +55,8 @@ df_status df_dspark_heads_create(const df_draft_config *cfg, df_ctx *ctx, const 
                                  float *grads, df_dspark_heads **out, df_error *err);
 void df_dspark_heads_free(df_dspark_heads *h);
 
-// The heads of a DSpark draft model (NULL for a DFlash draft). Defined in modeling/dflash_model.c.
-df_dspark_heads *df_dflash_model_dspark_heads(struct df_dflash_model *m);
+// The heads of a DSpark draft model (NULL for a DFlash draft). Defined in modeling/draft_model.c.
+df_dspark_heads *df_draft_model_dspark_heads(struct df_draft_model *m);
 
 int64_t df_dspark_heads_markov_rank(const df_dspark_heads *h); // 0: no Markov head
 bool df_dspark_heads_has_confidence(const df_dspark_heads *h);

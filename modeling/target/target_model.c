@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "kernels/causal_attn.h"
-#include "modeling/dflash_layer.h"
+#include "modeling/draft_layer.h"
 #include "modeling/param_table.h"
 #include "modeling/safetensors.h"
 #include "modeling/strict_load.h"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "modeling/draft_config.h"
 #include "moe/config.h"
 #include "moe/params.h"
@@ -498,9 +498,9 @@ static void expect_count_matches_model(const char *name) {
   df_error err = {0};
   DF_ASSERT_OK(df_draft_config_from_file(path, &cfg, &err), &err);
   df_ctx *ctx = df_test_cpu_ctx(1);
-  df_dflash_model *model = NULL;
-  DF_ASSERT_OK(df_dflash_model_create(cfg, ctx, &model, &err), &err);
-  const df_params *p = df_dflash_model_params(model);
+  df_draft_model *model = NULL;
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &model, &err), &err);
+  const df_params *p = df_draft_model_params(model);
   int64_t params = 0;
   for (int i = 0; i < df_params_count(p); i++)
     if (df_params_at(p, i)->role != DF_ROLE_BUFFER) params += df_params_at(p, i)->numel;
@@ -509,7 +509,7 @@ static void expect_count_matches_model(const char *name) {
   cr_expect_eq(total, params, "%s: counted %lld, the model has %lld", name, (long long)total, (long long)params);
   if (!cfg->moe) cr_expect_eq(active, total);
   if (cfg->moe) cr_expect_lt(active, total);
-  df_dflash_model_free(model);
+  df_draft_model_free(model);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
 }

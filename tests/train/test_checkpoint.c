@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "modeling/draft_config.h"
 #include "tests/common/fixture.h"
 #include "train/run/ckpt.h"
@@ -18,7 +18,7 @@
 typedef struct {
   const df_draft_config *cfg;
   df_ctx *ctx;
-  df_dflash_model *model;
+  df_draft_model *model;
   const df_params *table;
   int64_t numel;
   float *m, *v;
@@ -32,9 +32,9 @@ static void fx_open(fx *f, const char *name) {
   df_error err = {0};
   DF_ASSERT_OK(df_draft_config_from_file(TINY, &f->cfg, &err), &err);
   f->ctx = df_test_cpu_ctx(1);
-  DF_ASSERT_OK(df_dflash_model_create(f->cfg, f->ctx, &f->model, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(f->model, 7, &err), &err);
-  f->table = df_dflash_model_params(f->model);
+  DF_ASSERT_OK(df_draft_model_create(f->cfg, f->ctx, &f->model, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(f->model, 7, &err), &err);
+  f->table = df_draft_model_params(f->model);
   f->numel = df_params_numel(f->table);
   f->m = calloc((size_t)f->numel, sizeof(float));
   f->v = calloc((size_t)f->numel, sizeof(float));
@@ -74,14 +74,14 @@ static void fx_close(fx *f) {
   snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
   cr_expect_eq(system(cmd), 0);
   free(f->m), free(f->v);
-  df_dflash_model_free(f->model);
+  df_draft_model_free(f->model);
   df_ctx_destroy(f->ctx);
   df_draft_config_free(f->cfg);
 }
 
 static df_ckpt_state fx_state(fx *f) {
   return (df_ckpt_state){.table = f->table,
-                         .params = df_dflash_model_weights(f->model),
+                         .params = df_draft_model_weights(f->model),
                          .exp_avg = f->m,
                          .exp_avg_sq = f->v,
                          .contract = &f->contract,
@@ -133,7 +133,7 @@ Test(checkpoint, round_trip_is_bit_exact) {
   df_ckpt_contract c;
   df_ckpt_progress g;
   DF_ASSERT_OK(df_ckpt_read(out, f.table, p, m, v, &c, &g, &err), &err);
-  cr_expect_eq(memcmp(p, df_dflash_model_weights(f.model), (size_t)f.numel * sizeof(float)), 0);
+  cr_expect_eq(memcmp(p, df_draft_model_weights(f.model), (size_t)f.numel * sizeof(float)), 0);
   cr_expect_eq(memcmp(m, f.m, (size_t)f.numel * sizeof(float)), 0);
   cr_expect_eq(memcmp(v, f.v, (size_t)f.numel * sizeof(float)), 0);
   cr_expect_eq(memcmp(&g.anchor_rng, &f.prog.anchor_rng, sizeof g.anchor_rng), 0);
@@ -150,11 +150,11 @@ Test(checkpoint, round_trip_is_bit_exact) {
   DF_ASSERT_OK(df_ckpt_check_contract(&f.contract, &c, out, &err), &err);
 
   // the draft half is an HF directory: a strict warm start reads it back exactly
-  df_dflash_model *m2;
-  DF_ASSERT_OK(df_dflash_model_create(f.cfg, f.ctx, &m2, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_load(m2, out, &err), &err);
-  cr_expect_eq(memcmp(df_dflash_model_weights(m2), p, (size_t)f.numel * sizeof(float)), 0);
-  df_dflash_model_free(m2);
+  df_draft_model *m2;
+  DF_ASSERT_OK(df_draft_model_create(f.cfg, f.ctx, &m2, &err), &err);
+  DF_ASSERT_OK(df_draft_model_load(m2, out, &err), &err);
+  cr_expect_eq(memcmp(df_draft_model_weights(m2), p, (size_t)f.numel * sizeof(float)), 0);
+  df_draft_model_free(m2);
   const df_draft_config *back;
   char cfgpath[600];
   snprintf(cfgpath, sizeof cfgpath, "%s/config.json", out);

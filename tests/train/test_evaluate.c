@@ -22,7 +22,7 @@
 typedef struct {
   const df_draft_config *cfg;
   df_ctx *ctx;
-  df_dflash_model *m;
+  df_draft_model *m;
   df_target_pieces tp;
   df_step_frozen fz;
 } setup;
@@ -32,8 +32,8 @@ static setup load(void) {
   df_error err = {0};
   DF_ASSERT_OK(df_draft_config_from_file(STEP_DIR "/draft_ckpt/config.json", &s.cfg, &err), &err);
   s.ctx = df_test_cpu_ctx(2);
-  DF_ASSERT_OK(df_dflash_model_create(s.cfg, s.ctx, &s.m, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_load(s.m, STEP_DIR "/draft_ckpt", &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(s.cfg, s.ctx, &s.m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_load(s.m, STEP_DIR "/draft_ckpt", &err), &err);
   df_target_pieces_options o = {.expect_vocab = 256, .expect_hidden = 64};
   DF_ASSERT_OK(df_target_pieces_load(STEP_DIR "/target", &o, &s.tp, &err), &err);
   s.fz = (df_step_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
@@ -41,7 +41,7 @@ static setup load(void) {
 }
 
 static void unload(setup *s) {
-  df_dflash_model_free(s->m);
+  df_draft_model_free(s->m);
   df_ctx_destroy(s->ctx);
   df_target_pieces_free(&s->tp);
   df_draft_config_free(s->cfg);
@@ -176,8 +176,8 @@ static setup load_dspark(void) {
   DF_ASSERT_OK(df_draft_config_from_file(DSPARK_DIR "/ckpt_rnn/config.json", &s.cfg, &err), &err);
   cr_assert_eq(s.cfg->kind, DF_DRAFT_DSPARK);
   s.ctx = df_test_cpu_ctx(2);
-  DF_ASSERT_OK(df_dflash_model_create(s.cfg, s.ctx, &s.m, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_load(s.m, DSPARK_DIR "/ckpt_rnn", &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(s.cfg, s.ctx, &s.m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_load(s.m, DSPARK_DIR "/ckpt_rnn", &err), &err);
   df_target_pieces_options o = {.expect_vocab = 256, .expect_hidden = 64};
   DF_ASSERT_OK(df_target_pieces_load(STEP_DIR "/target", &o, &s.tp, &err), &err);
   s.fz = (df_step_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
@@ -234,17 +234,17 @@ Test(evaluate, dspark_is_deterministic_and_independent_of_the_batch_size) {
 // ratios and counts agree; and the weights and gradients of the model are untouched.
 Test(evaluate, dspark_loss_is_the_alpha_weighted_ratio_and_writes_no_gradient) {
   setup s = load_dspark();
-  const df_params *p = df_dflash_model_params(s.m);
+  const df_params *p = df_draft_model_params(s.m);
   int64_t n = df_params_numel(p);
-  float *g = df_dflash_model_grads(s.m), *w0 = malloc((size_t)n * sizeof *w0);
+  float *g = df_draft_model_grads(s.m), *w0 = malloc((size_t)n * sizeof *w0);
   for (int64_t i = 0; i < n; i++) g[i] = 0.25f + (float)(i % 7);
-  memcpy(w0, df_dflash_model_weights(s.m), (size_t)n * sizeof *w0);
+  memcpy(w0, df_draft_model_weights(s.m), (size_t)n * sizeof *w0);
   df_eval_options o = dspark_opts(4);
   df_eval_report r = run_on(&s, DSPARK_DATA, &o);
   int64_t changed = 0;
   for (int64_t i = 0; i < n; i++) changed += g[i] != 0.25f + (float)(i % 7);
   cr_expect_eq(changed, 0, "eval writes no gradient (%lld changed)", (long long)changed);
-  cr_expect_arr_eq(w0, df_dflash_model_weights(s.m), (size_t)n * sizeof *w0, "weights untouched");
+  cr_expect_arr_eq(w0, df_draft_model_weights(s.m), (size_t)n * sizeof *w0, "weights untouched");
   double want = 0.3 * r.ce_num + 0.7 * r.l1_num + 2.0 * r.conf_num;
   cr_expect(fabs(r.loss_num - want) <= 1e-9 * fabs(want), "loss_num %.12g = Σ α·term %.12g", r.loss_num, want);
   cr_expect_eq(r.loss, r.loss_num / r.loss_den);

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
 #include "tests/common/fixture.h"
@@ -92,7 +92,7 @@ static void make_ckpt(const char *dir, const char *drop, const char *extra) {
 typedef struct {
   const df_draft_config *cfg;
   df_ctx *ctx;
-  df_dflash_model *m;
+  df_draft_model *m;
 } loaded;
 
 static loaded load(const char *dir) {
@@ -102,13 +102,13 @@ static loaded load(const char *dir) {
   df_error err = {0};
   DF_ASSERT_OK(df_draft_config_from_file(p, &l.cfg, &err), &err);
   l.ctx = df_test_cpu_ctx(1);
-  DF_ASSERT_OK(df_dflash_model_create(l.cfg, l.ctx, &l.m, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_load(l.m, dir, &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(l.cfg, l.ctx, &l.m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_load(l.m, dir, &err), &err);
   return l;
 }
 
 static void unload(loaded *l) {
-  df_dflash_model_free(l->m);
+  df_draft_model_free(l->m);
   df_ctx_destroy(l->ctx);
   df_draft_config_free(l->cfg);
 }
@@ -124,10 +124,10 @@ static float *forward(loaded *l, int64_t *n) {
   uint8_t keep[2 * N] = {1, 1, 1, 1, 1, 0};
   float *embed = malloc((size_t)(R * H) * sizeof *embed);
   df_test_fill_uniform(embed, R * H, 17, -0.5f, 0.5f);
-  df_dflash_batch mb = {
+  df_draft_batch mb = {
       .B = b.B, .S = b.S, .N = N, .target_hidden = b.hidden, .block_embed = embed, .anchors = anchors, .keep = keep};
   const float *h;
-  DF_ASSERT_OK(df_dflash_model_forward(l->m, &mb, &h, &err), &err);
+  DF_ASSERT_OK(df_draft_model_forward(l->m, &mb, &h, &err), &err);
   float *out = malloc((size_t)(R * H) * sizeof *out);
   memcpy(out, h, (size_t)(R * H) * sizeof *out);
   *n = R * H;
@@ -173,8 +173,8 @@ Test(export, f32_export_reloads_to_a_bit_identical_forward) {
   float *ya = forward(&a, &na), *yb = forward(&b, &nb);
   cr_assert_eq(na, nb);
   cr_expect_arr_eq(ya, yb, (size_t)na * sizeof *ya, "forward outputs are bit-identical");
-  const df_params *p = df_dflash_model_params(a.m);
-  cr_expect_arr_eq(df_dflash_model_weights(a.m), df_dflash_model_weights(b.m),
+  const df_params *p = df_draft_model_params(a.m);
+  cr_expect_arr_eq(df_draft_model_weights(a.m), df_draft_model_weights(b.m),
                    (size_t)df_params_numel(p) * sizeof(float), "weights are bit-identical");
 
   // The file holds exactly the draft's tensors.
@@ -204,8 +204,8 @@ Test(export, bf16_values_are_the_rne_rounding_of_the_weights) {
   snprintf(out, sizeof out, "%s/export", dir);
   export_ok(CKPT_DIR, out, DF_ST_BF16);
   loaded a = load(CKPT_DIR);
-  const df_params *p = df_dflash_model_params(a.m);
-  const float *w = df_dflash_model_weights(a.m);
+  const df_params *p = df_draft_model_params(a.m);
+  const float *w = df_draft_model_weights(a.m);
   df_st_file *f;
   df_error err = {0};
   snprintf(st_path, sizeof st_path, "%s/model.safetensors", out);
@@ -246,7 +246,7 @@ Test(export, bf16_values_are_the_rne_rounding_of_the_weights) {
 // The heads' forward on the backbone's output y (R = n / H rows in blocks of bs) with fixed previous tokens:
 // latent [R, r] followed by the confidence logits [R] (each part only when the head exists). *count: floats.
 static float *heads_forward(loaded *l, const float *y, int64_t n, int64_t *count) {
-  df_dspark_heads *h = df_dflash_model_dspark_heads(l->m);
+  df_dspark_heads *h = df_draft_model_dspark_heads(l->m);
   cr_assert_not_null(h, "a DSpark model has heads");
   int64_t H = l->cfg->hidden_size, bs = l->cfg->block_size, R = n / H, r = df_dspark_heads_markov_rank(h);
   int32_t *prev = malloc((size_t)R * sizeof *prev);
@@ -272,14 +272,14 @@ static void expect_dspark_roundtrip(const char *ckpt, const char *head_type) {
   export_ok(ckpt, out, DF_ST_F32);
   loaded a = load(ckpt), b = load(out);
   cr_assert_eq(b.cfg->kind, DF_DRAFT_DSPARK, "the export reloads as a DSpark draft");
-  const df_params *pa = df_dflash_model_params(a.m);
-  const df_params *pb = df_dflash_model_params(b.m);
+  const df_params *pa = df_draft_model_params(a.m);
+  const df_params *pb = df_draft_model_params(b.m);
   cr_assert_eq(df_params_count(pa), df_params_count(pb));
   for (int i = 0; i < df_params_count(pa); i++) { // entry by entry: the alignment padding between them is not data
     const df_param *ea = df_params_at(pa, i), *eb = df_params_find(pb, ea->name);
     cr_assert_not_null(eb, "%s in the reloaded export", ea->name);
     cr_assert_eq(ea->numel, eb->numel, "%s", ea->name);
-    cr_expect_arr_eq(df_dflash_model_weights(a.m) + ea->offset, df_dflash_model_weights(b.m) + eb->offset,
+    cr_expect_arr_eq(df_draft_model_weights(a.m) + ea->offset, df_draft_model_weights(b.m) + eb->offset,
                      (size_t)ea->numel * sizeof(float), "%s: %s is bit-identical", ckpt, ea->name);
   }
   int64_t na, nb, ha, hb;

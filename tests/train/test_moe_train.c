@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "modeling/safetensors.h"
 #include "moe/ffn_moe.h"
 #include "moe/layout.h"
@@ -100,7 +100,7 @@ typedef struct {
   const df_recipe *rc;
   df_run_resources res;
   df_ctx *ctx;
-  df_dflash_model *m;
+  df_draft_model *m;
   df_batch batch;
   df_step_options opt;
 } rig;
@@ -112,8 +112,8 @@ static void rig_open(rig *r, const char *recipe) {
   DF_ASSERT_OK(df_recipe_load(recipe, &ro, &r->rc, &err), &err);
   DF_ASSERT_OK(df_run_resources_load(r->rc, &r->res, &err), &err);
   r->ctx = df_test_cpu_ctx(1);
-  DF_ASSERT_OK(df_dflash_model_create(r->res.draft, r->ctx, &r->m, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(r->m, 42, &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(r->res.draft, r->ctx, &r->m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(r->m, 42, &err), &err);
   DF_ASSERT_OK(df_batch_first(r->rc->data.hidden_states_path, r->rc->training.seed, r->rc->training.batch_size,
                               r->rc->data.max_length, r->res.draft, &r->batch, &err),
                &err);
@@ -126,7 +126,7 @@ static void rig_open(rig *r, const char *recipe) {
 
 static void rig_close(rig *r) {
   df_batch_free(&r->batch);
-  df_dflash_model_free(r->m);
+  df_draft_model_free(r->m);
   df_ctx_destroy(r->ctx);
   df_run_resources_free(&r->res);
   df_recipe_free(r->rc);
@@ -152,8 +152,8 @@ static float *copy_flat(const float *x, int64_t n) {
   return c;
 }
 
-static const df_param *param(const df_dflash_model *m, const char *name) {
-  const df_param *e = df_params_find(df_dflash_model_params(m), name);
+static const df_param *param(const df_draft_model *m, const char *name) {
+  const df_param *e = df_params_find(df_draft_model_params(m), name);
   cr_assert(e, "no parameter %s", name);
   return e;
 }
@@ -165,10 +165,10 @@ Test(moe_train, experts_are_initialized_with_normals) {
   const df_draft_config *cfg;
   DF_ASSERT_OK(df_draft_config_from_file(CFG_QWEN, &cfg, &err), &err);
   df_ctx *ctx = df_test_cpu_ctx(1);
-  df_dflash_model *m;
-  DF_ASSERT_OK(df_dflash_model_create(cfg, ctx, &m, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(m, 7, &err), &err);
-  const float *w = df_dflash_model_weights(m);
+  df_draft_model *m;
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(m, 7, &err), &err);
+  const float *w = df_draft_model_weights(m);
   static const char *const names[] = {"layers.0.mlp.experts.w1", "layers.1.mlp.experts.w2", "layers.0.mlp.gate.weight"};
   for (int k = 0; k < 3; k++) {
     const df_param *e = param(m, names[k]);
@@ -179,7 +179,7 @@ Test(moe_train, experts_are_initialized_with_normals) {
   }
   const df_param *mu = param(m, "layers.0.mlp.gate.input_mean");
   for (int64_t i = 0; i < mu->numel; i++) cr_expect_eq(w[mu->offset + i], 0.0f);
-  df_dflash_model_free(m);
+  df_draft_model_free(m);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
 }
@@ -293,13 +293,13 @@ Test(moe_train, aux_gradient_scale_and_finite_differences) {
   rig on, off;
   rig_open(&on, rec_on);
   rig_open(&off, rec_off);
-  const int64_t n = df_params_numel(df_dflash_model_params(on.m));
+  const int64_t n = df_params_numel(df_draft_model_params(on.m));
 
   // step mode (grad_scale 0): the gradient of CE ratio + aux; the difference of the two runs is ∂aux/∂θ
   df_dflash_metrics m1 = rig_step(&on, 0.0);
-  float *g_on = copy_flat(df_dflash_model_grads(on.m), n);
+  float *g_on = copy_flat(df_draft_model_grads(on.m), n);
   df_dflash_metrics m0 = rig_step(&off, 0.0);
-  float *g_off = copy_flat(df_dflash_model_grads(off.m), n);
+  float *g_off = copy_flat(df_draft_model_grads(off.m), n);
   const double den = m1.loss_den, aux = m1.aux_loss;
   cr_assert(aux > 0.5 && den > 0);
   float *d_aux = malloc(sizeof(float) * (size_t)n);
@@ -310,9 +310,9 @@ Test(moe_train, aux_gradient_scale_and_finite_differences) {
   // trainer mode (grad_scale g): the backward gives g·∂(num + aux·den) = g·den·(∂CE ratio + ∂aux)
   const double g = 0.25;
   m1 = rig_step(&on, g);
-  float *t_on = copy_flat(df_dflash_model_grads(on.m), n);
+  float *t_on = copy_flat(df_draft_model_grads(on.m), n);
   m0 = rig_step(&off, g);
-  float *t_off = copy_flat(df_dflash_model_grads(off.m), n);
+  float *t_off = copy_flat(df_draft_model_grads(off.m), n);
   cr_expect(fabs(m1.loss_num - m0.loss_num - aux * den) <= 1e-9 * fabs(m1.loss_num));
   df_dflash_metrics_free(&m1);
   df_dflash_metrics_free(&m0);
@@ -340,7 +340,7 @@ Test(moe_train, aux_gradient_scale_and_finite_differences) {
   }
   for (int64_t i = 0; i < n; i++) vv += (double)v[i] * v[i];
   for (int64_t i = 0; i < n; i++) v[i] = (float)(v[i] / sqrt(vv)), dot += (double)v[i] * d_aux[i];
-  float *w = df_dflash_model_weights(on.m), *w0 = copy_flat(w, n);
+  float *w = df_draft_model_weights(on.m), *w0 = copy_flat(w, n);
   const double h = 2e-3;
   double f[2];
   for (int s = 0; s < 2; s++) {
@@ -373,8 +373,8 @@ Test(moe_train, eval_has_no_aux_and_changes_no_buffer) {
   df_dflash_metrics m = rig_step(&r, 0.0); // a training forward: a centering update is now pending
   cr_expect(m.aux_loss > 0);
   df_dflash_metrics_free(&m);
-  const int64_t n = df_params_numel(df_dflash_model_params(r.m));
-  float *before = copy_flat(df_dflash_model_weights(r.m), n);
+  const int64_t n = df_params_numel(df_draft_model_params(r.m));
+  float *before = copy_flat(df_draft_model_weights(r.m), n);
   df_eval_options eo = {.batch_size = 2,
                         .max_length = 64,
                         .num_anchors = 4,
@@ -385,9 +385,9 @@ Test(moe_train, eval_has_no_aux_and_changes_no_buffer) {
   df_error err = {0};
   DF_ASSERT_OK(df_evaluate(r.ctx, r.m, r.res.draft, &r.res.frozen, FX "/data", &eo, &rep, &err), &err);
   cr_expect(isfinite(rep.loss));
-  cr_expect(!memcmp(before, df_dflash_model_weights(r.m), sizeof(float) * (size_t)n), "eval changed the weights");
+  cr_expect(!memcmp(before, df_draft_model_weights(r.m), sizeof(float) * (size_t)n), "eval changed the weights");
   int nf;
-  df_ffn *const *ffns = df_dflash_model_ffns(r.m, &nf);
+  df_ffn *const *ffns = df_draft_model_ffns(r.m, &nf);
   cr_expect_eq(df_moe_aux_loss_sum(ffns, nf), 0.0, "eval left an aux loss");
   for (int i = 0; i < nf; i++) {
     cr_expect(df_ffn_moe_layer(ffns[i])->training, "eval must hand the model back in training mode");
@@ -579,16 +579,16 @@ Test(moe_train, adamw_leaves_buffers_untouched) {
   const df_draft_config *cfg;
   DF_ASSERT_OK(df_draft_config_from_file(CFG_QWEN, &cfg, &err), &err);
   df_ctx *ctx = df_test_cpu_ctx(1);
-  df_dflash_model *m;
-  DF_ASSERT_OK(df_dflash_model_create(cfg, ctx, &m, &err), &err);
-  buf_probe p = {.table = df_dflash_model_params(m)};
+  df_draft_model *m;
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
+  buf_probe p = {.table = df_draft_model_params(m)};
   p.snap = calloc((size_t)df_params_numel(p.table), sizeof(float));
   df_train_hooks h = {.ctx = &p, .before_update = probe_before, .after_update = probe_after};
   df_train_summary s;
   DF_ASSERT_OK(train(rec, out, NULL, NULL, &h, &s, &err), &err);
   cr_expect(p.checked >= 5 * 4, "checked %d buffers", p.checked); // 2 layers × (mean, steps) × 5 steps
   free(p.snap);
-  df_dflash_model_free(m);
+  df_draft_model_free(m);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
   tdir_close(&d);
@@ -627,10 +627,10 @@ Test(moe_train, export_refuses_unservable_recipes) {
 }
 
 // Router logits of layer `layer` of model m on rows x (eval: centering uses the running mean).
-static float *router_logits(df_dflash_model *m, int layer, const float *x, int64_t T, int64_t H, df_ctx *ctx) {
+static float *router_logits(df_draft_model *m, int layer, const float *x, int64_t T, int64_t H, df_ctx *ctx) {
   int nf;
-  df_ffn *f = df_dflash_model_ffns(m, &nf)[layer];
-  df_dflash_model_set_training(m, false);
+  df_ffn *f = df_draft_model_ffns(m, &nf)[layer];
+  df_draft_model_set_training(m, false);
   float *saved = calloc((size_t)f->vt->saved_elems(f, T), sizeof(float));
   float *scratch = calloc((size_t)f->vt->scratch_elems(f, T), sizeof(float));
   float *y = calloc((size_t)(T * H), sizeof(float));
@@ -702,12 +702,12 @@ Test(moe_train, export_folds_centering_into_an_fp32_bias) {
   snprintf(p, sizeof p, "%s/checkpoints/step-00000002/config.json", run);
   DF_ASSERT_OK(df_draft_config_from_file(p, &scfg, &err), &err);
   df_ctx *ctx = df_test_cpu_ctx(1);
-  df_dflash_model *em, *sm;
-  DF_ASSERT_OK(df_dflash_model_create(ecfg, ctx, &em, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_load(em, exp32, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_create(scfg, ctx, &sm, &err), &err);
+  df_draft_model *em, *sm;
+  DF_ASSERT_OK(df_draft_model_create(ecfg, ctx, &em, &err), &err);
+  DF_ASSERT_OK(df_draft_model_load(em, exp32, &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(scfg, ctx, &sm, &err), &err);
   snprintf(p, sizeof p, "%s/checkpoints/step-00000002", run);
-  DF_ASSERT_OK(df_dflash_model_load(sm, p, &err), &err);
+  DF_ASSERT_OK(df_draft_model_load(sm, p, &err), &err);
   const int64_t T = 24, H = 64, E = 4;
   float *x = malloc(sizeof(float) * (size_t)(T * H));
   df_test_fill_uniform(x, T * H, 5, -2.0f, 2.0f);
@@ -722,21 +722,21 @@ Test(moe_train, export_folds_centering_into_an_fp32_bias) {
   // the centering mean is not zero after two steps (the fold did something)
   const df_param *mu = param(sm, "layers.0.mlp.gate.input_mean");
   double mu_abs = 0;
-  for (int64_t i = 0; i < mu->numel; i++) mu_abs += fabs(df_dflash_model_weights(sm)[mu->offset + i]);
+  for (int64_t i = 0; i < mu->numel; i++) mu_abs += fabs(df_draft_model_weights(sm)[mu->offset + i]);
   cr_expect(mu_abs > 0);
   // every tensor but the router bias round-trips exactly through the export's layout
-  const df_params *ep = df_dflash_model_params(em);
+  const df_params *ep = df_draft_model_params(em);
   for (int i = 0; i < df_params_count(ep); i++) {
     const df_param *e = df_params_at(ep, i);
     if (strstr(e->name, "gate.bias")) continue;
     const df_param *s2 = param(sm, e->name);
-    cr_expect(!memcmp(df_dflash_model_weights(em) + e->offset, df_dflash_model_weights(sm) + s2->offset,
+    cr_expect(!memcmp(df_draft_model_weights(em) + e->offset, df_draft_model_weights(sm) + s2->offset,
                       sizeof(float) * (size_t)e->numel),
               "%s differs after the export round trip", e->name);
   }
   free(x);
-  df_dflash_model_free(em);
-  df_dflash_model_free(sm);
+  df_draft_model_free(em);
+  df_draft_model_free(sm);
   df_ctx_destroy(ctx);
   df_draft_config_free(ecfg);
   df_draft_config_free(scfg);
@@ -759,26 +759,26 @@ Test(moe_train, centering_buffers_optional_on_warm_start_only) {
   DF_ASSERT_OK(df_draft_config_from_file(nocenter, &c0, &err), &err);
   DF_ASSERT_OK(df_draft_config_from_file(CFG_QWEN, &c1, &err), &err);
   df_ctx *ctx = df_test_cpu_ctx(1);
-  df_dflash_model *m0, *m1;
-  DF_ASSERT_OK(df_dflash_model_create(c0, ctx, &m0, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(m0, 3, &err), &err);
+  df_draft_model *m0, *m1;
+  DF_ASSERT_OK(df_draft_model_create(c0, ctx, &m0, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(m0, 3, &err), &err);
   snprintf(file, sizeof file, "%s/model.safetensors", d.root);
-  DF_ASSERT_OK(df_moe_layout_save(c0->moe, df_dflash_model_params(m0), df_dflash_model_weights(m0), file, NULL, &err),
+  DF_ASSERT_OK(df_moe_layout_save(c0->moe, df_draft_model_params(m0), df_draft_model_weights(m0), file, NULL, &err),
                &err);
-  DF_ASSERT_OK(df_dflash_model_create(c1, ctx, &m1, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(m1, 4, &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(c1, ctx, &m1, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(m1, 4, &err), &err);
   // required (resume, eval, export): the missing centering buffers are named
-  cr_expect_neq(df_dflash_model_load(m1, file, &err), DF_OK);
+  cr_expect_neq(df_draft_model_load(m1, file, &err), DF_OK);
   cr_expect(strstr(err.msg, "gate.input_mean"), "%s", err.msg);
   // optional (warm start): everything else loads, the buffers keep their init values (0)
-  DF_ASSERT_OK(df_dflash_model_load_ex(m1, file, true, &err), &err);
+  DF_ASSERT_OK(df_draft_model_load_ex(m1, file, true, &err), &err);
   const df_param *w0 = param(m0, "layers.1.mlp.experts.w3"), *w1 = param(m1, "layers.1.mlp.experts.w3");
-  cr_expect(!memcmp(df_dflash_model_weights(m0) + w0->offset, df_dflash_model_weights(m1) + w1->offset,
+  cr_expect(!memcmp(df_draft_model_weights(m0) + w0->offset, df_draft_model_weights(m1) + w1->offset,
                     sizeof(float) * (size_t)w0->numel));
   const df_param *mu = param(m1, "layers.0.mlp.gate.input_mean_steps");
-  cr_expect_eq(df_dflash_model_weights(m1)[mu->offset], 0.0f);
-  df_dflash_model_free(m0);
-  df_dflash_model_free(m1);
+  cr_expect_eq(df_draft_model_weights(m1)[mu->offset], 0.0f);
+  df_draft_model_free(m0);
+  df_draft_model_free(m1);
   df_ctx_destroy(ctx);
   df_draft_config_free(c0);
   df_draft_config_free(c1);

@@ -55,13 +55,13 @@ static df_spec_report decode_on(df_ctx *ctx, bool dspark, const char *seq_path) 
   df_target *t = NULL;
   DF_ASSERT_OK(df_target_load(TARGET, ctx, &t, &err), &err);
   const df_draft_config *cfg = draft_config(dspark);
-  df_dflash_model *m = NULL;
-  DF_ASSERT_OK(df_dflash_model_create(cfg, ctx, &m, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(m, 7, &err), &err);
+  df_draft_model *m = NULL;
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(m, 7, &err), &err);
   df_spec_options o = {.max_new_tokens = 24, .mask_token_id = 95, .sequences_out = seq_path};
   df_spec_report rep;
   DF_ASSERT_OK(df_spec_decode_run(t, m, cfg, TMP "/data.jsonl", &o, &rep, &err), &err);
-  df_dflash_model_free(m);
+  df_draft_model_free(m);
   df_draft_config_free(cfg);
   df_target_free(t);
   df_ctx_destroy(ctx);
@@ -178,13 +178,13 @@ Test(spec_decode, cli_report_has_the_documented_keys) {
   DF_ASSERT_OK(df_draft_config_from_json(text, strlen(text), "draft", &cfg, &err), &err);
   free(text);
   df_ctx *ctx = df_test_cpu_ctx(1);
-  df_dflash_model *m = NULL;
-  DF_ASSERT_OK(df_dflash_model_create(cfg, ctx, &m, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(m, 3, &err), &err);
-  DF_ASSERT_OK(df_params_save(df_dflash_model_params(m), df_dflash_model_weights(m), TMP "/export/model.safetensors",
+  df_draft_model *m = NULL;
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(m, 3, &err), &err);
+  DF_ASSERT_OK(df_params_save(df_draft_model_params(m), df_draft_model_weights(m), TMP "/export/model.safetensors",
                               NULL, &err),
                &err);
-  df_dflash_model_free(m);
+  df_draft_model_free(m);
   df_draft_config_free(cfg);
   df_ctx_destroy(ctx);
   char cmd[2048];

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "modeling/target_pieces.h"
 #include "tests/common/fixture.h"
 #include "train/data/data_feed.h"
@@ -235,7 +235,7 @@ typedef struct {
   const df_draft_config *cfg;
   df_target_pieces pieces;
   df_ctx *ctx;
-  df_dflash_model *model;
+  df_draft_model *model;
   df_feed *feed;
   df_dflash_sampler sampler;
   df_step_options opt;
@@ -251,8 +251,8 @@ static void manual_open(manual *m) {
                                  .expect_hidden = 64};
   DF_ASSERT_OK(df_target_pieces_load(FX "/target", &po, &m->pieces, &err), &err);
   m->ctx = df_test_cpu_ctx(1);
-  DF_ASSERT_OK(df_dflash_model_create(m->cfg, m->ctx, &m->model, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(m->model, 42, &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(m->cfg, m->ctx, &m->model, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(m->model, 42, &err), &err);
   df_feed_options fo = {.path = FX "/data", .batch_size = 2, .max_length = 64, .seed = 42, .world_size = 1};
   DF_ASSERT_OK(df_feed_open(&fo, &m->feed, &err), &err);
   df_dflash_sampler_init(&m->sampler, 42);
@@ -265,7 +265,7 @@ static void manual_open(manual *m) {
 
 static void manual_close(manual *m) {
   df_feed_close(m->feed);
-  df_dflash_model_free(m->model);
+  df_draft_model_free(m->model);
   df_ctx_destroy(m->ctx);
   df_target_pieces_free(&m->pieces);
   df_draft_config_free(m->cfg);
@@ -280,7 +280,7 @@ static double manual_micro(manual *m, df_dflash_sampler *s, const df_step_option
   df_dflash_metrics met;
   int64_t N;
   DF_ASSERT_OK(df_step_micro(m->ctx, m->model, m->cfg, &fz, b, s, opt, &N, &met, &err), &err);
-  memcpy(out, df_dflash_model_grads(m->model), (size_t)n * sizeof(float));
+  memcpy(out, df_draft_model_grads(m->model), (size_t)n * sizeof(float));
   double den = met.loss_den;
   df_dflash_metrics_free(&met);
   return den;
@@ -292,7 +292,7 @@ Test(trainer, accumulation_is_the_gradient_of_the_window_ratio) {
   capture c = first_grads(&d, "run", "training.max_grad_norm=1e9"); // no clipping
   manual m;
   manual_open(&m);
-  int64_t n = df_params_numel(df_dflash_model_params(m.model));
+  int64_t n = df_params_numel(df_draft_model_params(m.model));
   cr_assert_eq(n, c.n);
   float *g0 = malloc((size_t)n * sizeof(float)), *g1 = malloc((size_t)n * sizeof(float));
   float *want = malloc((size_t)n * sizeof(float)), *ratio = malloc((size_t)n * sizeof(float));
@@ -351,9 +351,9 @@ Test(trainer, adamw_update_and_weight_decay_flags) {
   train_ok(&d, "run", sets, NULL, &h, &s);
   manual m;
   manual_open(&m); // the same init (seed 42)
-  const df_params *t = df_dflash_model_params(m.model);
+  const df_params *t = df_draft_model_params(m.model);
   int64_t n = df_params_numel(t);
-  const float *p0 = df_dflash_model_weights(m.model);
+  const float *p0 = df_draft_model_weights(m.model);
   float *p1 = malloc((size_t)n * sizeof(float)), *mm = malloc((size_t)n * sizeof(float));
   float *vv = malloc((size_t)n * sizeof(float));
   df_ckpt_contract ct;

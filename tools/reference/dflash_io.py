@@ -337,7 +337,7 @@ def load_draft_config(path: str, mask_token_override: Optional[int] = None) -> D
 
 
 def param_table(cfg: DraftConfig) -> List[Tuple[str, Tuple[int, ...], str]]:
-    """(checkpoint name, shape, kind) in draftforge's table order (modeling/dflash_model.h); kind is
+    """(checkpoint name, shape, kind) in draftforge's table order (modeling/draft_model.h); kind is
     'linear' (2-D weight, drawn at init), 'bias' (0) or 'norm' (1)."""
     H, hd, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     qw, kvw = cfg.num_heads * hd, cfg.num_kv_heads * hd

@@ -23,7 +23,7 @@ draft's checkpoint layout (moe/layout.h: `native` stacked experts, `qwen` expert
 and shared_expert.* / shared_expert_gate, `deepseek` experts.{e}.w1/w3/w2 and the selection bias as gate.bias).
 batch.json adds, for debugging, the per-layer aux losses, expert counts and the smallest selection margins.
 
-Parameter table (modeling/dflash_model.c, moe/params.c df_moe_params_add): the dense table with each layer's
+Parameter table (modeling/draft_model.c, moe/params.c df_moe_params_add): the dense table with each layer's
 mlp.{gate,up,down}_proj replaced, after post_attention_layernorm, by the present entries of
 gate.weight [E,H], gate.bias [E], gate.balance.bias [E], gate.input_mean [H], gate.input_mean_steps [],
 experts.w1 [E,I,H], experts.w3 [E,I,H], experts.w2 [E,H,I], shared_experts.w1/w3.weight [S,H],

@@ -86,7 +86,7 @@ typedef struct {
   const df_recipe *recipe;
   df_run_resources res; // target and draft configs (the draft's from the checkpoint), frozen pieces, mask token
   df_ctx *ctx;
-  df_dflash_model *model;
+  df_draft_model *model;
   df_online_target *online; // online eval data
   df_batch_source *src;
   char dir[PATH_MAX];
@@ -96,7 +96,7 @@ typedef struct {
 static void eval_free(eval_run *r) {
   df_batch_source_close(r->src);
   df_online_target_free(r->online);
-  df_dflash_model_free(r->model);
+  df_draft_model_free(r->model);
   df_run_resources_free(&r->res); // before the context: the frozen pieces may live on its device
   df_ctx_destroy(r->ctx);
   df_recipe_free(r->recipe);
@@ -111,8 +111,8 @@ static df_status load_draft(eval_run *r, const eval_args *a, df_error *err) {
   DF_TRY(df_device_open(a->has_device ? a->device : r->recipe->training.device, df_device_cpu_only_reason(r->res.draft),
                         a->threads, stderr, &r->ctx, err));
   DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
-  DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
-  return df_dflash_model_load(r->model, r->dir, err);
+  DF_TRY(df_draft_model_create(r->res.draft, r->ctx, &r->model, err));
+  return df_draft_model_load(r->model, r->dir, err);
 }
 
 // The data and the key that named it: --data, the eval set, else the training data with a warning.

@@ -94,7 +94,7 @@ typedef struct {
   df_target *target;
   const df_target_config *tcfg;
   const df_draft_config *cfg;
-  df_dflash_model *model;
+  df_draft_model *model;
   char dir[PATH_MAX], cfg_path[PATH_MAX + 16], tmp[64];
   int32_t eos[DF_TARGET_MAX_EOS];
   int n_eos;
@@ -116,7 +116,7 @@ static void remove_tree(const char *dir) {
 
 static void run_free(spec_run *r) {
   if (r->tmp[0]) remove_tree(r->tmp);
-  df_dflash_model_free(r->model);
+  df_draft_model_free(r->model);
   df_draft_config_free(r->cfg);
   df_target_config_free(r->tcfg);
   df_target_free(r->target);
@@ -137,8 +137,8 @@ static df_status load(const spec_args *a, spec_run *r, df_error *err) {
   if (r->cfg->dflash.mask_token_id < 0)
     return DF_FAIL(err, DF_ERR_INVALID, "dflash_config.mask_token_id", "set the MASK token id in the draft config",
                    "%s has no mask_token_id", r->cfg_path);
-  DF_TRY(df_dflash_model_create(r->cfg, r->ctx, &r->model, err));
-  return df_dflash_model_load(r->model, r->dir, err);
+  DF_TRY(df_draft_model_create(r->cfg, r->ctx, &r->model, err));
+  return df_draft_model_load(r->model, r->dir, err);
 }
 
 // The offline eval on the target's own greedy sequences: captured to a temporary directory, then df_evaluate.

@@ -116,11 +116,11 @@ static df_dspark_loss_options dspark_loss(const df_eval_options *o) {
   return lo;
 }
 
-static df_status eval_state_open(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+static df_status eval_state_open(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                                  const df_eval_options *o, eval_state *ev, df_error *err) {
   memset(ev, 0, sizeof *ev);
   df_dspark_loss_options lo = dspark_loss(o);
-  df_dspark_terms t = df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(m));
+  df_dspark_terms t = df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(m));
   df_stage_spec spec = {.kind = cfg->kind,
                         .block_size = cfg->block_size,
                         .vocab = fz->vocab,
@@ -144,7 +144,7 @@ static void eval_state_close(df_ctx *ctx, eval_state *ev) {
 
 // Forward-only on one batch with the draft's objective, its sums added to ev->stats. Nothing to add when no sample
 // of the batch has an anchor candidate.
-static df_status eval_batch(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+static df_status eval_batch(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                             const df_batch *bt, const df_eval_options *o, eval_state *ev, int64_t *skipped,
                             df_error *err) {
   df_dflash_anchors a;
@@ -157,7 +157,7 @@ static df_status eval_batch(df_ctx *ctx, df_dflash_model *m, const df_draft_conf
     df_tensor head = df_f32_on(df_ctx_device(ctx), fz->lm_head, fz->vocab, fz->hidden);
     if (cfg->kind == DF_DRAFT_DSPARK) {
       df_dspark_loss_options lo = dspark_loss(o);
-      st = df_dspark_objective_rows(ctx, &lo, df_dflash_model_dspark_heads(m), &hidden, &head,
+      st = df_dspark_objective_rows(ctx, &lo, df_draft_model_dspark_heads(m), &hidden, &head,
                                     sg.last_hidden.data ? &sg.last_hidden : NULL, &sg.dspark, &sg.dspark_w, NULL,
                                     &ev->stats, err);
     } else {
@@ -187,13 +187,13 @@ static void eval_finish(df_eval_report *r) {
 
 // Whether the objective reads the teacher (target_last_hidden_states): the L1 term or an active confidence head,
 // as df_dspark_objective decides.
-static bool dspark_needs_teacher(df_dflash_model *m, const df_eval_options *o) {
+static bool dspark_needs_teacher(df_draft_model *m, const df_eval_options *o) {
   df_dspark_loss_options lo = dspark_loss(o);
-  return df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(m)).teacher;
+  return df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(m)).teacher;
 }
 
 // The report's sums from the stats read back once at the end.
-static df_status eval_collect(df_ctx *ctx, df_dflash_model *m, const df_eval_options *o, const eval_state *ev,
+static df_status eval_collect(df_ctx *ctx, df_draft_model *m, const df_eval_options *o, const eval_state *ev,
                               df_eval_report *r, df_error *err) {
   const int64_t ns = df_numel(&ev->stats), bs = r->block_size;
   double *st = malloc(sizeof(double) * (size_t)ns);
@@ -210,7 +210,7 @@ static df_status eval_collect(df_ctx *ctx, df_dflash_model *m, const df_eval_opt
     df_dspark_loss_options lo = dspark_loss(o);
     df_dspark_metrics m2;
     rc = df_dspark_metrics_from_stats(st, bs, ev->loss_den, &lo,
-                                      df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(m)), &m2, err);
+                                      df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(m)), &m2, err);
     if (rc == DF_OK) {
       r->loss_num = m2.loss_num;
       r->acc_num = m2.acc_num, r->acc_den = m2.eval_den;
@@ -242,7 +242,7 @@ static void note_nonfinite(const df_hs_dataset *ds, const df_batch *bt, df_hs_sc
   }
 }
 
-static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+static df_status eval_loop(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                            df_batch_source *src, const df_eval_options *o, df_eval_report *r, df_error *err) {
   int64_t n = src->num_samples;
   if (o->max_samples > 0 && o->max_samples < n) n = o->max_samples;
@@ -269,7 +269,7 @@ static df_status eval_loop(df_ctx *ctx, df_dflash_model *m, const df_draft_confi
   return st;
 }
 
-df_status df_evaluate_source(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+df_status df_evaluate_source(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                              df_batch_source *src, const df_eval_options *opt, df_eval_report *out, df_error *err) {
   memset(out, 0, sizeof *out);
   DF_TRY(eval_check(cfg, frozen, opt, err));
@@ -289,9 +289,9 @@ df_status df_evaluate_source(df_ctx *ctx, df_dflash_model *m, const df_draft_con
                  "the eval data %s has no target_last_hidden_states, which this draft's objective reads", src->label);
   // MoE: eval forwards route with the running centering mean, apply and stash nothing and have no aux loss
   // (the loss is the objective alone); the model is handed back in training mode.
-  df_dflash_model_set_training(m, false);
+  df_draft_model_set_training(m, false);
   if (st == DF_OK) st = eval_loop(ctx, m, cfg, frozen, src, opt, out, err);
-  df_dflash_model_set_training(m, true);
+  df_draft_model_set_training(m, true);
   if (st == DF_OK && out->num_blocks == 0)
     st = DF_FAIL(err, DF_ERR_INVALID, src->label, "evaluate on data with supervised tokens (loss_mask = 1)",
                  "no sample of the eval data has two adjacent supervised tokens: nothing to evaluate");
@@ -304,7 +304,7 @@ df_status df_evaluate_source(df_ctx *ctx, df_dflash_model *m, const df_draft_con
   return DF_OK;
 }
 
-df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+df_status df_evaluate(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                       const char *data_path, const df_eval_options *opt, df_eval_report *out, df_error *err) {
   memset(out, 0, sizeof *out);
   df_batch_source *src = NULL;

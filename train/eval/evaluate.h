@@ -9,7 +9,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "train/data/batch_source.h"
 #include "train/data/hs_scan.h"
 #include "train/recipe/recipe.h"
@@ -69,10 +69,10 @@ typedef struct {
 // the objective: DFlash's CE, or for a DSpark draft the DSpark labels, heads and objective (the batches then
 // carry target_last_hidden_states when the L1 term or an active confidence head needs the teacher). No gradient
 // is written. out is owned by the caller (df_eval_report_free).
-df_status df_evaluate(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+df_status df_evaluate(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                       const char *data_path, const df_eval_options *opt, df_eval_report *out, df_error *err);
 // The same over any batch source (train/data/batch_source.h: captured shards or online data), which stays open.
-df_status df_evaluate_source(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+df_status df_evaluate_source(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                              df_batch_source *src, const df_eval_options *opt, df_eval_report *out, df_error *err);
 void df_eval_report_free(df_eval_report *r);
 

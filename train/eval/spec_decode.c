@@ -24,7 +24,7 @@ static double now_s(void) {
 
 typedef struct {
   df_target *t;
-  df_dflash_model *m;
+  df_draft_model *m;
   const df_draft_config *cfg;
   const df_spec_options *o;
   df_ctx *ctx;
@@ -127,7 +127,7 @@ static df_status propose(sd_run *r, int64_t start, int32_t last, int32_t *props,
   // two uploads: the block's ids, and [anchor, pos_q, pos_kv]
   const uint8_t keep = 1;
   r->ints[0] = (int32_t)start;
-  df_dflash_fill_positions(1, S, 1, bs, r->ints, &keep, r->ints + 1, r->ints + 1 + bs);
+  df_draft_fill_positions(1, S, 1, bs, r->ints, &keep, r->ints + 1, r->ints + 1 + bs);
   DF_TRY(to_device(r, r->dblock_ids, r->block_ids, sizeof(int32_t) * (size_t)bs, err));
   DF_TRY(to_device(r, r->dints, r->ints, sizeof(int32_t) * (size_t)(1 + bs + S + bs), err));
   df_tensor emb = df_target_embed(r->t);
@@ -137,7 +137,7 @@ static df_status propose(sd_run *r, int64_t start, int32_t last, int32_t *props,
   // Row `start` of the context is masked (keys j < anchor), so any value serves; it holds zeros.
   df_tensor row = df_view(r->feats + start * r->K * r->H, DF_F32, r->dev, 1, (const int64_t[]){r->K * r->H});
   DF_TRY(df_fill(r->ctx, &row, 0.0, err));
-  df_dflash_batch b = {.B = 1,
+  df_draft_batch b = {.B = 1,
                        .S = S,
                        .N = 1,
                        .target_hidden = r->feats,
@@ -148,7 +148,7 @@ static df_status propose(sd_run *r, int64_t start, int32_t last, int32_t *props,
                        .pos_kv = r->dints + 1 + bs,
                        .on_device = true};
   const float *hidden = NULL;
-  DF_TRY(df_dflash_model_forward(r->m, &b, &hidden, err));
+  DF_TRY(df_draft_model_forward(r->m, &b, &hidden, err));
   if (r->heads) return dspark_propose(r, hidden, props, err);
   DF_TRY(head_rows(r, hidden + r->H, bs - 1, r->dlogits, err));
   DF_TRY(to_host(r, r->logits, r->dlogits, sizeof(float) * (size_t)((bs - 1) * r->V), err));
@@ -201,7 +201,7 @@ static df_status decode_one(sd_run *r, const int32_t *prompt, int64_t P, int64_t
 static df_status setup(sd_run *r, df_error *err) {
   const df_target_spec *s = df_target_get_spec(r->t);
   r->H = s->hidden, r->V = s->vocab, r->K = r->cfg->dflash.num_target_layer_ids, r->bs = r->cfg->block_size;
-  r->heads = r->cfg->kind == DF_DRAFT_DSPARK ? df_dflash_model_dspark_heads(r->m) : NULL;
+  r->heads = r->cfg->kind == DF_DRAFT_DSPARK ? df_draft_model_dspark_heads(r->m) : NULL;
   r->ctx = df_target_ctx(r->t), r->dev = df_ctx_device(r->ctx);
   r->nprop = r->heads ? r->bs : r->bs - 1;
   return DF_OK;
@@ -283,7 +283,7 @@ static df_status one_prompt(sd_run *r, const df_token_jsonl *in, df_spec_report 
   return DF_OK;
 }
 
-df_status df_spec_decode_run(df_target *t, df_dflash_model *m, const df_draft_config *cfg, const char *data_path,
+df_status df_spec_decode_run(df_target *t, df_draft_model *m, const df_draft_config *cfg, const char *data_path,
                              const df_spec_options *o, df_spec_report *rep, df_error *err) {
   memset(rep, 0, sizeof *rep);
   rep->identical_to_greedy = true;
@@ -297,7 +297,7 @@ df_status df_spec_decode_run(df_target *t, df_dflash_model *m, const df_draft_co
   rep->proposals = r.nprop;
   rep->reached = calloc((size_t)r.nprop, sizeof(int64_t)), rep->accepted = calloc((size_t)r.nprop, sizeof(int64_t));
   if (!rep->reached || !rep->accepted) return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", NULL, "out of memory");
-  df_dflash_model_set_training(m, false);
+  df_draft_model_set_training(m, false);
   df_token_jsonl in;
   r.n_eos = o->n_eos < DF_TARGET_MAX_EOS ? o->n_eos : DF_TARGET_MAX_EOS;
   if (r.n_eos > 0) memcpy(r.eos, o->eos, sizeof(int32_t) * (size_t)r.n_eos);

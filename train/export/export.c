@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "base/json_write.h"
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
 #include "moe/layout.h"
@@ -195,18 +195,18 @@ static df_status write_export(const df_moe_config *moe, const df_params *p, cons
 }
 
 static df_status load_model(const char *ckpt, const df_draft_config *cfg, int threads, df_ctx **ctx,
-                            df_dflash_model **m, df_error *err) {
+                            df_draft_model **m, df_error *err) {
   // DSpark drafts export too: the model carries their Markov / confidence heads under SpecForge's names. An export
   // converts files and folds a few tensors on the host: it runs where the weights are read, the CPU, by design.
   DF_TRY(df_device_open(DF_DEVICE_CPU, NULL, threads, NULL, ctx, err));
-  DF_TRY(df_dflash_model_create(cfg, *ctx, m, err));
-  return df_dflash_model_load(*m, ckpt, err);
+  DF_TRY(df_draft_model_create(cfg, *ctx, m, err));
+  return df_draft_model_load(*m, ckpt, err);
 }
 
 // MoE: the export draft (centering folded into gate.bias) as its own config and model; *ecfg / *em stay NULL
 // for a dense draft (the trained model is exported as it is).
-static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_dflash_model *m,
-                                  const df_draft_config **ecfg, df_dflash_model **em, df_error *err) {
+static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_draft_model *m,
+                                  const df_draft_config **ecfg, df_draft_model **em, df_error *err) {
   *ecfg = NULL, *em = NULL;
   if (!cfg->moe) return DF_OK;
   json_t *ej = NULL;
@@ -216,10 +216,10 @@ static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_df
   if (!text) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "out of memory");
   df_status st = df_draft_config_from_json(text, strlen(text), cfg->source, ecfg, err);
   free(text);
-  if (st == DF_OK) st = df_dflash_model_create(*ecfg, ctx, em, err);
+  if (st == DF_OK) st = df_draft_model_create(*ecfg, ctx, em, err);
   if (st == DF_OK)
-    st = df_export_fold_centering(cfg->moe, df_dflash_model_params(m), df_dflash_model_weights(m),
-                                  df_dflash_model_params(*em), df_dflash_model_weights(*em), err);
+    st = df_export_fold_centering(cfg->moe, df_draft_model_params(m), df_draft_model_weights(m),
+                                  df_draft_model_params(*em), df_draft_model_weights(*em), err);
   return st;
 }
 
@@ -266,10 +266,10 @@ df_status df_export(const char *checkpoint, const char *out_dir, const df_export
   const df_draft_config *cfg = NULL;
   DF_TRY(df_draft_config_from_file(cfg_path, &cfg, err));
   df_ctx *ctx = NULL;
-  df_dflash_model *m = NULL;
+  df_draft_model *m = NULL;
   json_t *resolved = NULL, *norm = NULL;
   const df_draft_config *ecfg = NULL; // MoE: the export draft (folded centering)
-  df_dflash_model *em = NULL;
+  df_draft_model *em = NULL;
   int64_t mask = -1;
   df_status st = export_mask_id(cfg, opt, &mask, err);
   if (st == DF_OK) st = df_moe_serving_check(cfg->moe, err);
@@ -279,16 +279,16 @@ df_status df_export(const char *checkpoint, const char *out_dir, const df_export
   if (st == DF_OK) st = df_draft_config_resolved_json(cfg, mask, &resolved, err);
   if (st == DF_OK) st = df_export_normalize_config(resolved, torch_dtype, opt->expect_block_size, cfg_path, &norm, err);
   if (st == DF_OK) st = df_export_moe_config_updates(norm, cfg->moe, cfg->kind == DF_DRAFT_DSPARK, err);
-  df_dflash_model *out_m = em ? em : m;
+  df_draft_model *out_m = em ? em : m;
   if (st == DF_OK)
-    st = write_export(ecfg ? ecfg->moe : cfg->moe, df_dflash_model_params(out_m), df_dflash_model_weights(out_m), norm,
+    st = write_export(ecfg ? ecfg->moe : cfg->moe, df_draft_model_params(out_m), df_draft_model_weights(out_m), norm,
                       out_dir, opt->dtype, err);
-  if (st == DF_OK && info) fill_info(dir, norm, cfg, df_dflash_model_params(out_m), mask, info);
+  if (st == DF_OK && info) fill_info(dir, norm, cfg, df_draft_model_params(out_m), mask, info);
   json_decref(norm);
   json_decref(resolved);
-  df_dflash_model_free(em);
+  df_draft_model_free(em);
   df_draft_config_free(ecfg);
-  df_dflash_model_free(m);
+  df_draft_model_free(m);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
   return st;

@@ -189,7 +189,7 @@ static void fill(const df_stage *s, const df_batch *bt, const df_dflash_anchors 
   if (p->last) memcpy(p->last, bt->last_hidden, sizeof(float) * (size_t)(d->B * d->S * d->H));
   memcpy(p->anchors, a->anchors, sizeof(int32_t) * (size_t)BN);
   memcpy(p->keep, a->keep, (size_t)BN);
-  df_dflash_fill_positions(d->B, d->S, d->N, d->bs, a->anchors, a->keep, p->pos_q, p->pos_kv);
+  df_draft_fill_positions(d->B, d->S, d->N, d->bs, a->anchors, a->keep, p->pos_q, p->pos_kv);
   memcpy(p->ids, b->blk.input_ids, sizeof(int32_t) * (size_t)R);
   if (d->dspark) {
     memcpy(p->dlabels, b->lab.labels, sizeof(int32_t) * (size_t)R);
@@ -214,7 +214,7 @@ static void views(const df_stage *s, const df_batch *bt, const dims *d, const pa
   const int64_t R = d->R, BN = d->B * d->N;
   const float *th = p->th ? p->th : bt->hidden, *last = p->last ? p->last : (d->teacher ? bt->last_hidden : NULL);
   o->B = d->B, o->S = d->S, o->N = d->N, o->R = R;
-  o->model = (df_dflash_batch){.B = d->B,
+  o->model = (df_draft_batch){.B = d->B,
                                .S = d->S,
                                .N = d->N,
                                .target_hidden = th,
@@ -313,13 +313,13 @@ df_status df_stage_prepare(df_stage *s, const df_batch *bt, const df_dflash_anch
   return DF_OK;
 }
 
-df_status df_stage_forward(df_ctx *ctx, df_dflash_model *m, const float *embed, int64_t vocab, df_staged *st,
+df_status df_stage_forward(df_ctx *ctx, df_draft_model *m, const float *embed, int64_t vocab, df_staged *st,
                            df_tensor *hidden, df_error *err) {
   const int64_t H = st->block_embed.shape[1];
   df_tensor table = df_f32_on(df_ctx_device(ctx), embed, vocab, H);
   DF_TRY(df_embedding_forward(ctx, &table, &st->block_ids, &st->block_embed, err));
   const float *out = NULL;
-  DF_TRY(df_dflash_model_forward(m, &st->model, &out, err));
+  DF_TRY(df_draft_model_forward(m, &st->model, &out, err));
   *hidden = df_f32_on(df_ctx_device(ctx), out, st->R, H);
   return DF_OK;
 }

@@ -14,7 +14,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "strategies/dflash.h"
 #include "strategies/dspark.h"
 #include "train/data/batch.h"
@@ -39,7 +39,7 @@ typedef struct {
 // A staged micro-batch: views on the context's device, valid until its slot is prepared again (two prepares on).
 typedef struct {
   int64_t B, S, N, R;      // R = B·N·bs block rows
-  df_dflash_batch model;   // for df_dflash_model_forward (on_device; block_embed is the scratch below)
+  df_draft_batch model;   // for df_draft_model_forward (on_device; block_embed is the scratch below)
   df_tensor block_ids;     // [R] i32 block input ids (anchor token, else the mask token)
   df_dflash_rows dflash;   // DFlash objective rows (DFlash drafts)
   df_dflash_work dflash_w; //   and their scratch
@@ -66,9 +66,9 @@ void df_stage_free(df_stage *s);
 df_status df_stage_prepare(df_stage *s, const df_batch *bt, const df_dflash_anchors *a, df_staged *out, df_error *err);
 
 // The forward of a staged micro-batch, shared by the step and eval: the frozen embedding of the block ids (embed
-// [V, H] on the context's device) into block_embed, then df_dflash_model_forward. *hidden views the model's
+// [V, H] on the context's device) into block_embed, then df_draft_model_forward. *hidden views the model's
 // final-normed output [R, H].
-df_status df_stage_forward(df_ctx *ctx, df_dflash_model *m, const float *embed, int64_t vocab, df_staged *st,
+df_status df_stage_forward(df_ctx *ctx, df_draft_model *m, const float *embed, int64_t vocab, df_staged *st,
                            df_tensor *hidden, df_error *err);
 
 #ifdef __cplusplus

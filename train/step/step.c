@@ -49,12 +49,12 @@ df_stage_spec df_step_stage_spec(const df_draft_config *cfg, const df_step_froze
 // to aux·Σden, and the aux gradient's scale is grad_scale·Σden.
 // With opt->moe_stats (the trainer) the aux loss reaches loss_num on the device (the layers add aux·loss_den into
 // the MoE sums, df_moe_set_stats) and nothing is read here; otherwise the layers' records are read back.
-static df_status moe_aux_begin(df_dflash_model *m, const df_step_options *opt, double loss_den, double *aux,
+static df_status moe_aux_begin(df_draft_model *m, const df_step_options *opt, double loss_den, double *aux,
                                df_error *err) {
   int n = 0;
-  df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
+  df_ffn *const *ffns = df_draft_model_ffns(m, &n);
   *aux = 0.0;
-  if (!df_dflash_model_is_moe(m)) return DF_OK;
+  if (!df_draft_model_is_moe(m)) return DF_OK;
   double den = loss_den;
   if (opt->global && opt->dp_sum) {
     float d = (float)loss_den;
@@ -87,13 +87,13 @@ static df_status check_options(const df_draft_config *cfg, const df_step_options
 // The objective of the staged micro-batch into stats, with d(loss)/d(hidden) in st->dhidden: DFlash's (then
 // rescaled for the trainer: d(grad_scale·num) = grad_scale·den · d(num/den)), or DSpark's (which takes grad_scale
 // itself and adds the heads' gradients).
-static df_status objective(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+static df_status objective(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                            const df_step_options *opt, df_staged *st, const df_tensor *hidden, df_tensor *stats,
                            df_error *err) {
   df_tensor head = df_f32_on(df_ctx_device(ctx), fz->lm_head, fz->vocab, fz->hidden);
   if (cfg->kind == DF_DRAFT_DSPARK) {
     df_dspark_loss_options lo = df_step_dspark_loss(opt);
-    return df_dspark_objective_rows(ctx, &lo, df_dflash_model_dspark_heads(m), hidden, &head,
+    return df_dspark_objective_rows(ctx, &lo, df_draft_model_dspark_heads(m), hidden, &head,
                                     st->last_hidden.data ? &st->last_hidden : NULL, &st->dspark, &st->dspark_w,
                                     &st->dhidden, stats, err);
   }
@@ -104,7 +104,7 @@ static df_status objective(df_ctx *ctx, df_dflash_model *m, const df_draft_confi
 }
 
 // The sums read back from a step's own stats (the step command, tests, benches): the kind's metrics.
-static df_status read_metrics(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_options *opt,
+static df_status read_metrics(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_options *opt,
                               const df_staged *st, df_dflash_metrics *out, df_error *err) {
   const int64_t ns = df_numel(&st->stats), bs = cfg->block_size;
   double *host = malloc(sizeof(double) * (size_t)ns);
@@ -115,7 +115,7 @@ static df_status read_metrics(df_ctx *ctx, df_dflash_model *m, const df_draft_co
     df_dspark_loss_options lo = df_step_dspark_loss(opt);
     df_dspark_metrics dm;
     rc = df_dspark_metrics_from_stats(host, bs, st->loss_den, &lo,
-                                      df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(m)), &dm, err);
+                                      df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(m)), &dm, err);
     if (rc == DF_OK) rc = df_step_dspark_shared(&dm, out, err);
     if (rc == DF_OK && opt->dspark_metrics)
       *opt->dspark_metrics = dm; // moved
@@ -142,7 +142,7 @@ df_status df_step_dspark_shared(const df_dspark_metrics *d, df_dflash_metrics *o
 }
 
 // Anchors (host RNG), the stage (host build, one upload), forward, objective, MoE aux, backward.
-static df_status micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+static df_status micro(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
                        const df_batch *bt, df_dflash_sampler *s, const df_step_options *opt, df_stage *stage,
                        df_dflash_anchors *a, df_staged *st, double *aux, df_error *err) {
   DF_TRY(check_options(cfg, opt, err));
@@ -155,24 +155,24 @@ static df_status micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *c
   if (!opt->stats) DF_TRY(df_fill(ctx, &stats, 0.0, err));
   df_tensor hidden;
   int nf = 0;
-  df_ffn *const *ffns = df_dflash_model_ffns(m, &nf);
+  df_ffn *const *ffns = df_draft_model_ffns(m, &nf);
   if (opt->moe_stats) df_moe_set_stats(ffns, nf, opt->moe_stats, st->loss_den);
   df_status fw = df_stage_forward(ctx, m, fz->embed, fz->vocab, st, &hidden, err);
   if (opt->moe_stats) df_moe_set_stats(ffns, nf, NULL, 0.0);
   DF_TRY(fw);
-  if (!opt->accumulate) df_dflash_model_zero_grads(m); // DSpark's heads add their gradients in the objective
+  if (!opt->accumulate) df_draft_model_zero_grads(m); // DSpark's heads add their gradients in the objective
   DF_TRY(objective(ctx, m, cfg, fz, opt, st, &hidden, &stats, err));
   DF_TRY(moe_aux_begin(m, opt, st->loss_den, aux, err));
-  return df_dflash_model_backward(m, st->dhidden.data, err);
+  return df_draft_model_backward(m, st->dhidden.data, err);
 }
 
-df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+df_status df_step_micro(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                         const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
                         df_dflash_metrics *out, df_error *err) {
   memset(out, 0, sizeof *out);
   df_stage *stage = opt->stage;
   if (!stage) {
-    df_stage_spec spec = df_step_stage_spec(cfg, frozen, opt, df_dflash_model_dspark_heads(m));
+    df_stage_spec spec = df_step_stage_spec(cfg, frozen, opt, df_draft_model_dspark_heads(m));
     DF_TRY(df_stage_create(ctx, &spec, &stage, err));
   }
   df_dflash_anchors a = {0};
@@ -199,13 +199,13 @@ typedef struct {
   const df_recipe *recipe;
   df_run_resources res; // configs, frozen pieces (scaled head), mask token (train/step/resources.h)
   df_ctx *ctx;
-  df_dflash_model *model;
+  df_draft_model *model;
   df_batch batch;
 } step_run;
 
 static void run_free(step_run *r) {
   df_batch_free(&r->batch);
-  df_dflash_model_free(r->model);
+  df_draft_model_free(r->model);
   df_run_resources_free(&r->res); // before the context: the frozen pieces may live on its device
   df_ctx_destroy(r->ctx);
   df_recipe_free(r->recipe);
@@ -215,12 +215,12 @@ static df_status load_model(step_run *r, int threads, const df_device_choice *de
   DF_TRY(df_device_open(device ? *device : r->recipe->training.device, df_device_cpu_only_reason(r->res.draft), threads,
                         stderr, &r->ctx, err));
   DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
-  DF_TRY(df_dflash_model_create(r->res.draft, r->ctx, &r->model, err));
+  DF_TRY(df_draft_model_create(r->res.draft, r->ctx, &r->model, err));
   const df_recipe *rc = r->recipe;
-  if (!rc->model.draft_checkpoint_path) return df_dflash_model_init(r->model, rc->training.seed, err);
+  if (!rc->model.draft_checkpoint_path) return df_draft_model_init(r->model, rc->training.seed, err);
   // A warm start: MoE centering buffers may be absent (they keep the init values: mean 0, steps 0).
-  if (df_dflash_model_is_moe(r->model)) DF_TRY(df_dflash_model_init(r->model, rc->training.seed, err));
-  return df_dflash_model_load_ex(r->model, rc->model.draft_checkpoint_path, true, err);
+  if (df_draft_model_is_moe(r->model)) DF_TRY(df_draft_model_init(r->model, rc->training.seed, err));
+  return df_draft_model_load_ex(r->model, rc->model.draft_checkpoint_path, true, err);
 }
 
 // Recipe; configs, strategy check, frozen pieces and mask token (df_run_resources_load, as the trainer); model;
@@ -317,7 +317,7 @@ static df_status write_dump(const step_run *run, const df_step_result *r, const 
   snprintf(path, sizeof path, "%s/grads.safetensors", dir);
   // Every trainable parameter (no buffers), MoE tensors named by the config's checkpoint layout.
   df_save_options so = {.dtype = DF_ST_F32, .trainable_only = true};
-  DF_TRY(df_moe_layout_save(run->res.draft->moe, df_dflash_model_params(run->model), df_dflash_model_grads(run->model),
+  DF_TRY(df_moe_layout_save(run->res.draft->moe, df_draft_model_params(run->model), df_draft_model_grads(run->model),
                             path, &so, err));
   return df_step_write_json(r, dir, err);
 }

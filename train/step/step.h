@@ -8,7 +8,7 @@
 
 #include "base/error.h"
 #include "kernels/ops.h"
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "moe/balance.h"
 #include "strategies/dflash.h"
 #include "strategies/dspark.h"
@@ -72,7 +72,7 @@ typedef struct {
 // slots; opt->dspark_metrics gets the rest. The batch must carry last_hidden when the loss needs the teacher.
 // An MoE draft adds the routers' aux loss to the objective (out->aux_loss; loss_num += aux_loss·loss_den) and its
 // gradient to the backward, scaled for the gradient mode (docs/training.md "MoE drafts").
-df_status df_step_micro(df_ctx *ctx, df_dflash_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+df_status df_step_micro(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
                         const df_batch *batch, df_dflash_sampler *s, const df_step_options *opt, int64_t *out_n,
                         df_dflash_metrics *out, df_error *err);
 

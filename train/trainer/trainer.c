@@ -93,9 +93,9 @@ static void window_reset(window *w) {
 
 // The moe/* metrics and the per-layer expert load of the window, from the MoE layers' device sums (read with the
 // window's stats block): layer averages over the window's micro-batches.
-static void window_finish_moe(window *w, df_dflash_model *m, const double *sums) {
+static void window_finish_moe(window *w, df_draft_model *m, const double *sums) {
   int n = 0;
-  df_ffn *const *ffns = df_dflash_model_ffns(m, &n);
+  df_ffn *const *ffns = df_draft_model_ffns(m, &n);
   w->moe_n = df_moe_stats_metrics(ffns, n, sums, w->moe_micro, w->moe);
   if (!w->moe_load || !w->moe_micro) return;
   const int64_t E = w->moe_E;
@@ -135,7 +135,7 @@ static void window_finish(const df_trainer *t, window *w, const double *st) {
   const int64_t bs = w->bs;
   if (t->nstats > t->nobj) { // MoE: the aux loss's part of loss_num and the moe/* metrics, from the device sums
     int n = 0;
-    df_ffn *const *ffns = df_dflash_model_ffns(t->model, &n);
+    df_ffn *const *ffns = df_draft_model_ffns(t->model, &n);
     w->host_loss_num += df_moe_stats_aux_num(ffns, n, st + t->nobj);
     window_finish_moe(w, t->model, st + t->nobj);
   }
@@ -149,7 +149,7 @@ static void window_finish(const df_trainer *t, window *w, const double *st) {
   }
   df_dspark_loss_options lo = df_step_dspark_loss(&t->step_opt);
   const double l1 = lo.l1_alpha > 0 ? st[DF_DSTAT_L1] : 0.0; // SpecForge logs the L1 term only in the loss
-  const bool conf = df_dspark_objective_terms(&lo, df_dflash_model_dspark_heads(t->model)).conf;
+  const bool conf = df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(t->model)).conf;
   w->loss_num = lo.ce_alpha * st[DF_DSTAT_CE] + lo.l1_alpha * l1 + (conf ? lo.conf_alpha * st[DF_DSTAT_CONF] : 0.0) +
                 w->host_loss_num;
   w->acc_num = st[DF_DSTAT_ACC_NUM], w->acc_den = st[DF_DSTAT_EVAL_DEN];
@@ -185,7 +185,7 @@ static df_status after_micro_hook(df_trainer *t, int64_t step, int64_t k, df_err
   const df_train_hooks *hooks = t->opt->hooks;
   if (!hooks || !hooks->after_micro) return DF_OK;
   const int64_t n = df_params_numel(t->table);
-  float *g = df_dflash_model_grads(t->model);
+  float *g = df_draft_model_grads(t->model);
   host_view v;
   DF_TRY(view_down(t, g, n, &v, err));
   hooks->after_micro(hooks->ctx, step, k, v.p, n);
@@ -195,8 +195,8 @@ static df_status after_micro_hook(df_trainer *t, int64_t step, int64_t k, df_err
 // Zeroes the gradient and the window's device sums, then adds d(loss_num) and the sums of every micro-batch of
 // step `step`.
 static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *err) {
-  df_dflash_model_zero_grads(t->model);
-  df_dflash_model_set_training(t->model, true); // MoE: routing stashes, deferred updates and the aux loss
+  df_draft_model_zero_grads(t->model);
+  df_draft_model_set_training(t->model, true); // MoE: routing stashes, deferred updates and the aux loss
   window_reset(w);
   df_tensor all = df_f64_on(df_ctx_device(t->ctx), t->stats_buf, t->nstats + DF_NORM_STATS);
   DF_TRY(df_fill(t->ctx, &all, 0.0, err)); // the window's sums, and {norm, coef, ok} = 0 until the norm runs
@@ -211,7 +211,7 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     w->data_wait_s += wait;
     if (t->world > 1) DF_TRY(df_trainer_dp_global_batch(t, b, err)); // this rank's share of the global batch
     df_trainer_note_batch(t, b->index, b->B, k == 0);                // a skipped step names its samples
-    if (df_dflash_model_is_moe(t->model)) t->state_dirty = true;     // MoE forwards update router buffers
+    if (df_draft_model_is_moe(t->model)) t->state_dirty = true;     // MoE forwards update router buffers
     df_dflash_metrics m;
     int64_t N;
     df_error micro_err = {0};
@@ -222,10 +222,10 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     }
     if (st != DF_OK) return *err = micro_err, st;
     window_add(w, &m, b);
-    if (df_dflash_model_is_moe(t->model)) w->moe_micro++; // its statistics went into the device sums
+    if (df_draft_model_is_moe(t->model)) w->moe_micro++; // its statistics went into the device sums
     if (t->log && step == t->start_step + 1 && k == 0)    // the arena is sized by the first batch's shape
       fprintf(t->log, "  activations %.1f MiB for a batch of %lld x %lld (grows with longer batches)\n",
-              (double)df_dflash_model_activation_bytes(t->model) / (1 << 20), (long long)b->B, (long long)b->S);
+              (double)df_draft_model_activation_bytes(t->model) / (1 << 20), (long long)b->B, (long long)b->S);
     df_dflash_metrics_free(&m);
     DF_TRY(after_micro_hook(t, step, k, err));
   }
@@ -237,7 +237,7 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
   // state either way; eval and checkpoints see every training forward's update, and no stash is left pending
   // at a checkpoint, so state.h5's buffers are all a bit-exact resume needs.
   int nf = 0;
-  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nf);
+  df_ffn *const *ffns = df_draft_model_ffns(t->model, &nf);
   return df_moe_apply_pending(ffns, nf, err);
 }
 
@@ -251,7 +251,7 @@ static df_status before_update_hook(df_trainer *t, int64_t step, float scale, st
   if (ns[DF_NORM_OK] == 0.0) return DF_OK; // the step is skipped: no update to show
   const int64_t n = df_params_numel(t->table);
   host_view v;
-  DF_TRY(view_down(t, df_dflash_model_grads(t->model), n, &v, err));
+  DF_TRY(view_down(t, df_draft_model_grads(t->model), n, &v, err));
   float *g = malloc(sizeof(float) * (size_t)n);
   if (!g) return view_up(t, NULL, n, &v, false, err), DF_FAIL(err, DF_ERR_NOMEM, "hooks", NULL, "out of memory");
   const float cf = (float)ns[DF_NORM_COEF];
@@ -266,7 +266,7 @@ static df_status after_update_hook(df_trainer *t, int64_t step, df_error *err) {
   const df_train_hooks *hooks = t->opt->hooks;
   if (!hooks || !hooks->after_update) return DF_OK;
   const int64_t n = df_params_numel(t->table);
-  float *w = df_dflash_model_weights(t->model);
+  float *w = df_draft_model_weights(t->model);
   host_view v;
   DF_TRY(view_down(t, w, n, &v, err));
   hooks->after_update(hooks->ctx, step, v.p, n);
@@ -303,7 +303,7 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
     DF_TRY(df_trainer_dp_zero_step(t, &ad, &nd, err));
   } else if (!host_skip) {
     df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
-    df_tensor g = df_f32_on(df_ctx_device(t->ctx), df_dflash_model_grads(t->model), df_params_numel(t->table));
+    df_tensor g = df_f32_on(df_ctx_device(t->ctx), df_draft_model_grads(t->model), df_params_numel(t->table));
     df_tensor mk = df_u8_on(df_ctx_device(t->ctx), t->mask, df_params_numel(t->table));
     DF_TRY(df_grad_norm_clip(t->ctx, &nd, &g, &mk, &t->win_stats, &t->norm_stats, err));
     DF_TRY(before_update_hook(t, step, scale, r, err));
@@ -316,7 +316,7 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
                               .grad_scale = scale};
     const df_device dev = df_ctx_device(t->ctx);
     const int64_t n = df_params_numel(t->table);
-    df_tensor p = df_f32_on(dev, df_dflash_model_weights(t->model), n), m = df_f32_on(dev, t->exp_avg, n);
+    df_tensor p = df_f32_on(dev, df_draft_model_weights(t->model), n), m = df_f32_on(dev, t->exp_avg, n);
     df_tensor v = df_f32_on(dev, t->exp_avg_sq, n);
     t->state_dirty = true; // from the update until the progress record follows
     DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->norm_stats, NULL, err));
@@ -496,7 +496,7 @@ static df_status check_finite(const df_trainer *t, const float *const bufs[3], d
 // The state a checkpoint writes, on the host: the device buffers themselves when they are host memory, else one
 // staged copy of each (a checkpoint is the one place the trainer reads the whole state back).
 static df_status state_to_host(df_trainer *t, float *bufs[3], float **staged, df_error *err) {
-  float *dev[3] = {df_dflash_model_weights(t->model), t->exp_avg, t->exp_avg_sq};
+  float *dev[3] = {df_draft_model_weights(t->model), t->exp_avg, t->exp_avg_sq};
   *staged = NULL;
   if (df_ctx_host_addressable(t->ctx)) {
     for (int i = 0; i < 3; i++) bufs[i] = dev[i];
@@ -517,7 +517,7 @@ static df_status zero_state(df_trainer *t, float *bufs[3], float **staged, df_er
   const int64_t n = df_params_numel(t->table);
   if (!(*staged = malloc(2 * sizeof(float) * (size_t)n)))
     return DF_FAIL(err, DF_ERR_NOMEM, "checkpoint", NULL, "out of memory for %lld moments", (long long)(2 * n));
-  bufs[0] = df_dflash_model_weights(t->model), bufs[1] = *staged, bufs[2] = *staged + n;
+  bufs[0] = df_draft_model_weights(t->model), bufs[1] = *staged, bufs[2] = *staged + n;
   return df_trainer_dp_gather_moments(t, bufs[1], bufs[2], err);
 }
 
@@ -627,7 +627,7 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
   w.pos_num = calloc((size_t)w.bs, sizeof(double));
   w.pos_den = calloc((size_t)w.bs, sizeof(double));
   int nffn = 0;
-  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nffn);
+  df_ffn *const *ffns = df_draft_model_ffns(t->model, &nffn);
   w.moe_E = df_moe_num_experts(ffns, nffn);
   bool moe_ok = true;
   if (w.moe_E > 0) {

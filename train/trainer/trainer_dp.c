@@ -13,10 +13,10 @@
 
 df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
   if (t->world == 1) return DF_OK;
-  if (df_dflash_model_is_moe(t->model)) { // routing statistics and deferred updates over every rank's rows
+  if (df_draft_model_is_moe(t->model)) { // routing statistics and deferred updates over every rank's rows
     t->moe_coll = df_dist_moe_collective(t->comm);
     int n = 0;
-    df_ffn *const *ffns = df_dflash_model_ffns(t->model, &n);
+    df_ffn *const *ffns = df_draft_model_ffns(t->model, &n);
     df_moe_set_collective(ffns, n, &t->moe_coll);
     t->step_opt.dp_sum = &t->moe_coll;
   }
@@ -47,7 +47,7 @@ df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bo
   DF_TRY(df_comm_all_reduce(t->comm, scalars, scalars, n_scalars, DF_COMM_F64, DF_COMM_SUM, err));
   DF_TRY(df_comm_all_reduce(t->comm, t->win_stats.data, t->win_stats.data, t->nstats, DF_COMM_F64, DF_COMM_SUM, err));
   if (!grads) return df_comm_wait(t->comm, err);
-  float *g = df_dflash_model_grads(t->model);
+  float *g = df_draft_model_grads(t->model);
   const int64_t n = df_params_numel(t->table);
   for (int64_t off = 0; off < n; off += DP_BUCKET_FLOATS) {
     const int64_t c = n - off < DP_BUCKET_FLOATS ? n - off : DP_BUCKET_FLOATS;
@@ -58,7 +58,7 @@ df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bo
 
 df_status df_trainer_dp_share_state(df_trainer *t, df_error *err) {
   const int64_t n = df_params_numel(t->table);
-  DF_TRY(df_comm_broadcast(t->comm, df_dflash_model_weights(t->model), n, DF_COMM_F32, 0, err));
+  DF_TRY(df_comm_broadcast(t->comm, df_draft_model_weights(t->model), n, DF_COMM_F32, 0, err));
   if (t->zero) { // rank 0 holds the full moments in zero_full (resume); each rank keeps its shard
     for (int i = 0; i < 2; i++) {
       float *full = t->zero_full + i * n, *mine = i ? t->exp_avg_sq : t->exp_avg;
@@ -90,9 +90,9 @@ df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, 
                                   df_error *err) {
   const int64_t n = df_params_numel(t->table), S = t->shard_size, W = t->world;
   const df_device dev = df_ctx_device(t->ctx);
-  float *buf = t->zero_buf, *w = df_dflash_model_weights(t->model);
+  float *buf = t->zero_buf, *w = df_draft_model_weights(t->model);
   // The gradient, padded to world shards, reduce-scattered in place: this rank's shard at buf + rank·S.
-  memcpy(buf, df_dflash_model_grads(t->model), sizeof(float) * (size_t)n);
+  memcpy(buf, df_draft_model_grads(t->model), sizeof(float) * (size_t)n);
   memset(buf + n, 0, sizeof(float) * (size_t)(W * S - n));
   float *mine = buf + t->shard_off;
   DF_TRY(df_comm_reduce_scatter(t->comm, buf, mine, S, DF_COMM_F32, DF_COMM_SUM, err));

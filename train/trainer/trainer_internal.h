@@ -4,7 +4,7 @@
 #define DF_TRAIN_TRAINER_TRAINER_INTERNAL_H
 
 #include "kernels/ops.h"
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 #include "train/data/data_feed.h"
 #include "train/data/online_data.h"
 #include "train/observe/metrics_log.h"
@@ -26,7 +26,7 @@ typedef struct {
   const df_draft_config *draft; // = res.draft
   df_step_frozen frozen;        // = res.frozen
   df_ctx *ctx;
-  df_dflash_model *model;
+  df_draft_model *model;
   df_feed *feed;
   df_online_target *online;  // the target of online data (NULL: offline), shared by the feed's and eval's sources
   df_batch_source *eval_src; // the eval set (captured or online), open when training.eval_interval > 0

@@ -70,8 +70,8 @@ static df_status load_resources(df_trainer *t, df_error *err) {
                           df_device_cpu_only_reason(t->draft), t->opt->threads, t->log, &t->ctx, err));
   DF_TRY(df_run_resources_place(&t->res, t->ctx, err));
   t->frozen = t->res.frozen;
-  DF_TRY(df_dflash_model_create(t->draft, t->ctx, &t->model, err));
-  t->table = df_dflash_model_params(t->model);
+  DF_TRY(df_draft_model_create(t->draft, t->ctx, &t->model, err));
+  t->table = df_draft_model_params(t->model);
   // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
   const bool need_last =
       dspark && (rc->training.dspark_l1_loss_alpha > 0 || rc->training.dspark_confidence_head_alpha > 0);
@@ -132,7 +132,7 @@ static df_status alloc_optimizer(df_trainer *t, df_error *err) {
   DF_TRY(st);
   t->nobj = t->draft->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
   int nf = 0;
-  df_ffn *const *ffns = df_dflash_model_ffns(t->model, &nf);
+  df_ffn *const *ffns = df_draft_model_ffns(t->model, &nf);
   t->nstats = t->nobj + df_moe_stats_elems(ffns, nf);
   const size_t sbytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
   DF_TRY(df_buffer_alloc(t->ctx, sbytes, &t->stats_buf, err));
@@ -140,7 +140,7 @@ static df_status alloc_optimizer(df_trainer *t, df_error *err) {
   t->win_stats = df_f64_on(dev, t->stats_buf, t->nstats);
   t->obj_stats = df_f64_on(dev, t->stats_buf, t->nobj);
   t->norm_stats = df_f64_on(dev, (double *)t->stats_buf + t->nstats, DF_NORM_STATS);
-  df_stage_spec spec = df_step_stage_spec(t->draft, &t->frozen, &t->step_opt, df_dflash_model_dspark_heads(t->model));
+  df_stage_spec spec = df_step_stage_spec(t->draft, &t->frozen, &t->step_opt, df_draft_model_dspark_heads(t->model));
   return df_stage_create(t->ctx, &spec, &t->stage, err);
 }
 
@@ -203,10 +203,10 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
     if (t->log) fprintf(t->log, "warm start: weights from %s\n", shown);
     // MoE: the centering buffers are optional in a warm start (a serving export has none); absent ones start
     // from the init values (mean 0, steps 0).
-    if (df_dflash_model_is_moe(t->model)) DF_TRY(df_dflash_model_init(t->model, rc->training.seed, err));
-    DF_TRY(df_dflash_model_load_ex(t->model, rc->model.draft_checkpoint_path, true, err));
+    if (df_draft_model_is_moe(t->model)) DF_TRY(df_draft_model_init(t->model, rc->training.seed, err));
+    DF_TRY(df_draft_model_load_ex(t->model, rc->model.draft_checkpoint_path, true, err));
   } else {
-    DF_TRY(df_dflash_model_init(t->model, rc->training.seed, err));
+    DF_TRY(df_draft_model_init(t->model, rc->training.seed, err));
   }
   df_dflash_sampler_init(&t->sampler, rc->training.seed);
   memset(&t->prog, 0, sizeof t->prog);
@@ -216,7 +216,7 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
 
 // state.h5 into the masters and moments: read in place on a host-addressable device, else through host staging.
 static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *have, df_error *err) {
-  float *w = df_dflash_model_weights(t->model);
+  float *w = df_draft_model_weights(t->model);
   const int64_t numel = df_params_numel(t->table);
   if (t->zero) // ZeRO-1 (host memory): the full moments, handed out by df_trainer_dp_share_state
     return df_ckpt_read(dir, t->table, w, t->zero_full, t->zero_full + numel, have, &t->prog, err);
@@ -338,7 +338,7 @@ void df_trainer_teardown(df_trainer *t) {
     df_buffer_free(t->ctx, t->stats_buf), df_host_free(t->ctx, t->stats_host);
   }
   free(t->zero_buf), free(t->zero_full);
-  df_dflash_model_free(t->model);
+  df_draft_model_free(t->model);
   df_run_resources_free(&t->res);
   df_ctx_destroy(t->ctx);
   df_recipe_free(t->recipe);

@@ -1,7 +1,7 @@
 // Internal to the DFlash model (modeling/dflash_*.c): one decoder layer's parameters, saved activations and
 // backward scratch, its forward/backward through the op interface, and the RoPE frequency table.
-#ifndef DF_MODELING_DFLASH_LAYER_H
-#define DF_MODELING_DFLASH_LAYER_H
+#ifndef DF_MODELING_DRAFT_LAYER_H
+#define DF_MODELING_DRAFT_LAYER_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -36,7 +36,7 @@ typedef struct {
   dflash_pview q_b, k_b, v_b, o_b; // biases (only when has_bias)
   dflash_pview q_norm, k_norm;     // [hd]
   df_ffn *ffn;
-} dflash_layer;
+} draft_layer;
 
 // What one layer keeps from forward to backward (views into the model's arena).
 typedef struct {
@@ -55,7 +55,7 @@ typedef struct {
   float *y;         // (B, Q, H) post_attention_layernorm(h_mid)
   float *rstd_post; // (B·Q)
   float *ffn_saved; // the FFN's own (df_ffn saved_elems(B·Q))
-} dflash_layer_acts;
+} draft_layer_acts;
 
 // Backward scratch shared by all layers (views into the arena).
 typedef struct {
@@ -84,20 +84,20 @@ typedef struct {
 } dflash_shared;
 
 // Appends layer i's parameters to p in checkpoint order (the FFN's last) and creates its FFN.
-df_status dflash_layer_add_params(const df_draft_config *cfg, int64_t i, df_params *p, dflash_layer *L, df_error *err);
+df_status draft_layer_add_params(const df_draft_config *cfg, int64_t i, df_params *p, draft_layer *L, df_error *err);
 // Resolves the layer's views once the table is final and the flat buffers exist.
-df_status dflash_layer_bind(dflash_layer *L, const df_params *p, float *weights, float *grads, df_device dev,
+df_status draft_layer_bind(draft_layer *L, const df_params *p, float *weights, float *grads, df_device dev,
                             df_error *err);
-void dflash_layer_free(dflash_layer *L);
+void draft_layer_free(draft_layer *L);
 
 // h_out (B, Q, H) = layer(h_in (B, Q, H)); activations go to a, the FFN's temporaries to scr->ffn.
-df_status dflash_layer_forward(df_ctx *ctx, const dflash_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                               const float *h_in, float *h_out, dflash_layer_acts *a, dflash_scratch *scr,
+df_status draft_layer_forward(df_ctx *ctx, const draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
+                               const float *h_in, float *h_out, draft_layer_acts *a, dflash_scratch *scr,
                                df_error *err);
 // On entry scr->dh holds ∂/∂h_out, on return ∂/∂h_in. The context gradient goes to scr->dctx, written when
 // first_ctx_write (the first layer the backward visits) and added to otherwise.
-df_status dflash_layer_backward(df_ctx *ctx, dflash_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                                const float *h_in, const dflash_layer_acts *a, dflash_scratch *scr,
+df_status draft_layer_backward(df_ctx *ctx, draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
+                                const float *h_in, const draft_layer_acts *a, dflash_scratch *scr,
                                 bool first_ctx_write, df_error *err);
 
 // The RoPE frequency table of HF's rope_type (default, linear, yarn, llama3) in float32 as transformers

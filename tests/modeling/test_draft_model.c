@@ -19,8 +19,8 @@
 #include <string.h>
 
 #include "base/rng.h"
-#include "modeling/dflash_layer.h"
-#include "modeling/dflash_model.h"
+#include "modeling/draft_layer.h"
+#include "modeling/draft_model.h"
 #include "modeling/strict_load.h"
 #include "tests/common/fixture.h"
 
@@ -75,10 +75,10 @@ static const df_draft_config *micro_config(bool bias, const char *rope) {
   return cfg;
 }
 
-static df_dflash_model *make_model(const df_draft_config *cfg, df_ctx *ctx) {
-  df_dflash_model *m;
+static df_draft_model *make_model(const df_draft_config *cfg, df_ctx *ctx) {
+  df_draft_model *m;
   df_error err = {0};
-  DF_ASSERT_OK(df_dflash_model_create(cfg, ctx, &m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
   return m;
 }
 
@@ -133,8 +133,8 @@ static int tiny_expected(want_param *w, bool bias) {
 static void check_table(bool bias, int64_t want_numel) {
   const df_draft_config *cfg = tiny_config(bias);
   df_ctx *ctx = df_test_cpu_ctx(2);
-  df_dflash_model *m = make_model(cfg, ctx);
-  const df_params *p = df_dflash_model_params(m);
+  df_draft_model *m = make_model(cfg, ctx);
+  const df_params *p = df_draft_model_params(m);
   want_param w[64];
   const int n = tiny_expected(w, bias);
   cr_assert_eq(df_params_count(p), n, "table has %d entries, expected %d", df_params_count(p), n);
@@ -150,28 +150,28 @@ static void check_table(bool bias, int64_t want_numel) {
     cr_expect_eq(e->offset % DF_PARAMS_ALIGN_ELEMS, 0, "%s aligned", w[i].name);
   }
   cr_expect_eq(df_params_param_numel(p), want_numel, "parameter count %lld", (long long)df_params_param_numel(p));
-  df_dflash_model_free(m);
+  df_draft_model_free(m);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
 }
 
 // 8192 + 64 + 2 · (64 + 4096 + 2048 + 2048 + 4096 + 16 + 16 + 64 + 3 · 8192) + 64; bias adds 2 · 192.
-Test(dflash_model, table_tiny) { check_table(false, 82368); }
-Test(dflash_model, table_tiny_attention_bias) { check_table(true, 82368 + 384); }
+Test(draft_model, table_tiny) { check_table(false, 82368); }
+Test(draft_model, table_tiny_attention_bias) { check_table(true, 82368 + 384); }
 
 // ---- (b) init ------------------------------------------------------------------------------------------
 
-Test(dflash_model, init_matches_rng_and_is_deterministic) {
+Test(draft_model, init_matches_rng_and_is_deterministic) {
   const df_draft_config *cfg = tiny_config(true);
   df_ctx *ctx = df_test_cpu_ctx(2);
-  df_dflash_model *a = make_model(cfg, ctx), *b = make_model(cfg, ctx);
+  df_draft_model *a = make_model(cfg, ctx), *b = make_model(cfg, ctx);
   df_error err = {0};
-  DF_ASSERT_OK(df_dflash_model_init(a, 1234, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_init(b, 1234, &err), &err);
-  const df_params *p = df_dflash_model_params(a);
+  DF_ASSERT_OK(df_draft_model_init(a, 1234, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(b, 1234, &err), &err);
+  const df_params *p = df_draft_model_params(a);
   const size_t bytes = sizeof(float) * (size_t)df_params_numel(p);
-  const float *wa = df_dflash_model_weights(a);
-  cr_expect_eq(memcmp(wa, df_dflash_model_weights(b), bytes), 0, "same seed, different bits");
+  const float *wa = df_draft_model_weights(a);
+  cr_expect_eq(memcmp(wa, df_draft_model_weights(b), bytes), 0, "same seed, different bits");
 
   // fc.weight is drawn first, row-major; q_proj of layer 0 continues the stream (norms draw nothing).
   df_rng r;
@@ -183,22 +183,22 @@ Test(dflash_model, init_matches_rng_and_is_deterministic) {
   }
   for (int j = 0; j < 8; j++) cr_expect_eq(wa[q->offset + j], (float)(0.02 * df_rng_normal(&r)), "q_proj[%d]", j);
 
-  DF_ASSERT_OK(df_dflash_model_init(b, 1235, &err), &err);
-  cr_expect_neq(memcmp(wa, df_dflash_model_weights(b), bytes), 0, "another seed, same bits");
-  df_dflash_model_free(a);
-  df_dflash_model_free(b);
+  DF_ASSERT_OK(df_draft_model_init(b, 1235, &err), &err);
+  cr_expect_neq(memcmp(wa, df_draft_model_weights(b), bytes), 0, "another seed, same bits");
+  df_draft_model_free(a);
+  df_draft_model_free(b);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
 }
 
-Test(dflash_model, init_statistics) {
+Test(draft_model, init_statistics) {
   const df_draft_config *cfg = tiny_config(true);
   df_ctx *ctx = df_test_cpu_ctx(2);
-  df_dflash_model *m = make_model(cfg, ctx);
+  df_draft_model *m = make_model(cfg, ctx);
   df_error err = {0};
-  DF_ASSERT_OK(df_dflash_model_init(m, 42, &err), &err);
-  const df_params *p = df_dflash_model_params(m);
-  const float *w = df_dflash_model_weights(m);
+  DF_ASSERT_OK(df_draft_model_init(m, 42, &err), &err);
+  const df_params *p = df_draft_model_params(m);
+  const float *w = df_draft_model_weights(m);
   double s = 0, ss = 0;
   int64_t count = 0;
   for (int i = 0; i < df_params_count(p); i++) {
@@ -215,9 +215,9 @@ Test(dflash_model, init_statistics) {
   cr_expect_leq(fabs(mean), 5 * 0.02 / sqrt((double)count), "mean %g", mean);
   cr_expect_leq(fabs(sd - 0.02), 0.02 * 0.02, "std %g", sd);
   // Gradients start at zero.
-  const float *g = df_dflash_model_grads(m);
+  const float *g = df_draft_model_grads(m);
   for (int64_t j = 0; j < df_params_numel(p); j++) cr_assert_eq(g[j], 0.0f);
-  df_dflash_model_free(m);
+  df_draft_model_free(m);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
 }
@@ -232,8 +232,8 @@ typedef struct {
   int32_t anchors[FD_B * FD_N];        // (B, N)
   uint8_t keep[FD_B * FD_N];           // (B, N)
   float r[FD_B * FD_Q * FD_H];         // (B, Q, H) probe weights
-  df_dflash_batch batch;
-  df_dflash_model *m;
+  df_draft_batch batch;
+  df_draft_model *m;
 } fd_case;
 
 static void fd_batch(fd_case *c) {
@@ -245,7 +245,7 @@ static void fd_batch(fd_case *c) {
   const uint8_t kp[FD_B * FD_N] = {1, 1, 1, 0};
   memcpy(c->anchors, an, sizeof an);
   memcpy(c->keep, kp, sizeof kp);
-  c->batch = (df_dflash_batch){.B = FD_B,
+  c->batch = (df_draft_batch){.B = FD_B,
                                .S = FD_S,
                                .N = FD_N,
                                .target_hidden = c->th,
@@ -255,9 +255,9 @@ static void fd_batch(fd_case *c) {
 }
 
 // Weights U(±0.5), norms U(0.5, 1.5), biases U(±0.2): every path carries signal.
-static void fd_params(df_dflash_model *m) {
-  const df_params *p = df_dflash_model_params(m);
-  float *w = df_dflash_model_weights(m);
+static void fd_params(df_draft_model *m) {
+  const df_params *p = df_draft_model_params(m);
+  float *w = df_draft_model_weights(m);
   for (int i = 0; i < df_params_count(p); i++) {
     const df_param *e = df_params_at(p, i);
     const float lo = e->role == DF_ROLE_NORM ? 0.5f : (e->role == DF_ROLE_BIAS ? -0.2f : -0.5f);
@@ -270,7 +270,7 @@ static double fd_loss(void *vc) {
   fd_case *c = vc;
   const float *out;
   df_error err = {0};
-  DF_ASSERT_OK(df_dflash_model_forward(c->m, &c->batch, &out, &err), &err);
+  DF_ASSERT_OK(df_draft_model_forward(c->m, &c->batch, &out, &err), &err);
   double s = 0.0;
   for (int64_t i = 0; i < FD_B * FD_Q * FD_H; i++) s += (double)c->r[i] * out[i];
   return s;
@@ -290,11 +290,11 @@ static void check_fd(const df_draft_config *cfg) {
   fd_params(c->m);
   df_error err = {0};
   fd_loss(c);
-  DF_ASSERT_OK(df_dflash_model_backward(c->m, c->r, &err), &err);
+  DF_ASSERT_OK(df_draft_model_backward(c->m, c->r, &err), &err);
 
-  const df_params *p = df_dflash_model_params(c->m);
-  float *w = df_dflash_model_weights(c->m);
-  const float *g = df_dflash_model_grads(c->m);
+  const df_params *p = df_draft_model_params(c->m);
+  float *w = df_draft_model_weights(c->m);
+  const float *g = df_draft_model_grads(c->m);
   for (int i = 0; i < df_params_count(p); i++) {
     const df_param *e = df_params_at(p, i);
     double gmax = 0.0;
@@ -302,18 +302,18 @@ static void check_fd(const df_draft_config *cfg) {
     cr_expect_gt(gmax, 1e-3, "%s: gradient is (almost) zero, max|g| = %g", e->name, gmax);
     df_fd_check(e->name, w + e->offset, g + e->offset, e->numel, fd_loss, c, FD_STEP, FD_RTOL, FD_ATOL, 6);
   }
-  df_dflash_model_free(c->m);
+  df_draft_model_free(c->m);
   free(c);
   df_ctx_destroy(ctx);
 }
 
-Test(dflash_model, fd_every_parameter_bias_default_rope, .timeout = 120) {
+Test(draft_model, fd_every_parameter_bias_default_rope, .timeout = 120) {
   const df_draft_config *cfg = micro_config(true, "");
   check_fd(cfg);
   df_draft_config_free(cfg);
 }
 
-Test(dflash_model, fd_every_parameter_yarn_rope, .timeout = 120) {
+Test(draft_model, fd_every_parameter_yarn_rope, .timeout = 120) {
   const df_draft_config *cfg = micro_config(false, "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, "
                                                    "\"original_max_position_embeddings\": 16},");
   check_fd(cfg);
@@ -321,7 +321,7 @@ Test(dflash_model, fd_every_parameter_yarn_rope, .timeout = 120) {
 }
 
 // A second backward of the same forward adds the same gradient again; zero_grads clears it.
-Test(dflash_model, backward_accumulates) {
+Test(draft_model, backward_accumulates) {
   const df_draft_config *cfg = micro_config(true, "");
   df_ctx *ctx = df_test_cpu_ctx(2);
   fd_case *c = calloc(1, sizeof *c);
@@ -330,19 +330,19 @@ Test(dflash_model, backward_accumulates) {
   fd_params(c->m);
   df_error err = {0};
   fd_loss(c);
-  DF_ASSERT_OK(df_dflash_model_backward(c->m, c->r, &err), &err);
-  const int64_t n = df_params_numel(df_dflash_model_params(c->m));
+  DF_ASSERT_OK(df_draft_model_backward(c->m, c->r, &err), &err);
+  const int64_t n = df_params_numel(df_draft_model_params(c->m));
   float *once = malloc(sizeof(float) * (size_t)n);
-  memcpy(once, df_dflash_model_grads(c->m), sizeof(float) * (size_t)n);
-  DF_ASSERT_OK(df_dflash_model_backward(c->m, c->r, &err), &err);
-  const float *g = df_dflash_model_grads(c->m);
+  memcpy(once, df_draft_model_grads(c->m), sizeof(float) * (size_t)n);
+  DF_ASSERT_OK(df_draft_model_backward(c->m, c->r, &err), &err);
+  const float *g = df_draft_model_grads(c->m);
   // Not bitwise 2×: a GEMM with beta = 1 and the per-sample k/v calls add in a different order.
   for (int64_t j = 0; j < n; j++) once[j] *= 2.0f;
   df_expect_close("2 x grad", g, once, n, 1e-6, 0.0);
-  df_dflash_model_zero_grads(c->m);
+  df_draft_model_zero_grads(c->m);
   for (int64_t j = 0; j < n; j++) cr_assert_eq(g[j], 0.0f);
   free(once);
-  df_dflash_model_free(c->m);
+  df_draft_model_free(c->m);
   free(c);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
@@ -350,7 +350,7 @@ Test(dflash_model, backward_accumulates) {
 
 // The model keeps its own copy of the batch: scribbling over the caller's arrays between forward and
 // backward changes nothing.
-Test(dflash_model, batch_is_copied) {
+Test(draft_model, batch_is_copied) {
   const df_draft_config *cfg = micro_config(false, "");
   df_ctx *ctx = df_test_cpu_ctx(2);
   fd_case *c = calloc(1, sizeof *c);
@@ -359,19 +359,19 @@ Test(dflash_model, batch_is_copied) {
   fd_params(c->m);
   df_error err = {0};
   fd_loss(c);
-  DF_ASSERT_OK(df_dflash_model_backward(c->m, c->r, &err), &err);
-  const int64_t n = df_params_numel(df_dflash_model_params(c->m));
+  DF_ASSERT_OK(df_draft_model_backward(c->m, c->r, &err), &err);
+  const int64_t n = df_params_numel(df_draft_model_params(c->m));
   float *clean = malloc(sizeof(float) * (size_t)n);
-  memcpy(clean, df_dflash_model_grads(c->m), sizeof(float) * (size_t)n);
-  df_dflash_model_zero_grads(c->m);
+  memcpy(clean, df_draft_model_grads(c->m), sizeof(float) * (size_t)n);
+  df_draft_model_zero_grads(c->m);
   fd_loss(c);
   memset(c->th, 0x7f, sizeof c->th);
   memset(c->emb, 0x7f, sizeof c->emb);
   memset(c->anchors, 0x7f, sizeof c->anchors);
-  DF_ASSERT_OK(df_dflash_model_backward(c->m, c->r, &err), &err);
-  cr_expect_eq(memcmp(clean, df_dflash_model_grads(c->m), sizeof(float) * (size_t)n), 0);
+  DF_ASSERT_OK(df_draft_model_backward(c->m, c->r, &err), &err);
+  cr_expect_eq(memcmp(clean, df_draft_model_grads(c->m), sizeof(float) * (size_t)n), 0);
   free(clean);
-  df_dflash_model_free(c->m);
+  df_draft_model_free(c->m);
   free(c);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
@@ -379,14 +379,14 @@ Test(dflash_model, batch_is_copied) {
 
 // ---- arena reuse, determinism, bad input ----------------------------------------------------------------
 
-static void forward_copy(df_dflash_model *m, const df_dflash_batch *b, float *dst) {
+static void forward_copy(df_draft_model *m, const df_draft_batch *b, float *dst) {
   const float *out;
   df_error err = {0};
-  DF_ASSERT_OK(df_dflash_model_forward(m, b, &out, &err), &err);
+  DF_ASSERT_OK(df_draft_model_forward(m, b, &out, &err), &err);
   memcpy(dst, out, sizeof(float) * (size_t)(b->B * b->N * FD_BS * FD_H));
 }
 
-Test(dflash_model, arena_grows_and_results_do_not_depend_on_history) {
+Test(draft_model, arena_grows_and_results_do_not_depend_on_history) {
   const df_draft_config *cfg = micro_config(false, "");
   df_ctx *ctx = df_test_cpu_ctx(2);
   fd_case *c = calloc(1, sizeof *c);
@@ -396,41 +396,41 @@ Test(dflash_model, arena_grows_and_results_do_not_depend_on_history) {
   // The same data as a one-sample, shorter batch (sample 0 truncated to S = 9 keeps its anchors valid).
   static float th1[9 * FD_K * FD_H];
   for (int s = 0; s < 9; s++) memcpy(th1 + s * FD_K * FD_H, c->th + s * FD_K * FD_H, sizeof(float) * FD_K * FD_H);
-  df_dflash_batch small = {
+  df_draft_batch small = {
       .B = 1, .S = 9, .N = FD_N, .target_hidden = th1, .block_embed = c->emb, .anchors = c->anchors, .keep = c->keep};
   float a[FD_Q * FD_H], b[FD_Q * FD_H], big1[FD_B * FD_Q * FD_H], big2[FD_B * FD_Q * FD_H];
   forward_copy(c->m, &small, a);
-  const int64_t small_bytes = df_dflash_model_activation_bytes(c->m);
+  const int64_t small_bytes = df_draft_model_activation_bytes(c->m);
   forward_copy(c->m, &c->batch, big1);
-  cr_expect_gt(df_dflash_model_activation_bytes(c->m), small_bytes, "a larger batch needs more activation memory");
+  cr_expect_gt(df_draft_model_activation_bytes(c->m), small_bytes, "a larger batch needs more activation memory");
   forward_copy(c->m, &small, b);
-  cr_expect_eq(df_dflash_model_activation_bytes(c->m), small_bytes);
+  cr_expect_eq(df_draft_model_activation_bytes(c->m), small_bytes);
   cr_expect_eq(memcmp(a, b, sizeof a), 0, "the small batch changed after a larger one went through");
   forward_copy(c->m, &c->batch, big2);
   cr_expect_eq(memcmp(big1, big2, sizeof big1), 0, "forward is not deterministic");
-  df_dflash_model_free(c->m);
+  df_draft_model_free(c->m);
   free(c);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
 }
 
-Test(dflash_model, rejects_bad_anchor_and_backward_without_forward) {
+Test(draft_model, rejects_bad_anchor_and_backward_without_forward) {
   const df_draft_config *cfg = micro_config(false, "");
   df_ctx *ctx = df_test_cpu_ctx(2);
   fd_case *c = calloc(1, sizeof *c);
   fd_batch(c);
   c->m = make_model(cfg, ctx);
   df_error err = {0};
-  cr_expect_eq(df_dflash_model_backward(c->m, c->r, &err), DF_ERR_INVALID);
+  cr_expect_eq(df_draft_model_backward(c->m, c->r, &err), DF_ERR_INVALID);
   c->anchors[1] = FD_S; // a kept block's anchor past the context
   const float *out = (const float *)1;
-  cr_expect_eq(df_dflash_model_forward(c->m, &c->batch, &out, &err), DF_ERR_INVALID);
+  cr_expect_eq(df_draft_model_forward(c->m, &c->batch, &out, &err), DF_ERR_INVALID);
   cr_expect_str_eq(err.where, "anchors[0,1]");
   cr_expect_null(out);
   c->anchors[1] = 6;
   c->anchors[3] = 1000; // a padding block's anchor is ignored
-  DF_ASSERT_OK(df_dflash_model_forward(c->m, &c->batch, &out, &err), &err);
-  df_dflash_model_free(c->m);
+  DF_ASSERT_OK(df_draft_model_forward(c->m, &c->batch, &out, &err), &err);
+  df_draft_model_free(c->m);
   free(c);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
@@ -459,45 +459,45 @@ static void write_params(const df_params *p, const float *w, const char *path, c
   df_st_writer_free(wr);
 }
 
-Test(dflash_model, load_round_trip_and_mismatches) {
-  char dir[] = "/tmp/df_dflash_model_XXXXXX", path[96], bad[96];
+Test(draft_model, load_round_trip_and_mismatches) {
+  char dir[] = "/tmp/df_draft_model_XXXXXX", path[96], bad[96];
   cr_assert_not_null(mkdtemp(dir));
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   snprintf(bad, sizeof bad, "%s/edited.safetensors", dir);
   const df_draft_config *cfg = tiny_config(true);
   df_ctx *ctx = df_test_cpu_ctx(2);
-  df_dflash_model *a = make_model(cfg, ctx), *b = make_model(cfg, ctx);
+  df_draft_model *a = make_model(cfg, ctx), *b = make_model(cfg, ctx);
   df_error err = {0};
-  DF_ASSERT_OK(df_dflash_model_init(a, 5, &err), &err);
-  const df_params *p = df_dflash_model_params(a);
+  DF_ASSERT_OK(df_draft_model_init(a, 5, &err), &err);
+  const df_params *p = df_draft_model_params(a);
   const size_t bytes = sizeof(float) * (size_t)df_params_numel(p);
-  DF_ASSERT_OK(df_params_save(p, df_dflash_model_weights(a), path, NULL, &err), &err);
-  DF_ASSERT_OK(df_dflash_model_load(b, path, &err), &err);
-  cr_expect_eq(memcmp(df_dflash_model_weights(a), df_dflash_model_weights(b), bytes), 0, "round trip changed bits");
+  DF_ASSERT_OK(df_params_save(p, df_draft_model_weights(a), path, NULL, &err), &err);
+  DF_ASSERT_OK(df_draft_model_load(b, path, &err), &err);
+  cr_expect_eq(memcmp(df_draft_model_weights(a), df_draft_model_weights(b), bytes), 0, "round trip changed bits");
 
   // The same file without one tensor: the load fails naming it and leaves the weights as they were.
   const char *gone = "layers.1.self_attn.k_norm.weight";
-  write_params(p, df_dflash_model_weights(a), bad, gone, NULL);
-  DF_ASSERT_OK(df_dflash_model_init(b, 6, &err), &err);
+  write_params(p, df_draft_model_weights(a), bad, gone, NULL);
+  DF_ASSERT_OK(df_draft_model_init(b, 6, &err), &err);
   float *before = malloc(bytes);
-  memcpy(before, df_dflash_model_weights(b), bytes);
-  cr_expect_eq(df_dflash_model_load(b, bad, &err), DF_ERR_INVALID);
+  memcpy(before, df_draft_model_weights(b), bytes);
+  cr_expect_eq(df_draft_model_load(b, bad, &err), DF_ERR_INVALID);
   cr_expect_not_null(strstr(err.msg, "missing parameter 'layers.1.self_attn.k_norm.weight'"), "msg: %s", err.msg);
   cr_expect_not_null(strstr(err.where, gone), "where: %s", err.where);
-  cr_expect_eq(memcmp(before, df_dflash_model_weights(b), bytes), 0, "a failed load touched the weights");
-  cr_expect_neq(df_dflash_model_load(b, "/nonexistent/model.safetensors", &err), DF_OK);
+  cr_expect_eq(memcmp(before, df_draft_model_weights(b), bytes), 0, "a failed load touched the weights");
+  cr_expect_neq(df_draft_model_load(b, "/nonexistent/model.safetensors", &err), DF_OK);
 
   // A tensor that is no parameter fails the load (here the frozen target head)...
-  write_params(p, df_dflash_model_weights(a), bad, NULL, "lm_head.weight");
-  cr_expect_eq(df_dflash_model_load(b, bad, &err), DF_ERR_INVALID);
+  write_params(p, df_draft_model_weights(a), bad, NULL, "lm_head.weight");
+  cr_expect_eq(df_draft_model_load(b, bad, &err), DF_ERR_INVALID);
   cr_expect_not_null(strstr(err.msg, "unexpected tensor 'lm_head.weight'"), "msg: %s", err.msg);
   // ...except the derived RoPE table older HF checkpoints persisted.
-  write_params(p, df_dflash_model_weights(a), bad, NULL, "rotary_emb.inv_freq");
-  DF_ASSERT_OK(df_dflash_model_load(b, bad, &err), &err);
-  cr_expect_eq(memcmp(df_dflash_model_weights(a), df_dflash_model_weights(b), bytes), 0);
+  write_params(p, df_draft_model_weights(a), bad, NULL, "rotary_emb.inv_freq");
+  DF_ASSERT_OK(df_draft_model_load(b, bad, &err), &err);
+  cr_expect_eq(memcmp(df_draft_model_weights(a), df_draft_model_weights(b), bytes), 0);
   free(before);
-  df_dflash_model_free(a);
-  df_dflash_model_free(b);
+  df_draft_model_free(a);
+  df_draft_model_free(b);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
   nftw(dir, rm_entry, 4, FTW_DEPTH | FTW_PHYS);
@@ -525,7 +525,7 @@ static void expect_rel(const char *what, int i, float got, double want) {
   cr_expect_leq(fabs((double)got - want), 2e-6 * fabs(want), "%s[%d]: %.9g vs %.9g", what, i, (double)got, want);
 }
 
-Test(dflash_model, rope_tables_linear_llama3_yarn) {
+Test(draft_model, rope_tables_linear_llama3_yarn) {
   float f[8], ms;
   df_error err = {0};
   df_rope_config rc = rope_base(DF_ROPE_LINEAR, 4.0);

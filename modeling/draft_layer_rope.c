@@ -2,7 +2,7 @@
 // (transformers 5 semantics): every tensor step in float32 in the same order, Python-scalar steps in double.
 #include <math.h>
 
-#include "modeling/dflash_layer.h"
+#include "modeling/draft_layer.h"
 
 // Rounds to fp32 here: keeps the compiler from fusing a*b+c into one FMA, which torch's separate
 // elementwise kernels never do.

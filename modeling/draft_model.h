@@ -1,7 +1,9 @@
-// The DFlash draft backbone: parameters (SpecForge checkpoint names) in one flat table, HF-style init, and
-// the forward/backward of one micro-batch through the op interface. Owns its activation arena.
-#ifndef DF_MODELING_DFLASH_MODEL_H
-#define DF_MODELING_DFLASH_MODEL_H
+// The draft backbone (the decoder DFlash, DSpark and Domino drafts share: fc + hidden_norm over the target features,
+// decoder layers over [context; block], final norm, DSpark heads when the config has them): parameters (SpecForge
+// checkpoint names) in one flat table, HF-style init, and the forward/backward of one micro-batch through the op
+// interface. Owns its activation arena.
+#ifndef DF_MODELING_DRAFT_MODEL_H
+#define DF_MODELING_DRAFT_MODEL_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -17,7 +19,7 @@
 extern "C" {
 #endif
 
-typedef struct df_dflash_model df_dflash_model;
+typedef struct df_draft_model df_draft_model;
 
 // One micro-batch as the strategy prepared it. Host arrays by default (the model uploads them); with on_device the
 // arrays already live on the context's device (train/step/stage.c staged them) and are copied device to device.
@@ -27,16 +29,16 @@ typedef struct {
   const float *block_embed;   // (B, N·bs, H) frozen-embedding rows of the block input ids
   const int32_t *anchors;     // (B, N) block n of sample b covers positions anchor .. anchor+bs−1
   const uint8_t *keep;        // (B, N) 0 = padding block: sees nothing, outputs 0 from attention
-  // (B·N·bs) and (B·(S + N·bs)) position ids (df_dflash_fill_positions), or NULL: the model derives them from
+  // (B·N·bs) and (B·(S + N·bs)) position ids (df_draft_fill_positions), or NULL: the model derives them from
   // host anchors (then the arrays must be host memory)
   const int32_t *pos_q, *pos_kv;
   bool on_device; // the arrays are on the context's device; anchors were validated where they were built
-} df_dflash_batch;
+} df_draft_batch;
 
 // Position ids of a batch: block slot k of block n sits at anchor + k; context rows at 0..S−1. Padding blocks
 // (whose anchors may be anything) use anchor 0: they see nothing and are seen by nothing. pos_q (B·N·bs),
 // pos_kv (B·(S + N·bs)): per sample the S context positions, then its block positions.
-void df_dflash_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const int32_t *anchors, const uint8_t *keep,
+void df_draft_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const int32_t *anchors, const uint8_t *keep,
                               int32_t *pos_q, int32_t *pos_kv);
 
 // Builds the parameter table from the config and allocates params and grads (grads zeroed).
@@ -44,45 +46,45 @@ void df_dflash_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const
 // self_attn.{q,k,v,o}_proj (weight, then bias iff attention_bias, per projection), self_attn.{q,k}_norm,
 // post_attention_layernorm, mlp.{gate,up,down}_proj, and last norm.weight. cfg is borrowed: it must outlive
 // the model. The MLP is built through modeling/ffn.h.
-df_status df_dflash_model_create(const df_draft_config *cfg, df_ctx *ctx, df_dflash_model **out, df_error *err);
-void df_dflash_model_free(df_dflash_model *m);
+df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draft_model **out, df_error *err);
+void df_draft_model_free(df_draft_model *m);
 
-const df_params *df_dflash_model_params(const df_dflash_model *m);
-float *df_dflash_model_weights(df_dflash_model *m); // flat (df_params_numel) fp32 parameters
-float *df_dflash_model_grads(df_dflash_model *m);   // flat fp32 gradients, same layout
+const df_params *df_draft_model_params(const df_draft_model *m);
+float *df_draft_model_weights(df_draft_model *m); // flat (df_params_numel) fp32 parameters
+float *df_draft_model_grads(df_draft_model *m);   // flat fp32 gradients, same layout
 
 // HF post_init: every weight / router / embedding of ndim >= 2 (linear weights, and the stacked MoE experts
 // [E, out, in]) ~ N(0, initializer_range) drawn in table order, row-major, from df_rng_init(seed,
 // DF_RNG_STREAM_INIT) as (float)(initializer_range · df_rng_normal); biases and buffers 0; norms 1.
-df_status df_dflash_model_init(df_dflash_model *m, uint64_t seed, df_error *err);
+df_status df_draft_model_init(df_draft_model *m, uint64_t seed, df_error *err);
 // Strict load from a safetensors file or HF directory (every parameter filled, nothing extra); MoE tensors
 // pass through the config's checkpoint layout (moe/layout.h). The MoE centering buffers (gate.input_mean,
 // gate.input_mean_steps) are required.
-df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *err);
+df_status df_draft_model_load(df_draft_model *m, const char *path, df_error *err);
 // The same; centering_optional (warm start) lets the centering buffers be absent (they keep their values).
-df_status df_dflash_model_load_ex(df_dflash_model *m, const char *path, bool centering_optional, df_error *err);
+df_status df_draft_model_load_ex(df_draft_model *m, const char *path, bool centering_optional, df_error *err);
 
 // The decoder layers' FFNs ([n] = num_hidden_layers), for the MoE hooks of moe/ffn_moe.h (dense FFNs are
 // skipped by every hook). The model forward sets their rows per sample (N·bs) itself.
-df_ffn *const *df_dflash_model_ffns(const df_dflash_model *m, int *n);
-bool df_dflash_model_is_moe(const df_dflash_model *m);
+df_ffn *const *df_draft_model_ffns(const df_draft_model *m, int *n);
+bool df_draft_model_is_moe(const df_draft_model *m);
 // Training (default) or eval for every MoE layer: eval forwards apply no deferred update, stash nothing and
 // produce no aux loss. A no-op for dense drafts.
-void df_dflash_model_set_training(df_dflash_model *m, bool training);
+void df_draft_model_set_training(df_draft_model *m, bool training);
 
 // Forward of one micro-batch; *out_hidden points at the final-normed hidden states (B, N·bs, H), owned by
 // the model and valid until the next forward. Activations needed by the backward are kept; the batch is
 // copied (uploaded, or copied device to device), so its arrays may be reused as soon as this returns.
-df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *batch, const float **out_hidden,
+df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch, const float **out_hidden,
                                   df_error *err);
 // Backward of the last forward: d_hidden (B, N·bs, H) → parameter gradients added into the grads buffer.
 // d_hidden lives on the context's device, like out_hidden. Calling it twice adds the gradients twice.
-df_status df_dflash_model_backward(df_dflash_model *m, const float *d_hidden, df_error *err);
-void df_dflash_model_zero_grads(df_dflash_model *m);
+df_status df_draft_model_backward(df_draft_model *m, const float *d_hidden, df_error *err);
+void df_draft_model_zero_grads(df_draft_model *m);
 
 // Bytes of activation memory the last forward needed (the trainer prints it after its first micro-step): the arena laid
 // out for its (B, S, N), i.e. the batch copy, everything the backward keeps, and the backward's scratch.
-int64_t df_dflash_model_activation_bytes(const df_dflash_model *m);
+int64_t df_draft_model_activation_bytes(const df_draft_model *m);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 // The DFlash draft model: parameter table (SpecForge names, documented order), HF-style init from the
 // draftforge RNG, strict warm start, and forward/backward of one micro-batch. Activations live in one arena
 // laid out per (B, S, N) shape and grown when a larger batch arrives.
-#include "modeling/dflash_model.h"
+#include "modeling/draft_model.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -9,11 +9,11 @@
 #include <string.h>
 
 #include "base/rng.h"
-#include "modeling/dflash_layer.h"
+#include "modeling/draft_layer.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
 
-struct df_dflash_model {
+struct df_draft_model {
   const df_draft_config *cfg; // borrowed: outlives the model
   df_ctx *ctx;
   df_device dev;
@@ -23,7 +23,7 @@ struct df_dflash_model {
   int64_t L, H, K, nH, nKV, hd, bs;
   float eps;
   dflash_pview fc, hidden_norm, norm; // [H, K·H], [H], [H]
-  dflash_layer *layers;               // [L]
+  draft_layer *layers;               // [L]
   df_ffn **ffns;                      // [L] layers[i].ffn, for the MoE hooks (moe/ffn_moe.h)
   float *inv_freq;                    // (hd/2) on dev
   float mscale;
@@ -48,23 +48,23 @@ struct df_dflash_model {
   int32_t *pos_q, *pos_kv; // (B·Q), (B·(S+Q))
   int32_t *anchors;        // (B, N)
   uint8_t *keep;           // (B, N)
-  dflash_layer_acts *acts; // [L]
+  draft_layer_acts *acts; // [L]
   dflash_scratch scr;
 };
 
 // ---- parameter table -----------------------------------------------------------------------------------
 
-static df_status build_table(df_dflash_model *m, df_error *err) {
+static df_status build_table(df_draft_model *m, df_error *err) {
   DF_TRY(df_params_new(&m->params, err));
   DF_TRY(df_params_add_f32(m->params, "fc.weight", DF_ROLE_WEIGHT, 2, m->H, m->K * m->H, err));
   DF_TRY(df_params_add_f32(m->params, "hidden_norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
-  for (int64_t i = 0; i < m->L; i++) DF_TRY(dflash_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
+  for (int64_t i = 0; i < m->L; i++) DF_TRY(draft_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
   DF_TRY(df_params_add_f32(m->params, "norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
   DF_TRY(df_dspark_heads_add_params(m->cfg, m->params, err)); // nothing for a DFlash draft
   return df_params_finalize(m->params, err);
 }
 
-static df_status bind_top(df_dflash_model *m, const char *name, dflash_pview *v, df_error *err) {
+static df_status bind_top(df_draft_model *m, const char *name, dflash_pview *v, df_error *err) {
   return df_params_bind(m->params, name, m->weights, m->grads, m->dev, &v->w, &v->g, err);
 }
 
@@ -83,7 +83,7 @@ static df_status check_config(const df_draft_config *cfg, df_error *err) {
   return DF_OK;
 }
 
-static void copy_sizes(df_dflash_model *m, const df_draft_config *cfg) {
+static void copy_sizes(df_draft_model *m, const df_draft_config *cfg) {
   m->L = cfg->num_hidden_layers;
   m->H = cfg->hidden_size;
   m->K = cfg->dflash.num_target_layer_ids;
@@ -94,10 +94,10 @@ static void copy_sizes(df_dflash_model *m, const df_draft_config *cfg) {
   m->eps = (float)cfg->rms_norm_eps;
 }
 
-static df_status zero_device(df_dflash_model *m, float *dst, int64_t n, df_error *err);
+static df_status zero_device(df_draft_model *m, float *dst, int64_t n, df_error *err);
 
 // The FFNs' persistent device state (the MoE statistics record and stashes): one zeroed buffer, 16-float regions.
-static df_status bind_ffn_state(df_dflash_model *m, df_error *err) {
+static df_status bind_ffn_state(df_draft_model *m, df_error *err) {
   int64_t total = 0;
   for (int64_t i = 0; i < m->L; i++)
     if (m->ffns[i]->vt->state_elems) total += (m->ffns[i]->vt->state_elems(m->ffns[i]) + 15) / 16 * 16;
@@ -114,26 +114,26 @@ static df_status bind_ffn_state(df_dflash_model *m, df_error *err) {
   return DF_OK;
 }
 
-static df_status alloc_state(df_dflash_model *m, df_error *err) {
+static df_status alloc_state(df_draft_model *m, df_error *err) {
   m->numel = df_params_numel(m->params);
   const size_t bytes = (size_t)m->numel * sizeof(float);
   DF_TRY(df_buffer_alloc(m->ctx, bytes, (void **)&m->weights, err));
   DF_TRY(df_buffer_alloc(m->ctx, bytes, (void **)&m->grads, err));
   // Alignment padding belongs to no parameter: zero it once so whole-buffer comparisons are defined.
   DF_TRY(zero_device(m, m->weights, m->numel, err));
-  df_dflash_model_zero_grads(m);
+  df_draft_model_zero_grads(m);
   DF_TRY(bind_top(m, "fc.weight", &m->fc, err));
   DF_TRY(bind_top(m, "hidden_norm.weight", &m->hidden_norm, err));
   DF_TRY(bind_top(m, "norm.weight", &m->norm, err));
   for (int64_t i = 0; i < m->L; i++)
-    DF_TRY(dflash_layer_bind(&m->layers[i], m->params, m->weights, m->grads, m->dev, err));
+    DF_TRY(draft_layer_bind(&m->layers[i], m->params, m->weights, m->grads, m->dev, err));
   if (m->cfg->kind == DF_DRAFT_DSPARK)
     DF_TRY(df_dspark_heads_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->dspark, err));
   for (int64_t i = 0; i < m->L; i++) m->ffns[i] = m->layers[i].ffn;
   return bind_ffn_state(m, err);
 }
 
-static df_status build_rope(df_dflash_model *m, df_error *err) {
+static df_status build_rope(df_draft_model *m, df_error *err) {
   float *host = malloc(sizeof(float) * (size_t)(m->hd / 2));
   if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "rope", NULL, "cannot allocate the RoPE table");
   df_status st = dflash_rope_table(&m->cfg->rope, host, &m->mscale, err);
@@ -144,10 +144,10 @@ static df_status build_rope(df_dflash_model *m, df_error *err) {
   return st;
 }
 
-df_status df_dflash_model_create(const df_draft_config *cfg, df_ctx *ctx, df_dflash_model **out, df_error *err) {
+df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draft_model **out, df_error *err) {
   *out = NULL;
   DF_TRY(check_config(cfg, err));
-  df_dflash_model *m = calloc(1, sizeof *m);
+  df_draft_model *m = calloc(1, sizeof *m);
   if (!m) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "cannot allocate the DFlash model");
   m->cfg = cfg;
   m->ctx = ctx;
@@ -164,16 +164,16 @@ df_status df_dflash_model_create(const df_draft_config *cfg, df_ctx *ctx, df_dfl
   if (st == DF_OK) st = alloc_state(m, err);
   if (st == DF_OK) st = build_rope(m, err);
   if (st != DF_OK) {
-    df_dflash_model_free(m);
+    df_draft_model_free(m);
     return st;
   }
   *out = m;
   return DF_OK;
 }
 
-void df_dflash_model_free(df_dflash_model *m) {
+void df_draft_model_free(df_draft_model *m) {
   if (!m) return;
-  for (int64_t i = 0; m->layers && i < m->L; i++) dflash_layer_free(&m->layers[i]);
+  for (int64_t i = 0; m->layers && i < m->L; i++) draft_layer_free(&m->layers[i]);
   df_dspark_heads_free(m->dspark);
   df_buffer_free(m->ctx, m->weights);
   df_buffer_free(m->ctx, m->grads);
@@ -189,28 +189,28 @@ void df_dflash_model_free(df_dflash_model *m) {
   free(m);
 }
 
-const df_params *df_dflash_model_params(const df_dflash_model *m) { return m->params; }
-float *df_dflash_model_weights(df_dflash_model *m) { return m->weights; }
-float *df_dflash_model_grads(df_dflash_model *m) { return m->grads; }
-int64_t df_dflash_model_activation_bytes(const df_dflash_model *m) { return (int64_t)m->arena_used; }
-df_dspark_heads *df_dflash_model_dspark_heads(df_dflash_model *m) { return m->dspark; }
+const df_params *df_draft_model_params(const df_draft_model *m) { return m->params; }
+float *df_draft_model_weights(df_draft_model *m) { return m->weights; }
+float *df_draft_model_grads(df_draft_model *m) { return m->grads; }
+int64_t df_draft_model_activation_bytes(const df_draft_model *m) { return (int64_t)m->arena_used; }
+df_dspark_heads *df_draft_model_dspark_heads(df_draft_model *m) { return m->dspark; }
 
-df_ffn *const *df_dflash_model_ffns(const df_dflash_model *m, int *n) {
+df_ffn *const *df_draft_model_ffns(const df_draft_model *m, int *n) {
   if (n) *n = (int)m->L;
   return m->ffns;
 }
-bool df_dflash_model_is_moe(const df_dflash_model *m) { return m->cfg->moe != NULL; }
-void df_dflash_model_set_training(df_dflash_model *m, bool training) {
+bool df_draft_model_is_moe(const df_draft_model *m) { return m->cfg->moe != NULL; }
+void df_draft_model_set_training(df_draft_model *m, bool training) {
   if (m->cfg->ffn_kind) m->cfg->ffn_kind->set_training(m->ffns, (int)m->L, training);
 }
 
 // Zeroes n floats of device memory.
-static df_status zero_device(df_dflash_model *m, float *dst, int64_t n, df_error *err) {
+static df_status zero_device(df_draft_model *m, float *dst, int64_t n, df_error *err) {
   df_tensor t = df_f32_on(m->dev, dst, n);
   return df_fill(m->ctx, &t, 0.0, err);
 }
 
-void df_dflash_model_zero_grads(df_dflash_model *m) {
+void df_draft_model_zero_grads(df_draft_model *m) {
   df_error err = {0};
   if (zero_device(m, m->grads, m->numel, &err) != DF_OK) df_error_print(&err);
 }
@@ -218,13 +218,13 @@ void df_dflash_model_zero_grads(df_dflash_model *m) {
 // ---- init and warm start -------------------------------------------------------------------------------
 
 // A host buffer shaped like the flat parameters: the weights themselves on the CPU, a staging copy otherwise.
-static df_status host_flat(df_dflash_model *m, float **out, df_error *err) {
+static df_status host_flat(df_draft_model *m, float **out, df_error *err) {
   *out = df_ctx_host_addressable(m->ctx) ? m->weights : malloc(sizeof(float) * (size_t)m->numel);
   if (!*out) return DF_FAIL(err, DF_ERR_NOMEM, "weights", NULL, "cannot stage %lld parameters", (long long)m->numel);
   return DF_OK;
 }
 
-static df_status host_flat_commit(df_dflash_model *m, float *host, df_status st, df_error *err) {
+static df_status host_flat_commit(df_draft_model *m, float *host, df_status st, df_error *err) {
   if (host == m->weights) return st;
   if (st == DF_OK) st = df_copy(m->ctx, m->weights, m->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)m->numel, err);
   free(host);
@@ -242,7 +242,7 @@ static void init_entry(const df_param *e, float *flat, df_rng *rng, double std) 
     x[j] = normal ? (float)(std * df_rng_normal(rng)) : (e->role == DF_ROLE_NORM ? 1.0f : 0.0f);
 }
 
-df_status df_dflash_model_init(df_dflash_model *m, uint64_t seed, df_error *err) {
+df_status df_draft_model_init(df_draft_model *m, uint64_t seed, df_error *err) {
   float *host;
   DF_TRY(host_flat(m, &host, err));
   memset(host, 0, sizeof(float) * (size_t)m->numel); // alignment padding stays 0
@@ -253,11 +253,11 @@ df_status df_dflash_model_init(df_dflash_model *m, uint64_t seed, df_error *err)
   return host_flat_commit(m, host, DF_OK, err);
 }
 
-df_status df_dflash_model_load(df_dflash_model *m, const char *path, df_error *err) {
-  return df_dflash_model_load_ex(m, path, false, err);
+df_status df_draft_model_load(df_draft_model *m, const char *path, df_error *err) {
+  return df_draft_model_load_ex(m, path, false, err);
 }
 
-df_status df_dflash_model_load_ex(df_dflash_model *m, const char *path, bool centering_optional, df_error *err) {
+df_status df_draft_model_load_ex(df_draft_model *m, const char *path, bool centering_optional, df_error *err) {
   df_st_model *sm;
   DF_TRY(df_st_model_open(path, &sm, err));
   float *host;
@@ -294,9 +294,9 @@ static void *carve(carver *c, int64_t bytes) {
 }
 static float *carve_f(carver *c, int64_t n) { return carve(c, n * (int64_t)sizeof(float)); }
 
-static void layout_layer(carver *c, const dflash_layer *L, const dflash_dims *d, dflash_layer_acts *a) {
+static void layout_layer(carver *c, const draft_layer *L, const dflash_dims *d, draft_layer_acts *a) {
   const int64_t T = d->T, KV = d->KV, H = d->H, qd = d->nH * d->hd, kvd = d->nKV * d->hd;
-  *a = (dflash_layer_acts){.x = carve_f(c, T * H),
+  *a = (draft_layer_acts){.x = carve_f(c, T * H),
                            .rstd_in = carve_f(c, T),
                            .q_raw = carve_f(c, T * qd),
                            .q_rstd = carve_f(c, T * d->nH),
@@ -313,7 +313,7 @@ static void layout_layer(carver *c, const dflash_layer *L, const dflash_dims *d,
                            .ffn_saved = carve_f(c, L->ffn->vt->saved_elems(L->ffn, T))};
 }
 
-static void layout_scratch(carver *c, const df_dflash_model *m, const dflash_dims *d, dflash_scratch *s) {
+static void layout_scratch(carver *c, const df_draft_model *m, const dflash_dims *d, dflash_scratch *s) {
   const int64_t T = d->T, KV = d->KV, H = d->H, qd = d->nH * d->hd, kvd = d->nKV * d->hd;
   int64_t ffn = 0;
   for (int64_t i = 0; i < m->L; i++) {
@@ -332,7 +332,7 @@ static void layout_scratch(carver *c, const df_dflash_model *m, const dflash_dim
                         .ffn = carve_f(c, ffn)};
 }
 
-static void layout(carver *c, df_dflash_model *m, const dflash_dims *d) {
+static void layout(carver *c, df_draft_model *m, const dflash_dims *d) {
   const int64_t T = d->T, C = d->C, H = d->H;
   m->th = carve_f(c, C * m->K * H);
   m->fc_out = carve_f(c, C * H);
@@ -351,7 +351,7 @@ static void layout(carver *c, df_dflash_model *m, const dflash_dims *d) {
 }
 
 // Lays the arena out for d, reallocating only when the new layout does not fit.
-static df_status ensure_arena(df_dflash_model *m, const dflash_dims *d, df_error *err) {
+static df_status ensure_arena(df_draft_model *m, const dflash_dims *d, df_error *err) {
   carver measure = {0};
   layout(&measure, m, d);
   if (measure.off > m->arena_cap) {
@@ -376,7 +376,7 @@ static df_status ensure_arena(df_dflash_model *m, const dflash_dims *d, df_error
 
 // ---- forward -------------------------------------------------------------------------------------------
 
-static df_status check_batch(const df_dflash_model *m, const df_dflash_batch *b, df_error *err) {
+static df_status check_batch(const df_draft_model *m, const df_draft_batch *b, df_error *err) {
   if (!b || !b->target_hidden || !b->block_embed || !b->anchors || !b->keep)
     return DF_FAIL(err, DF_ERR_INVALID, "batch", "fill target_hidden, block_embed, anchors and keep",
                    "incomplete DFlash batch");
@@ -401,7 +401,7 @@ static df_status check_batch(const df_dflash_model *m, const df_dflash_batch *b,
   return DF_OK;
 }
 
-static dflash_dims make_dims(const df_dflash_model *m, const df_dflash_batch *b) {
+static dflash_dims make_dims(const df_draft_model *m, const df_draft_batch *b) {
   const int64_t Q = b->N * m->bs;
   return (dflash_dims){.B = b->B,
                        .S = b->S,
@@ -417,7 +417,7 @@ static dflash_dims make_dims(const df_dflash_model *m, const df_dflash_batch *b)
                        .hd = m->hd};
 }
 
-void df_dflash_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const int32_t *anchors, const uint8_t *keep,
+void df_draft_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const int32_t *anchors, const uint8_t *keep,
                               int32_t *pos_q, int32_t *pos_kv) {
   const int64_t Q = N * bs;
   for (int64_t s = 0; s < B; s++)
@@ -433,19 +433,19 @@ void df_dflash_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const
   }
 }
 
-static df_status put(df_dflash_model *m, void *dst, const void *src, df_device src_dev, int64_t bytes, df_error *err) {
+static df_status put(df_draft_model *m, void *dst, const void *src, df_device src_dev, int64_t bytes, df_error *err) {
   return df_copy(m->ctx, dst, m->dev, src, src_dev, (size_t)bytes, err);
 }
 
 // The model keeps its own copy of the batch: the backward reads it again after the caller moved on.
-static df_status upload_batch(df_dflash_model *m, const df_dflash_batch *b, df_error *err) {
+static df_status upload_batch(df_draft_model *m, const df_draft_batch *b, df_error *err) {
   const dflash_dims *d = &m->dims;
   const int64_t f = (int64_t)sizeof(float), i4 = (int64_t)sizeof(int32_t);
   const df_device src = b->on_device ? m->dev : DF_DEV_CPU;
   const int32_t *pq = b->pos_q, *pkv = b->pos_kv;
   df_device pos_src = src;
   if (!pq) { // host anchors: derive the positions here
-    df_dflash_fill_positions(d->B, d->S, d->N, d->bs, b->anchors, b->keep, m->host_pos, m->host_pos + d->T);
+    df_draft_fill_positions(d->B, d->S, d->N, d->bs, b->anchors, b->keep, m->host_pos, m->host_pos + d->T);
     pq = m->host_pos, pkv = m->host_pos + d->T, pos_src = DF_DEV_CPU;
   }
   DF_TRY(put(m, m->th, b->target_hidden, src, d->C * m->K * d->H * f, err));
@@ -463,7 +463,7 @@ static df_tensor row(const float *p, df_device dev, int64_t n) {
   return df_view((void *)p, DF_F32, dev, 1, (const int64_t[]){n});
 }
 
-static dflash_shared shared_inputs(const df_dflash_model *m) {
+static dflash_shared shared_inputs(const df_draft_model *m) {
   return (dflash_shared){.ctx = m->ctx_h,
                          .pos_q = m->pos_q,
                          .pos_kv = m->pos_kv,
@@ -476,7 +476,7 @@ static dflash_shared shared_inputs(const df_dflash_model *m) {
 }
 
 // ctx = hidden_norm(fc(target_hidden)), once for all layers.
-static df_status context_forward(df_dflash_model *m, df_error *err) {
+static df_status context_forward(df_draft_model *m, df_error *err) {
   const int64_t C = m->dims.C, H = m->H;
   df_tensor th = mat(m->th, m->dev, C, m->K * H), fc = mat(m->fc_out, m->dev, C, H);
   df_tensor ctx = mat(m->ctx_h, m->dev, C, H), r = row(m->ctx_rstd, m->dev, C);
@@ -484,7 +484,7 @@ static df_status context_forward(df_dflash_model *m, df_error *err) {
   return df_rmsnorm_forward(m->ctx, &fc, &m->hidden_norm.w, m->eps, &ctx, &r, err);
 }
 
-df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *batch, const float **out_hidden,
+df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch, const float **out_hidden,
                                   df_error *err) {
   if (out_hidden) *out_hidden = NULL;
   m->have_forward = false;
@@ -497,7 +497,7 @@ df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *bat
   DF_TRY(context_forward(m, err));
   const dflash_shared sh = shared_inputs(m);
   for (int64_t i = 0; i < m->L; i++)
-    DF_TRY(dflash_layer_forward(m->ctx, &m->layers[i], &d, &sh, m->h[i], m->h[i + 1], &m->acts[i], &m->scr, err));
+    DF_TRY(draft_layer_forward(m->ctx, &m->layers[i], &d, &sh, m->h[i], m->h[i + 1], &m->acts[i], &m->scr, err));
   df_tensor hL = mat(m->h[m->L], m->dev, d.T, m->H), out = mat(m->out, m->dev, d.T, m->H);
   df_tensor r = row(m->out_rstd, m->dev, d.T);
   DF_TRY(df_rmsnorm_forward(m->ctx, &hL, &m->norm.w, m->eps, &out, &r, err));
@@ -509,7 +509,7 @@ df_status df_dflash_model_forward(df_dflash_model *m, const df_dflash_batch *bat
 // ---- backward ------------------------------------------------------------------------------------------
 
 // ∂ctx (summed over layers) → hidden_norm → fc.weight; target_hidden takes no gradient.
-static df_status context_backward(df_dflash_model *m, df_error *err) {
+static df_status context_backward(df_draft_model *m, df_error *err) {
   const int64_t C = m->dims.C, H = m->H;
   df_tensor dctx = mat(m->scr.dctx, m->dev, C, H), fc = mat(m->fc_out, m->dev, C, H);
   df_tensor dfc = mat(m->dfc, m->dev, C, H), r = row(m->ctx_rstd, m->dev, C);
@@ -518,9 +518,9 @@ static df_status context_backward(df_dflash_model *m, df_error *err) {
   return df_linear_backward(m->ctx, &dfc, &th, &m->fc.w, NULL, false, &m->fc.g, NULL, err);
 }
 
-df_status df_dflash_model_backward(df_dflash_model *m, const float *d_hidden, df_error *err) {
+df_status df_draft_model_backward(df_draft_model *m, const float *d_hidden, df_error *err) {
   if (!m->have_forward)
-    return DF_FAIL(err, DF_ERR_INVALID, "backward", "run df_dflash_model_forward first",
+    return DF_FAIL(err, DF_ERR_INVALID, "backward", "run df_draft_model_forward first",
                    "no forward to differentiate (none yet, or the last one failed)");
   if (!d_hidden) return DF_FAIL(err, DF_ERR_INVALID, "d_hidden", NULL, "d_hidden is NULL");
   const dflash_dims *d = &m->dims;
@@ -529,7 +529,7 @@ df_status df_dflash_model_backward(df_dflash_model *m, const float *d_hidden, df
   DF_TRY(df_rmsnorm_backward(m->ctx, &dout, &hL, &m->norm.w, &r, &dh, false, &m->norm.g, err));
   const dflash_shared sh = shared_inputs(m);
   for (int64_t i = m->L - 1; i >= 0; i--)
-    DF_TRY(dflash_layer_backward(m->ctx, &m->layers[i], d, &sh, m->h[i], &m->acts[i], &m->scr, i == m->L - 1, err));
+    DF_TRY(draft_layer_backward(m->ctx, &m->layers[i], d, &sh, m->h[i], &m->acts[i], &m->scr, i == m->L - 1, err));
   // scr.dh now holds ∂/∂block_embed: the frozen target embedding takes no gradient.
   return context_backward(m, err);
 }

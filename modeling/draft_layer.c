@@ -1,7 +1,7 @@
 // One DFlash decoder layer (pre-norm Qwen3 block whose keys/values cover [context ; block]): parameters,
 // forward and backward through kernels/ops.h only. Context rows and block rows of one sample are adjacent
 // in the key buffer, so the k/v projections run per sample on two contiguous row ranges.
-#include "modeling/dflash_layer.h"
+#include "modeling/draft_layer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -25,11 +25,11 @@ static df_status add_norm(df_params *p, int64_t i, const char *what, int64_t dim
   return df_params_add_f32(p, name, DF_ROLE_NORM, 1, dim, 0, err);
 }
 
-df_status dflash_layer_add_params(const df_draft_config *cfg, int64_t i, df_params *p, dflash_layer *L, df_error *err) {
+df_status draft_layer_add_params(const df_draft_config *cfg, int64_t i, df_params *p, draft_layer *L, df_error *err) {
   const int64_t H = cfg->hidden_size, hd = cfg->head_dim;
   const int64_t qd = cfg->num_attention_heads * hd, kvd = cfg->num_key_value_heads * hd;
   const bool bias = cfg->attention_bias;
-  *L = (dflash_layer){
+  *L = (draft_layer){
       .index = i, .has_bias = bias, .window = df_draft_config_layer_is_sliding(cfg, i) ? cfg->sliding_window : 0};
   DF_TRY(add_norm(p, i, "input_layernorm", H, err));
   DF_TRY(add_proj(p, i, "q_proj", qd, H, bias, err));
@@ -59,7 +59,7 @@ static df_status bind_proj(const df_params *p, int64_t i, const char *proj, bool
   return bind_view(p, i, what, weights, grads, dev, b, err);
 }
 
-df_status dflash_layer_bind(dflash_layer *L, const df_params *p, float *weights, float *grads, df_device dev,
+df_status draft_layer_bind(draft_layer *L, const df_params *p, float *weights, float *grads, df_device dev,
                             df_error *err) {
   const int64_t i = L->index;
   const bool b = L->has_bias;
@@ -74,7 +74,7 @@ df_status dflash_layer_bind(dflash_layer *L, const df_params *p, float *weights,
   return L->ffn->vt->bind(L->ffn, p, weights, grads, dev, err);
 }
 
-void dflash_layer_free(dflash_layer *L) {
+void draft_layer_free(draft_layer *L) {
   df_ffn_free(L->ffn);
   L->ffn = NULL;
 }
@@ -97,12 +97,12 @@ static df_tensor vrow(const float *p, df_device dev, int64_t n) {
   return df_view((void *)p, DF_F32, dev, 1, (const int64_t[]){n});
 }
 
-static const df_tensor *bias_or_null(const dflash_layer *L, const dflash_pview *b) {
+static const df_tensor *bias_or_null(const draft_layer *L, const dflash_pview *b) {
   return L->has_bias ? &b->w : NULL;
 }
-static df_tensor *dbias_or_null(const dflash_layer *L, dflash_pview *b) { return L->has_bias ? &b->g : NULL; }
+static df_tensor *dbias_or_null(const draft_layer *L, dflash_pview *b) { return L->has_bias ? &b->g : NULL; }
 
-static df_block_attn_desc attn_desc(const dflash_layer *L, const dflash_dims *d) {
+static df_block_attn_desc attn_desc(const draft_layer *L, const dflash_dims *d) {
   return (df_block_attn_desc){
       .context_len = d->S, .block_size = d->bs, .window = L->window, .scale = (float)(1.0 / sqrt((double)d->hd))};
 }
@@ -110,7 +110,7 @@ static df_block_attn_desc attn_desc(const dflash_layer *L, const dflash_dims *d)
 // ---- forward -------------------------------------------------------------------------------------------
 
 // dst (B, S+Q, width) = proj over [ctx rows ; block rows x] per sample (context rows first).
-static df_status kv_proj_forward(df_ctx *ctx, const dflash_layer *L, const dflash_pview *w, const dflash_pview *b,
+static df_status kv_proj_forward(df_ctx *ctx, const draft_layer *L, const dflash_pview *w, const dflash_pview *b,
                                  const dflash_dims *d, const dflash_shared *sh, const float *x, float *dst,
                                  df_error *err) {
   const int64_t width = w->w.shape[0], H = d->H;
@@ -125,8 +125,8 @@ static df_status kv_proj_forward(df_ctx *ctx, const dflash_layer *L, const dflas
 }
 
 // x = input_layernorm(h_in); q = rope(q_norm(q_proj x)); k = rope(k_norm(k_proj [ctx ; x])); v = v_proj [ctx ; x].
-static df_status qkv_forward(df_ctx *ctx, const dflash_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                             const float *h_in, dflash_layer_acts *a, df_error *err) {
+static df_status qkv_forward(df_ctx *ctx, const draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
+                             const float *h_in, draft_layer_acts *a, df_error *err) {
   const df_device dev = sh->dev;
   const int64_t T = d->T, KV = d->KV, H = d->H, hd = d->hd, nH = d->nH, nKV = d->nKV;
   df_tensor h = v2(h_in, dev, T, H), x = v2(a->x, dev, T, H), r_in = vrow(a->rstd_in, dev, T);
@@ -146,8 +146,8 @@ static df_status qkv_forward(df_ctx *ctx, const dflash_layer *L, const dflash_di
   return df_rope_forward(ctx, &k, &pos_kv, &inv, sh->mscale, &k, err);
 }
 
-df_status dflash_layer_forward(df_ctx *ctx, const dflash_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                               const float *h_in, float *h_out, dflash_layer_acts *a, dflash_scratch *scr,
+df_status draft_layer_forward(df_ctx *ctx, const draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
+                               const float *h_in, float *h_out, draft_layer_acts *a, dflash_scratch *scr,
                                df_error *err) {
   const df_device dev = sh->dev;
   const int64_t T = d->T, H = d->H, Q = d->Q, SQ = d->S + d->Q, nH = d->nH, nKV = d->nKV, hd = d->hd;
@@ -174,7 +174,7 @@ df_status dflash_layer_forward(df_ctx *ctx, const dflash_layer *L, const dflash_
 // ---- backward ------------------------------------------------------------------------------------------
 
 // Backward of kv_proj_forward: dsrc (B, S+Q, width) → dx (B, Q, H) added, dctx (B, S, H) written or added.
-static df_status kv_proj_backward(df_ctx *ctx, dflash_layer *L, dflash_pview *w, dflash_pview *b, const dflash_dims *d,
+static df_status kv_proj_backward(df_ctx *ctx, draft_layer *L, dflash_pview *w, dflash_pview *b, const dflash_dims *d,
                                   const dflash_shared *sh, const float *x, const float *dsrc, float *dx, float *dctx,
                                   bool write_ctx, df_error *err) {
   const int64_t width = w->w.shape[0], H = d->H;
@@ -191,8 +191,8 @@ static df_status kv_proj_backward(df_ctx *ctx, dflash_layer *L, dflash_pview *w,
 }
 
 // From d(attention out) in scr->dattn down to ∂/∂x in scr->dtmp (written) and the context gradient.
-static df_status qkv_backward(df_ctx *ctx, dflash_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                              const dflash_layer_acts *a, dflash_scratch *scr, bool first_ctx_write, df_error *err) {
+static df_status qkv_backward(df_ctx *ctx, draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
+                              const draft_layer_acts *a, dflash_scratch *scr, bool first_ctx_write, df_error *err) {
   const df_device dev = sh->dev;
   const int64_t T = d->T, KV = d->KV, Q = d->Q, SQ = d->S + d->Q, H = d->H, nH = d->nH, nKV = d->nKV, hd = d->hd;
   const df_block_attn_desc desc = attn_desc(L, d);
@@ -224,8 +224,8 @@ static df_status qkv_backward(df_ctx *ctx, dflash_layer *L, const dflash_dims *d
   return kv_proj_backward(ctx, L, &L->v_w, &L->v_b, d, sh, a->x, scr->dv, scr->dtmp, scr->dctx, false, err);
 }
 
-df_status dflash_layer_backward(df_ctx *ctx, dflash_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                                const float *h_in, const dflash_layer_acts *a, dflash_scratch *scr,
+df_status draft_layer_backward(df_ctx *ctx, draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
+                                const float *h_in, const draft_layer_acts *a, dflash_scratch *scr,
                                 bool first_ctx_write, df_error *err) {
   const df_device dev = sh->dev;
   const int64_t T = d->T, H = d->H, qd = d->nH * d->hd;
