@@ -57,14 +57,13 @@ typedef struct {
   float *embed, *head;
   df_batch batch;
   df_dflash_sampler sampler;
-  df_step_options opt;
+  df_strategy_run *run; // the DFlash strategy on this model
 } step_state;
 
 static df_status run_once(step_state *s, df_error *err) {
-  df_step_frozen fz = {s->embed, s->head, s->sh->V, s->sh->H};
-  df_dflash_metrics m;
-  df_status st = df_step_micro(s->ctx, s->model, s->cfg, &fz, &s->batch, &s->sampler, &s->opt, NULL, &m, err);
-  if (st == DF_OK) df_dflash_metrics_free(&m);
+  df_step_result m;
+  df_status st = df_step_micro(s->run, &s->batch, &s->sampler, &m, err);
+  if (st == DF_OK) df_step_result_free(&m);
   return st;
 }
 
@@ -113,14 +112,14 @@ static df_status setup(step_state *s, const step_shape *sh, int threads, df_erro
   bench_fill(s->head, vh, 2, -0.035f, 0.035f);
   make_batch(sh, &s->batch);
   df_dflash_sampler_init(&s->sampler, 42);
-  s->opt = (df_step_options){.num_anchors = sh->anchors,
-                             .loss_decay_gamma = 7.0,
-                             .mask_token_id = sh->V - 1,
-                             .loss = {.type = DF_LOSS_DFLASH, .dpace_alpha = 0.5, .chunk_blocks = 128}};
-  return DF_OK;
+  const df_frozen fz = {s->embed, s->head, sh->V, sh->H};
+  const df_step_settings set = {
+      .num_anchors = sh->anchors, .loss_decay_gamma = 7.0, .mask_token_id = sh->V - 1, .chunk_blocks = 128};
+  return df_step_open(s->ctx, s->model, s->cfg, &fz, &set, false, &s->run, err);
 }
 
 static void teardown(step_state *s) {
+  df_strategy_close(s->run);
   df_batch_free(&s->batch);
   free(s->embed), free(s->head);
   df_draft_model_free(s->model);

@@ -311,7 +311,7 @@ enum { DF_BSTAT_LOSS_NUM, DF_BSTAT_ACC_NUM, DF_BSTAT_ACC_DEN, DF_BSTAT_ACCEPT_SU
 df_status df_block_metrics(df_ctx *ctx, int64_t bs, const df_tensor *ce, const df_tensor *correct, const df_tensor *lw,
                            const df_tensor *valid, const df_tensor *keep, df_tensor *stats, df_error *err);
 
-// DSpark block metrics (strategies/dspark.h names each sum). Per row: w the loss weight, v valid (a prefix along
+// DSpark block metrics (strategies/dspark/dspark.h names each sum). Per row: w the loss weight, v valid (a prefix along
 // the block), y = clamp(1 − l1/2, 0, 1). stats [DF_DSPARK_STATS(bs)] f64 +=
 //   ce = Σ ce·w; l1 = Σ l1·w; conf = Σ bce·w; conf_err = Σ |sigmoid(conf) − y|·w; acc_num = Σ v·correct;
 //   eval_den = Σ v; agree / ttop1 / dtop1 = Σ v·agree / v·teacher_top1 / v·draft_top1;

@@ -23,7 +23,7 @@ struct df_draft_model {
   int64_t L, H, K, nH, nKV, hd, bs;
   float eps;
   dflash_pview fc, hidden_norm, norm; // [H, K·H], [H], [H]
-  draft_layer *layers;               // [L]
+  draft_layer *layers;                // [L]
   df_ffn **ffns;                      // [L] layers[i].ffn, for the MoE hooks (moe/ffn_moe.h)
   float *inv_freq;                    // (hd/2) on dev
   float mscale;
@@ -48,7 +48,7 @@ struct df_draft_model {
   int32_t *pos_q, *pos_kv; // (B·Q), (B·(S+Q))
   int32_t *anchors;        // (B, N)
   uint8_t *keep;           // (B, N)
-  draft_layer_acts *acts; // [L]
+  draft_layer_acts *acts;  // [L]
   dflash_scratch scr;
 };
 
@@ -200,6 +200,9 @@ df_ffn *const *df_draft_model_ffns(const df_draft_model *m, int *n) {
   return m->ffns;
 }
 bool df_draft_model_is_moe(const df_draft_model *m) { return m->cfg->moe != NULL; }
+df_ffn_set df_draft_model_ffn_set(const df_draft_model *m) {
+  return (df_ffn_set){.kind = m->cfg->ffn_kind, .cfg = m->cfg->moe, .ffns = m->ffns, .n = (int)m->L};
+}
 void df_draft_model_set_training(df_draft_model *m, bool training) {
   if (m->cfg->ffn_kind) m->cfg->ffn_kind->set_training(m->ffns, (int)m->L, training);
 }
@@ -297,20 +300,20 @@ static float *carve_f(carver *c, int64_t n) { return carve(c, n * (int64_t)sizeo
 static void layout_layer(carver *c, const draft_layer *L, const dflash_dims *d, draft_layer_acts *a) {
   const int64_t T = d->T, KV = d->KV, H = d->H, qd = d->nH * d->hd, kvd = d->nKV * d->hd;
   *a = (draft_layer_acts){.x = carve_f(c, T * H),
-                           .rstd_in = carve_f(c, T),
-                           .q_raw = carve_f(c, T * qd),
-                           .q_rstd = carve_f(c, T * d->nH),
-                           .q = carve_f(c, T * qd),
-                           .k_raw = carve_f(c, KV * kvd),
-                           .k_rstd = carve_f(c, KV * d->nKV),
-                           .k = carve_f(c, KV * kvd),
-                           .v = carve_f(c, KV * kvd),
-                           .attn = carve_f(c, T * qd),
-                           .lse = carve_f(c, T * d->nH),
-                           .h_mid = carve_f(c, T * H),
-                           .y = carve_f(c, T * H),
-                           .rstd_post = carve_f(c, T),
-                           .ffn_saved = carve_f(c, L->ffn->vt->saved_elems(L->ffn, T))};
+                          .rstd_in = carve_f(c, T),
+                          .q_raw = carve_f(c, T * qd),
+                          .q_rstd = carve_f(c, T * d->nH),
+                          .q = carve_f(c, T * qd),
+                          .k_raw = carve_f(c, KV * kvd),
+                          .k_rstd = carve_f(c, KV * d->nKV),
+                          .k = carve_f(c, KV * kvd),
+                          .v = carve_f(c, KV * kvd),
+                          .attn = carve_f(c, T * qd),
+                          .lse = carve_f(c, T * d->nH),
+                          .h_mid = carve_f(c, T * H),
+                          .y = carve_f(c, T * H),
+                          .rstd_post = carve_f(c, T),
+                          .ffn_saved = carve_f(c, L->ffn->vt->saved_elems(L->ffn, T))};
 }
 
 static void layout_scratch(carver *c, const df_draft_model *m, const dflash_dims *d, dflash_scratch *s) {
@@ -388,7 +391,7 @@ static df_status check_batch(const df_draft_model *m, const df_draft_batch *b, d
   if (!b->on_device && (!b->pos_q) != (!b->pos_kv))
     return DF_FAIL(err, DF_ERR_INVALID, "batch.pos_q", "pass both position arrays or neither", "half the positions");
   if (b->on_device && (!b->pos_q || !b->pos_kv))
-    return DF_FAIL(err, DF_ERR_INVALID, "batch.pos_q", "stage the positions with the batch (train/step/stage.c)",
+    return DF_FAIL(err, DF_ERR_INVALID, "batch.pos_q", "stage the positions with the batch (strategies/dflash/stage.c)",
                    "a device batch needs its position ids");
   if (b->on_device && !df_ctx_host_addressable(m->ctx)) return DF_OK; // validated on the host where it was built
   for (int64_t i = 0; i < b->B * b->N; i++) {
@@ -418,7 +421,7 @@ static dflash_dims make_dims(const df_draft_model *m, const df_draft_batch *b) {
 }
 
 void df_draft_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const int32_t *anchors, const uint8_t *keep,
-                              int32_t *pos_q, int32_t *pos_kv) {
+                             int32_t *pos_q, int32_t *pos_kv) {
   const int64_t Q = N * bs;
   for (int64_t s = 0; s < B; s++)
     for (int64_t n = 0; n < N; n++) {
@@ -485,7 +488,7 @@ static df_status context_forward(df_draft_model *m, df_error *err) {
 }
 
 df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch, const float **out_hidden,
-                                  df_error *err) {
+                                 df_error *err) {
   if (out_hidden) *out_hidden = NULL;
   m->have_forward = false;
   DF_TRY(check_batch(m, batch, err));
@@ -496,8 +499,13 @@ df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch,
   DF_TRY(upload_batch(m, batch, err));
   DF_TRY(context_forward(m, err));
   const dflash_shared sh = shared_inputs(m);
-  for (int64_t i = 0; i < m->L; i++)
-    DF_TRY(draft_layer_forward(m->ctx, &m->layers[i], &d, &sh, m->h[i], m->h[i + 1], &m->acts[i], &m->scr, err));
+  const df_ffn_set fs = df_draft_model_ffn_set(m);
+  df_ffn_set_stats(&fs, batch->ffn_stats, batch->ffn_stats_den); // this forward's statistics go there (or nowhere)
+  df_status st = DF_OK;
+  for (int64_t i = 0; i < m->L && st == DF_OK; i++)
+    st = draft_layer_forward(m->ctx, &m->layers[i], &d, &sh, m->h[i], m->h[i + 1], &m->acts[i], &m->scr, err);
+  df_ffn_set_stats(&fs, NULL, 0.0);
+  DF_TRY(st);
   df_tensor hL = mat(m->h[m->L], m->dev, d.T, m->H), out = mat(m->out, m->dev, d.T, m->H);
   df_tensor r = row(m->out_rstd, m->dev, d.T);
   DF_TRY(df_rmsnorm_forward(m->ctx, &hL, &m->norm.w, m->eps, &out, &r, err));

@@ -22,7 +22,7 @@ extern "C" {
 typedef struct df_draft_model df_draft_model;
 
 // One micro-batch as the strategy prepared it. Host arrays by default (the model uploads them); with on_device the
-// arrays already live on the context's device (train/step/stage.c staged them) and are copied device to device.
+// arrays already live on the context's device (strategies/dflash/stage.c staged them) and are copied device to device.
 typedef struct {
   int64_t B, S, N;            // batch, padded context length, blocks per sample (block size from config)
   const float *target_hidden; // (B, S, K·H) raw concatenated target features
@@ -33,13 +33,17 @@ typedef struct {
   // host anchors (then the arrays must be host memory)
   const int32_t *pos_q, *pos_kv;
   bool on_device; // the arrays are on the context's device; anchors were validated where they were built
+  // Where a training forward's FFN statistics go (modeling/ffn.h set_stats: f64 sums on the device, weighted by
+  // ffn_stats_den); NULL: they stay in the layers' own records.
+  double *ffn_stats;
+  double ffn_stats_den;
 } df_draft_batch;
 
 // Position ids of a batch: block slot k of block n sits at anchor + k; context rows at 0..S−1. Padding blocks
 // (whose anchors may be anything) use anchor 0: they see nothing and are seen by nothing. pos_q (B·N·bs),
 // pos_kv (B·(S + N·bs)): per sample the S context positions, then its block positions.
 void df_draft_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const int32_t *anchors, const uint8_t *keep,
-                              int32_t *pos_q, int32_t *pos_kv);
+                             int32_t *pos_q, int32_t *pos_kv);
 
 // Builds the parameter table from the config and allocates params and grads (grads zeroed).
 // Table order (also the init order): fc.weight, hidden_norm.weight, then per layer i input_layernorm,
@@ -68,6 +72,8 @@ df_status df_draft_model_load_ex(df_draft_model *m, const char *path, bool cente
 // skipped by every hook). The model forward sets their rows per sample (N·bs) itself.
 df_ffn *const *df_draft_model_ffns(const df_draft_model *m, int *n);
 bool df_draft_model_is_moe(const df_draft_model *m);
+// The FFNs with their kind, for the run's FFN hooks (modeling/ffn.h df_ffn_set_*; no-ops for a dense draft).
+df_ffn_set df_draft_model_ffn_set(const df_draft_model *m);
 // Training (default) or eval for every MoE layer: eval forwards apply no deferred update, stash nothing and
 // produce no aux loss. A no-op for dense drafts.
 void df_draft_model_set_training(df_draft_model *m, bool training);
@@ -76,7 +82,7 @@ void df_draft_model_set_training(df_draft_model *m, bool training);
 // the model and valid until the next forward. Activations needed by the backward are kept; the batch is
 // copied (uploaded, or copied device to device), so its arrays may be reused as soon as this returns.
 df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch, const float **out_hidden,
-                                  df_error *err);
+                                 df_error *err);
 // Backward of the last forward: d_hidden (B, N·bs, H) → parameter gradients added into the grads buffer.
 // d_hidden lives on the context's device, like out_hidden. Calling it twice adds the gradients twice.
 df_status df_draft_model_backward(df_draft_model *m, const float *d_hidden, df_error *err);

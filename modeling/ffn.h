@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/collective.h"
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "modeling/draft_config.h"
@@ -52,7 +53,7 @@ struct df_ffn {
 
 // ---- FFN kinds -------------------------------------------------------------------------------------------------
 // Every FFN other than the dense MLP is a kind: one table of hooks its module exports (moe/ffn_moe.c: "moe") and
-// the build lists (train/ffn_kinds.c). modeling/ reaches a kind only through this table — the draft config
+// the build lists (train/ffn_kinds.c). modeling/ and train/ reach a kind only through this table — the draft config
 // resolves it, the model builds, loads and drives its layers through it — and never includes the kind's headers.
 typedef struct df_ffn_kind {
   const char *name;
@@ -74,7 +75,67 @@ typedef struct df_ffn_kind {
   // one sample (the model forward sets it).
   void (*set_training)(df_ffn *const *ffns, int n, bool training);
   void (*set_rows_per_sample)(df_ffn *const *ffns, int n, int64_t rows_per_sample);
+
+  // ---- what a run needs from the kind beyond the forward (reached through df_ffn_set below) ----
+  // Writes a flat buffer (weights, or a gradient dump) in the kind's checkpoint layout.
+  df_status (*save)(const void *cfg, const df_params *p, const float *flat, const char *path, const df_save_options *so,
+                    df_error *err);
+  // Data parallel: the all-reduce the layers' deferred updates and routing statistics go through (NULL: one rank).
+  void (*set_collective)(df_ffn *const *ffns, int n, const df_collective *c);
+  // Statistics of training forwards kept on the device: their f64 elements, and where a training forward adds
+  // them (sums NULL: nowhere) with the micro-batch's loss weight den.
+  int64_t (*stats_elems)(df_ffn *const *ffns, int n);
+  void (*set_stats)(df_ffn *const *ffns, int n, double *sums, double den);
+  // The kind's term of the objective (the MoE aux loss): its value after a training forward that kept no device
+  // sums, and ∂objective/∂term, set before the backward.
+  double (*loss_term)(df_ffn *const *ffns, int n);
+  void (*set_loss_term_grad)(df_ffn *const *ffns, int n, float scale);
+  // Deferred updates a training forward left pending (centering mean, noaux_tc bias).
+  df_status (*apply_pending)(df_ffn *const *ffns, int n, df_error *err);
+  // From device sums read back: the term's part of loss_num, and the kind's metrics averaged over `micro` training
+  // forwards, added into o under the kind's own keys (moe/...).
+  double (*stats_loss_num)(df_ffn *const *ffns, int n, const double *sums);
+  void (*stats_json)(df_ffn *const *ffns, int n, const double *sums, int micro, json_t *o);
+  // Export: what serving engines cannot run is refused; the export draft's config JSON and weights (e.g. router
+  // centering folded into a bias); the serving keys of config.json, with serving_class (the strategy's class for
+  // drafts of this kind) as architectures.
+  df_status (*export_check)(const void *cfg, df_error *err);
+  df_status (*export_draft_json)(const void *cfg, const json_t *src, json_t **out, df_error *err);
+  df_status (*export_weights)(const void *cfg, const df_params *sp, const float *sflat, const df_params *dp,
+                              float *dflat, df_error *err);
+  df_status (*export_config)(const void *cfg, json_t *norm, const char *serving_class, df_error *err);
+  // Parameter names (substrings, NULL-terminated) a bf16 export keeps in fp32 (the MoE router).
+  const char *const *keep_f32;
 } df_ffn_kind;
+
+// A model's FFNs with their kind, as a run drives them: every df_ffn_set_* call is a no-op (or 0, or writes
+// nothing) for a dense model (kind NULL).
+typedef struct {
+  const df_ffn_kind *kind;
+  const void *cfg; // the kind's resolved config
+  df_ffn *const *ffns;
+  int n;
+} df_ffn_set;
+
+bool df_ffn_set_active(const df_ffn_set *s); // a kind other than dense
+df_status df_ffn_set_save(const df_ffn_set *s, const df_params *p, const float *flat, const char *path,
+                          const df_save_options *so, df_error *err);
+void df_ffn_set_collective(const df_ffn_set *s, const df_collective *c);
+int64_t df_ffn_set_stats_elems(const df_ffn_set *s);
+void df_ffn_set_stats(const df_ffn_set *s, double *sums, double den);
+double df_ffn_set_loss_term(const df_ffn_set *s);
+void df_ffn_set_loss_term_grad(const df_ffn_set *s, float scale);
+df_status df_ffn_set_apply_pending(const df_ffn_set *s, df_error *err);
+double df_ffn_set_stats_loss_num(const df_ffn_set *s, const double *sums);
+void df_ffn_set_stats_json(const df_ffn_set *s, const double *sums, int micro, json_t *o);
+// The same hooks from a draft config alone (export: no model is needed to check or rename).
+df_status df_ffn_config_save(const df_draft_config *cfg, const df_params *p, const float *flat, const char *path,
+                             const df_save_options *so, df_error *err);
+df_status df_ffn_export_check(const df_draft_config *cfg, df_error *err);
+df_status df_ffn_export_draft_json(const df_draft_config *cfg, json_t **out, df_error *err);
+df_status df_ffn_export_weights(const df_draft_config *cfg, const df_params *sp, const float *sflat,
+                                const df_params *dp, float *dflat, df_error *err);
+df_status df_ffn_export_config(const df_draft_config *cfg, json_t *norm, const char *serving_class, df_error *err);
 
 // The kinds the build lists (train/ffn_kinds.c).
 extern const df_ffn_kind *const df_ffn_kinds[];

@@ -1,14 +1,6 @@
 // Balance controllers: none, and noaux_tc's aux-loss-free selection bias with its deferred sign update (an op).
 #include "moe/balance.h"
 
-df_status df_moe_allreduce(const df_moe_collective *c, float *buf, int64_t n, bool mean, df_error *err) {
-  if (!c || !c->sum || c->world_size <= 1) return DF_OK;
-  DF_TRY(c->sum(c->user, buf, n, err));
-  if (mean)
-    for (int64_t i = 0; i < n; i++) buf[i] /= (float)c->world_size;
-  return DF_OK;
-}
-
 df_status df_moe_balance_init(df_moe_balance_state *b, df_moe_balance kind, int64_t E, double rate, df_error *err) {
   *b = (df_moe_balance_state){.kind = kind, .E = E, .rate = (float)rate};
   if (kind == DF_MOE_BALANCE_NONE) return DF_OK;
@@ -25,14 +17,13 @@ const float *df_moe_balance_shift(const df_moe_balance_state *b) {
   return b->kind == DF_MOE_BALANCE_NOAUX_TC ? b->bias : NULL;
 }
 
-df_status df_moe_balance_apply_pending(df_moe_balance_state *b, df_ctx *ctx, const df_moe_collective *coll,
-                                       df_error *err) {
+df_status df_moe_balance_apply_pending(df_moe_balance_state *b, df_ctx *ctx, const df_collective *coll, df_error *err) {
   if (b->kind != DF_MOE_BALANCE_NOAUX_TC || !b->pending) return DF_OK;
   if (!b->bias || !b->stash)
     return DF_FAIL(err, DF_ERR_INVALID, "gate.balance.bias", "bind the layer before its first forward",
                    "the noaux_tc selection bias is not bound");
   b->pending = false;
-  DF_TRY(df_moe_allreduce(coll, b->stash, b->E, false, err));
+  DF_TRY(df_allreduce(coll, b->stash, b->E, false, err));
   const df_device d = df_ctx_device(ctx);
   df_tensor load = df_f32_on(d, b->stash, b->E), bias = df_f32_on(d, b->bias, b->E);
   return df_moe_noaux_update(ctx, b->rate, &load, &bias, err);

@@ -1,12 +1,13 @@
 // MoE balance controllers: the selection-score shift they own (never the combine weights) and its update,
-// stashed by a training forward and applied at the start of the next one (noaux_tc), plus the collective
-// hook the deferred updates all-reduce through.
+// stashed by a training forward and applied at the start of the next one (noaux_tc), with the deferred updates
+// all-reduced through base/collective.h.
 #ifndef DF_MOE_BALANCE_H
 #define DF_MOE_BALANCE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/collective.h"
 #include "base/error.h"
 #include "kernels/ops_moe.h"
 #include "moe/config.h"
@@ -14,20 +15,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-// In-place SUM all-reduce of n fp32 values over the data-parallel ranks (buf: memory on the model's device). A NULL
-// function means one rank.
-typedef df_status (*df_moe_allreduce_fn)(void *user, float *buf, int64_t n, df_error *err);
-
-typedef struct {
-  df_moe_allreduce_fn sum; // NULL: world size 1, nothing to reduce
-  void *user;
-  int world_size; // the mean of a reduced sum divides by this (1 when sum is NULL)
-} df_moe_collective;
-
-// Reduces buf (n) over ranks (SUM), then divides by the world size when `mean` (a host loop: `mean` only for host
-// buffers; the MoE layer reduces its device stashes with mean false and scales them with df_scale).
-df_status df_moe_allreduce(const df_moe_collective *c, float *buf, int64_t n, bool mean, df_error *err);
 
 // Device memory: the bias is a parameter-table buffer, the stash the layer's device state (moe/layer.h); the
 // training forward fills the stash (df_moe_route_stats' count_stash) and marks it pending.
@@ -46,8 +33,7 @@ df_status df_moe_balance_init(df_moe_balance_state *b, df_moe_balance kind, int6
 const float *df_moe_balance_shift(const df_moe_balance_state *b);
 // Consumes the stash: load = counts all-reduced (SUM); β_e += rate · sign(mean_e(load) − load_e), sign(0) = 0
 // (df_moe_noaux_update). A second call without a new stash does nothing.
-df_status df_moe_balance_apply_pending(df_moe_balance_state *b, df_ctx *ctx, const df_moe_collective *coll,
-                                       df_error *err);
+df_status df_moe_balance_apply_pending(df_moe_balance_state *b, df_ctx *ctx, const df_collective *coll, df_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,12 @@
 // df_ffn vtable for the MoE layer: parameter table entries, binding by native name, and model-level hooks.
 #include "moe/ffn_moe.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/export.h"
 #include "moe/layout.h"
 #include "moe/params.h"
 
@@ -141,7 +144,7 @@ void df_moe_set_rows_per_sample(df_ffn *const *ffns, int n, int64_t rows_per_sam
     if (df_ffn_is_moe(ffns[i])) df_moe_layer_set_rows_per_sample(df_ffn_moe_layer(ffns[i]), rows_per_sample);
 }
 
-void df_moe_set_collective(df_ffn *const *ffns, int n, const df_moe_collective *c) {
+void df_moe_set_collective(df_ffn *const *ffns, int n, const df_collective *c) {
   for (int i = 0; i < n; i++)
     if (df_ffn_is_moe(ffns[i])) df_moe_layer_set_collective(df_ffn_moe_layer(ffns[i]), c);
 }
@@ -291,6 +294,56 @@ static df_status kind_load(const void *cfg, const df_params *p, float *flat, con
   return df_moe_layout_load(cfg, p, flat, f, &o, NULL, err);
 }
 
+static df_status kind_save(const void *cfg, const df_params *p, const float *flat, const char *path,
+                           const df_save_options *so, df_error *err) {
+  return df_moe_layout_save(cfg, p, flat, path, so, err);
+}
+
+// {"<decoder layer>": [share of expert 0, ...], ...}: the mean expert load per MoE layer over `micro` forwards.
+static json_t *expert_load_json(df_ffn *const *ffns, int n, const double *sums, int micro) {
+  const int64_t E = df_moe_num_experts(ffns, n);
+  json_t *o = json_object();
+  for (int i = 0, j = 0; i < n; i++) {
+    df_moe_layer *L = df_ffn_moe_layer(ffns[i]);
+    if (!L) continue;
+    const double *load = sums + (int64_t)j++ * DF_MOE_STATS(E) + DF_MOE_STAT_LOAD;
+    json_t *a = json_array();
+    for (int64_t e = 0; e < E; e++) json_array_append_new(a, json_real(load[e] / (double)micro));
+    char key[32];
+    snprintf(key, sizeof key, "%lld", (long long)L->layer);
+    json_object_set_new(o, key, a);
+  }
+  return o;
+}
+
+// moe/load_max_ratio, moe/load_min_ratio, moe/experts_unused_frac, moe/aux_loss (+ moe/bias_abs_max for noaux_tc):
+// layer averages, averaged over the window's training forwards; and moe/expert_load per layer.
+static void kind_stats_json(df_ffn *const *ffns, int n, const double *sums, int micro, json_t *o) {
+  if (micro <= 0 || df_moe_num_layers(ffns, n) == 0) return;
+  df_moe_metric m[DF_MOE_MAX_METRICS];
+  const int k = df_moe_stats_metrics(ffns, n, sums, micro, m);
+  for (int i = 0; i < k; i++)
+    json_object_set_new(o, m[i].name, isfinite(m[i].value) ? json_real(m[i].value) : json_null());
+  json_object_set_new(o, "moe/expert_load", expert_load_json(ffns, n, sums, micro));
+}
+
+static df_status kind_export_check(const void *cfg, df_error *err) { return df_moe_serving_check(cfg, err); }
+
+static df_status kind_export_draft_json(const void *cfg, const json_t *src, json_t **out, df_error *err) {
+  return df_export_moe_draft_json(src, cfg, out, err);
+}
+
+static df_status kind_export_weights(const void *cfg, const df_params *sp, const float *sflat, const df_params *dp,
+                                     float *dflat, df_error *err) {
+  return df_export_fold_centering(cfg, sp, sflat, dp, dflat, err);
+}
+
+static df_status kind_export_config(const void *cfg, json_t *norm, const char *serving_class, df_error *err) {
+  return df_export_moe_config_updates(norm, cfg, serving_class, err);
+}
+
+static const char *const KEEP_F32[] = {".mlp.gate.", NULL}; // the router: gate.weight, gate.bias
+
 const df_ffn_kind df_ffn_moe_kind = {.name = "moe",
                                      .config_resolve = kind_resolve,
                                      .config_free = kind_free,
@@ -300,4 +353,18 @@ const df_ffn_kind df_ffn_moe_kind = {.name = "moe",
                                      .create = df_ffn_moe_create,
                                      .load = kind_load,
                                      .set_training = df_moe_set_training,
-                                     .set_rows_per_sample = df_moe_set_rows_per_sample};
+                                     .set_rows_per_sample = df_moe_set_rows_per_sample,
+                                     .save = kind_save,
+                                     .set_collective = df_moe_set_collective,
+                                     .stats_elems = df_moe_stats_elems,
+                                     .set_stats = df_moe_set_stats,
+                                     .loss_term = df_moe_aux_loss_sum,
+                                     .set_loss_term_grad = df_moe_set_aux_grad_scale,
+                                     .apply_pending = df_moe_apply_pending,
+                                     .stats_loss_num = df_moe_stats_aux_num,
+                                     .stats_json = kind_stats_json,
+                                     .export_check = kind_export_check,
+                                     .export_draft_json = kind_export_draft_json,
+                                     .export_weights = kind_export_weights,
+                                     .export_config = kind_export_config,
+                                     .keep_f32 = KEEP_F32};

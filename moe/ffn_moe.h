@@ -39,7 +39,7 @@ void df_moe_set_training(df_ffn *const *ffns, int n, bool training);
 void df_moe_set_rows_per_sample(df_ffn *const *ffns, int n, int64_t rows_per_sample);
 // Data parallel: every MoE layer's all-reduce (moe/balance.h) for its deferred updates and global routing
 // statistics; NULL: one rank.
-void df_moe_set_collective(df_ffn *const *ffns, int n, const df_moe_collective *c);
+void df_moe_set_collective(df_ffn *const *ffns, int n, const df_collective *c);
 // ∂objective/∂(aux loss sum), set before the backward (default 1).
 void df_moe_set_aux_grad_scale(df_ffn *const *ffns, int n, float scale);
 // Applies every pending deferred update (also done by each layer's next training forward).

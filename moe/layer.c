@@ -150,8 +150,8 @@ static df_status ensure_state(df_moe_layer *L, df_ctx *ctx, df_error *err) {
 void df_moe_layer_set_training(df_moe_layer *L, bool training) { L->training = training; }
 void df_moe_layer_set_rows_per_sample(df_moe_layer *L, int64_t n) { L->rows_per_sample = n; }
 void df_moe_layer_set_aux_grad_scale(df_moe_layer *L, float scale) { L->aux_grad_scale = scale; }
-void df_moe_layer_set_collective(df_moe_layer *L, const df_moe_collective *c) {
-  L->coll = c ? *c : (df_moe_collective){.world_size = 1};
+void df_moe_layer_set_collective(df_moe_layer *L, const df_collective *c) {
+  L->coll = c ? *c : (df_collective){.world_size = 1};
 }
 
 void df_moe_layer_set_stats(df_moe_layer *L, double *sink, double den) { L->sink = sink, L->sink_den = den; }
@@ -194,7 +194,7 @@ static df_status apply_center_update(df_moe_layer *L, df_error *err) {
   L->center_pending = false;
   const df_device d = df_ctx_device(L->ctx);
   df_tensor stash = df_f32_on(d, L->center_stash, L->H), mu = df_f32_on(d, L->input_mean, L->H);
-  DF_TRY(df_moe_allreduce(&L->coll, L->center_stash, L->H, false, err)); // the sum, then the mean on the device
+  DF_TRY(df_allreduce(&L->coll, L->center_stash, L->H, false, err)); // the sum, then the mean on the device
   if (L->coll.sum && L->coll.world_size > 1) DF_TRY(df_scale(L->ctx, &stash, 1.0f / (float)L->coll.world_size, err));
   df_tensor steps = df_f32_on(d, L->input_mean_steps, 1);
   return df_moe_center_ema(L->ctx, L->cfg.router_center_momentum, &stash, &mu, &steps, err);
@@ -259,7 +259,7 @@ static df_status reduce_routing(df_moe_layer *L, df_ctx *ctx, int64_t T, const d
     b[e] = (float)r->counts[e], b[E + e] = (float)p;
   }
   b[2 * E] = (float)T;
-  DF_TRY(df_moe_allreduce(&L->coll, b, 2 * E + 1, false, err));
+  DF_TRY(df_allreduce(&L->coll, b, 2 * E + 1, false, err));
   for (int64_t e = 0; e < E; e++) L->dp_counts[e] = (int32_t)b[e], L->dp_sums[e] = (double)b[E + e];
   L->dp_T = (int64_t)b[2 * E];
   return DF_OK;

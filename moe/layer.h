@@ -67,7 +67,7 @@ typedef struct {
   bool training;           // default true
   int64_t rows_per_sample; // sample centering: the FFN rows of one sample (N·bs); 0 = all rows one sample
   float aux_grad_scale;    // ∂objective/∂(this layer's aux loss); default 1
-  df_moe_collective coll;  // all-reduce for the deferred updates (default: one rank)
+  df_collective coll;      // all-reduce for the deferred updates (default: one rank)
   df_ctx *ctx;             // the context of the last forward (deferred updates and reads run on it)
   bool center_pending;
   // The stats sink a training forward also adds its record into (f64 DF_MOE_STATS(E) on the device; NULL: none),
@@ -126,7 +126,7 @@ void df_moe_layer_set_training(df_moe_layer *L, bool training);
 void df_moe_layer_set_stats(df_moe_layer *L, double *sink, double den);
 void df_moe_layer_set_rows_per_sample(df_moe_layer *L, int64_t rows_per_sample);
 void df_moe_layer_set_aux_grad_scale(df_moe_layer *L, float scale);
-void df_moe_layer_set_collective(df_moe_layer *L, const df_moe_collective *c);
+void df_moe_layer_set_collective(df_moe_layer *L, const df_collective *c);
 // Applies and consumes the pending updates (EMA centering mean, then the noaux_tc bias); a no-op without
 // a stash. Training forwards call it first themselves.
 df_status df_moe_layer_apply_pending(df_moe_layer *L, df_error *err);

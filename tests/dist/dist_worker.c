@@ -292,11 +292,11 @@ static int run_bootstrap(df_comm *c) {
   CHECK(!memcmp(via_mpi.bytes, via_tcp.bytes, sizeof via_mpi.bytes), "MPI and TCP gave different bytes");
   check_identical(c, "bootstrap id", via_mpi.bytes, sizeof via_mpi.bytes);
   // The MoE hook: a sum, and a mean over ranks (the EMA centering mean's reduction).
-  df_moe_collective mc = df_dist_moe_collective(c);
+  df_collective mc = df_dist_collective(c);
   float v[3] = {1.0f + (float)li.rank, 0.5f, -2.0f * (float)li.rank}, m[3] = {v[0], v[1], v[2]};
   int W = li.world_size;
-  OK_OR_DIE(df_moe_allreduce(&mc, v, 3, false, &err), &err);
-  OK_OR_DIE(df_moe_allreduce(&mc, m, 3, true, &err), &err);
+  OK_OR_DIE(df_allreduce(&mc, v, 3, false, &err), &err);
+  OK_OR_DIE(df_allreduce(&mc, m, 3, true, &err), &err);
   float s0 = 0, s2 = 0; // Σ(1 + r), Σ(−2r) over ranks, in rank order
   for (int r = 0; r < W; r++) s0 += 1.0f + (float)r, s2 += -2.0f * (float)r;
   CHECK(mc.world_size == W && v[0] == s0 && v[1] == 0.5f * (float)W && v[2] == s2, "moe sum %g %g %g", v[0], v[1],

@@ -429,7 +429,7 @@ Test(moe_layer, deferred_updates_reduce_over_ranks) {
   h_init(&a, &m, H, T, 1), h_init(&b, &m, H, T, 1);
   h_fill(&a, 41), h_fill(&b, 41);
   df_moe_layer_set_rows_per_sample(a.L, n), df_moe_layer_set_rows_per_sample(b.L, n);
-  const df_moe_collective two = {.sum = twice, .world_size = 2};
+  const df_collective two = {.sum = twice, .world_size = 2};
   df_moe_layer_set_collective(b.L, &two);
   float *x = rand_rows(T, H, 42, 3.0f), *y = calloc((size_t)(T * H), 4);
   df_error err = {0};

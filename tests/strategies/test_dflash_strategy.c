@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "strategies/dflash.h"
+#include "strategies/dflash/dflash.h"
 #include "tests/common/fixture.h"
 
 // ---- anchors -------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@
 
 #include "modeling/draft_config.h"
 #include "modeling/dspark_heads.h"
-#include "strategies/dspark.h"
+#include "strategies/dspark/dspark.h"
 #include "tests/common/fixture.h"
 
 // ---- labels --------------------------------------------------------------------------------------------------

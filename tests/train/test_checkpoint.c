@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "modeling/draft_model.h"
 #include "modeling/draft_config.h"
+#include "modeling/draft_model.h"
 #include "tests/common/fixture.h"
 #include "train/run/ckpt.h"
 
@@ -42,12 +42,14 @@ static void fx_open(fx *f, const char *name) {
   df_test_fill_uniform(f->v, f->numel, 2, 0, 1);
   snprintf(f->contract.strategy, sizeof f->contract.strategy, "dflash");
   df_ckpt_config_hash(f->cfg->json, f->contract.draft_config_hash);
-  snprintf(f->contract.loss_type, sizeof f->contract.loss_type, "dflash");
+  f->contract.nkeys = 2; // the strategy's own keys, by name
+  f->contract.keys[0] = (df_ckpt_value){.key = "loss_type", .is_text = true, .text = "dflash"};
+  f->contract.keys[1] = (df_ckpt_value){.key = "dpace_alpha", .number = 0.5};
   snprintf(f->contract.lr_scheduler, sizeof f->contract.lr_scheduler, "cosine");
   f->contract.data_size = 6, f->contract.batch_size = 2, f->contract.accumulation_steps = 2;
   f->contract.world_size = 1, f->contract.block_size = 4, f->contract.num_anchors = 4, f->contract.max_length = 64;
   f->contract.mask_token_id = 255, f->contract.seed = 42, f->contract.horizon = 12;
-  f->contract.loss_decay_gamma = 7.0, f->contract.dpace_alpha = 0.5, f->contract.learning_rate = 1e-3;
+  f->contract.loss_decay_gamma = 7.0, f->contract.learning_rate = 1e-3;
   f->contract.warmup_ratio = 0.25, f->contract.max_grad_norm = 1.0, f->contract.adam_beta1 = 0.9;
   f->contract.adam_beta2 = 0.999, f->contract.adam_eps = 1e-8;
   f->prog = (df_ckpt_progress){.step = 3,
@@ -192,6 +194,20 @@ Test(checkpoint, contract_mismatch_names_the_field) {
   c.horizon = 13;
   cr_expect_eq(df_ckpt_check_contract(&c, &f.contract, "CK", &err), DF_ERR_INVALID);
   cr_expect(strstr(err.where, "horizon"), "%s", err.where);
+  // the strategy's own keys: a value, its kind, or a key the checkpoint does not record
+  c = f.contract;
+  c.keys[1].number = 0.25;
+  cr_expect_eq(df_ckpt_check_contract(&c, &f.contract, "CK", &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "training.dpace_alpha");
+  cr_expect(strstr(err.msg, "the checkpoint has 0.5, this run has 0.25"), "%s", err.msg);
+  c = f.contract;
+  snprintf(c.keys[0].text, sizeof c.keys[0].text, "dpace");
+  cr_expect_eq(df_ckpt_check_contract(&c, &f.contract, "CK", &err), DF_ERR_INVALID);
+  cr_expect(strstr(err.msg, "the checkpoint has 'dflash', this run has 'dpace'"), "%s", err.msg);
+  c = f.contract;
+  c.keys[c.nkeys++] = (df_ckpt_value){.key = "dspark_l1_loss_alpha", .number = 0.9};
+  cr_expect_eq(df_ckpt_check_contract(&c, &f.contract, "CK", &err), DF_ERR_INVALID);
+  cr_expect(strstr(err.msg, "the checkpoint has no value"), "%s", err.msg);
   fx_close(&f);
 }
 

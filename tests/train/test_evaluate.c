@@ -24,7 +24,7 @@ typedef struct {
   df_ctx *ctx;
   df_draft_model *m;
   df_target_pieces tp;
-  df_step_frozen fz;
+  df_frozen fz;
 } setup;
 
 static setup load(void) {
@@ -36,7 +36,7 @@ static setup load(void) {
   DF_ASSERT_OK(df_draft_model_load(s.m, STEP_DIR "/draft_ckpt", &err), &err);
   df_target_pieces_options o = {.expect_vocab = 256, .expect_hidden = 64};
   DF_ASSERT_OK(df_target_pieces_load(STEP_DIR "/target", &o, &s.tp, &err), &err);
-  s.fz = (df_step_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
+  s.fz = (df_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
   return s;
 }
 
@@ -50,11 +50,14 @@ static void unload(setup *s) {
 static df_eval_options opts(int64_t batch) {
   return (df_eval_options){.batch_size = batch,
                            .max_length = 40,
-                           .num_anchors = 3,
-                           .loss_decay_gamma = 7.0,
-                           .mask_token_id = 255,
-                           .chunk_blocks = 2,
-                           .seed = 11};
+                           .seed = 11,
+                           .set = {.num_anchors = 3, .loss_decay_gamma = 7.0, .mask_token_id = 255, .chunk_blocks = 2}};
+}
+
+// A number of the strategy's report (NaN when null or absent).
+static double rep_num(const df_eval_report *r, const char *key) {
+  json_t *v = json_object_get(r->report, key);
+  return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
 static df_eval_report run(setup *s, const df_eval_options *o) {
@@ -128,7 +131,7 @@ Test(evaluate, counts_agree_with_the_data) {
     DF_ASSERT_OK(df_hs_read_sample(ds, i, len, &bufs, &got, &err), &err);
     int64_t c = 0;
     for (int64_t p = 0; p + 1 < len; p++) c += mask[p] && mask[p + 1];
-    want_blocks += c < o.num_anchors ? c : o.num_anchors;
+    want_blocks += c < o.set.num_anchors ? c : o.set.num_anchors;
   }
   df_hs_close(ds);
   cr_expect_eq(r.num_blocks, want_blocks);
@@ -157,7 +160,7 @@ Test(evaluate, failing_inputs) {
   cr_expect(strstr(err.where, "/nonexistent/eval.h5") != NULL, "where: %s", err.where);
   cr_expect_eq(df_evaluate(s.ctx, s.m, s.cfg, &s.fz, DF_FIXTURE_DIR "/hidden_states/h5py_f32.h5", &o, &r, &err),
                DF_ERR_INVALID, "data captured for another draft");
-  o.mask_token_id = 256;
+  o.set.mask_token_id = 256;
   cr_expect_eq(df_evaluate(s.ctx, s.m, s.cfg, &s.fz, DATA, &o, &r, &err), DF_ERR_INVALID, "mask token >= V");
   o = opts(0);
   cr_expect_eq(df_evaluate(s.ctx, s.m, s.cfg, &s.fz, DATA, &o, &r, &err), DF_ERR_INVALID, "batch size 0");
@@ -180,14 +183,22 @@ static setup load_dspark(void) {
   DF_ASSERT_OK(df_draft_model_load(s.m, DSPARK_DIR "/ckpt_rnn", &err), &err);
   df_target_pieces_options o = {.expect_vocab = 256, .expect_hidden = 64};
   DF_ASSERT_OK(df_target_pieces_load(STEP_DIR "/target", &o, &s.tp, &err), &err);
-  s.fz = (df_step_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
+  s.fz = (df_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
   return s;
 }
 
+// The DSpark loss weights of these tests (the strategy's own keys).
+static df_strategy_value DSPARK_ALPHAS[] = {{"dspark_ce_loss_alpha", 0.3, NULL},
+                                            {"dspark_l1_loss_alpha", 0.7, NULL},
+                                            {"dspark_confidence_head_alpha", 2.0, NULL}};
+static df_strategy_value_list DSPARK_LIST = {DSPARK_ALPHAS, 3};
+static df_strategy_values dspark_values;
+
 static df_eval_options dspark_opts(int64_t batch) {
   df_eval_options o = opts(batch);
-  o.loss_decay_gamma = 4.0;
-  o.dspark.set = true, o.dspark.ce_alpha = 0.3, o.dspark.l1_alpha = 0.7, o.dspark.conf_alpha = 2.0;
+  o.set.loss_decay_gamma = 4.0;
+  dspark_values = df_strategy_values_of_list(&DSPARK_LIST);
+  o.set.values = &dspark_values;
   return o;
 }
 
@@ -200,8 +211,11 @@ static df_eval_report run_on(setup *s, const char *data, const df_eval_options *
 
 static void expect_same_dspark(const df_eval_report *a, const df_eval_report *b, double rel, const char *what) {
   expect_same_counts(a, b, what);
-  const double x[] = {a->loss, a->ce_loss, a->l1_loss, a->confidence_loss, a->tau_probabilistic, a->accept_len};
-  const double y[] = {b->loss, b->ce_loss, b->l1_loss, b->confidence_loss, b->tau_probabilistic, b->accept_len};
+  const char *keys[] = {"ce_loss", "l1_loss", "confidence_loss", "tau_probabilistic"};
+  const double x[] = {a->loss,      rep_num(a, keys[0]), rep_num(a, keys[1]), rep_num(a, keys[2]), rep_num(a, keys[3]),
+                      a->accept_len};
+  const double y[] = {b->loss,      rep_num(b, keys[0]), rep_num(b, keys[1]), rep_num(b, keys[2]), rep_num(b, keys[3]),
+                      b->accept_len};
   for (size_t i = 0; i < sizeof x / sizeof *x; i++)
     cr_expect(fabs(x[i] - y[i]) <= rel * fabs(x[i]), "%s: metric %zu %.12g vs %.12g", what, i, x[i], y[i]);
 }
@@ -210,7 +224,9 @@ Test(evaluate, dspark_is_deterministic_and_independent_of_the_batch_size) {
   setup s = load_dspark();
   df_eval_options o1 = dspark_opts(1);
   df_eval_report ref = run_on(&s, DSPARK_DATA, &o1), again = run_on(&s, DSPARK_DATA, &o1);
-  cr_expect(ref.dspark && ref.has_teacher && ref.has_confidence);
+  cr_expect_str_eq(ref.strategy, "dspark");
+  cr_expect(isfinite(rep_num(&ref, "tau_probabilistic")) && isfinite(rep_num(&ref, "confidence_loss")),
+            "the teacher and the confidence head ran");
   expect_same_dspark(&ref, &again, 0.0, "rerun");
   cr_expect_eq(ref.loss, again.loss, "bit-identical on a rerun");
   cr_expect_eq(ref.num_samples, 6);
@@ -245,19 +261,19 @@ Test(evaluate, dspark_loss_is_the_alpha_weighted_ratio_and_writes_no_gradient) {
   for (int64_t i = 0; i < n; i++) changed += g[i] != 0.25f + (float)(i % 7);
   cr_expect_eq(changed, 0, "eval writes no gradient (%lld changed)", (long long)changed);
   cr_expect_arr_eq(w0, df_draft_model_weights(s.m), (size_t)n * sizeof *w0, "weights untouched");
-  double want = 0.3 * r.ce_num + 0.7 * r.l1_num + 2.0 * r.conf_num;
+  double want = 0.3 * rep_num(&r, "ce_num") + 0.7 * rep_num(&r, "l1_num") + 2.0 * rep_num(&r, "confidence_num");
   cr_expect(fabs(r.loss_num - want) <= 1e-9 * fabs(want), "loss_num %.12g = Σ α·term %.12g", r.loss_num, want);
   cr_expect_eq(r.loss, r.loss_num / r.loss_den);
-  cr_expect_eq(r.ce_loss, r.ce_num / r.loss_den);
-  cr_expect_eq(r.tau_probabilistic, r.tau_num / r.tau_den);
+  cr_expect_eq(rep_num(&r, "ce_loss"), rep_num(&r, "ce_num") / r.loss_den);
+  cr_expect_eq(rep_num(&r, "tau_probabilistic"), rep_num(&r, "tau_num") / rep_num(&r, "tau_den"));
   cr_expect_eq(r.acc, r.acc_num / r.acc_den);
   double num = 0, den = 0;
   for (int64_t k = 0; k < r.block_size; k++) num += r.pos_acc_num[k], den += r.pos_acc_den[k];
   cr_expect_eq(num, r.acc_num);
   cr_expect_eq(den, r.acc_den);
   cr_expect(r.accept_len >= 1 && r.accept_len <= (double)r.block_size + 1, "τ %g", r.accept_len);
-  cr_expect(r.tau_probabilistic >= 1 && r.tau_probabilistic <= (double)r.block_size + 1, "tau_prob %g",
-            r.tau_probabilistic);
+  const double tp = rep_num(&r, "tau_probabilistic");
+  cr_expect(tp >= 1 && tp <= (double)r.block_size + 1, "tau_prob %g", tp);
   df_eval_report_free(&r);
   free(w0);
   unload(&s);
@@ -272,11 +288,8 @@ Test(evaluate, dspark_equals_the_step_forward_on_the_same_anchors) {
   df_hs_dataset *ds;
   df_error err = {0};
   DF_ASSERT_OK(df_hs_open(DSPARK_DATA, &ds, &err), &err);
-  df_step_options so = {.num_anchors = o.num_anchors,
-                        .loss_decay_gamma = o.loss_decay_gamma,
-                        .mask_token_id = o.mask_token_id,
-                        .loss = {.type = DF_LOSS_DFLASH, .chunk_blocks = o.chunk_blocks},
-                        .dspark = {.set = true, .ce_alpha = 0.3, .l1_alpha = 0.7, .conf_alpha = 2.0}};
+  df_strategy_run *run;
+  DF_ASSERT_OK(df_step_open(s.ctx, s.m, s.cfg, &s.fz, &o.set, false, &run, &err), &err);
   double loss_num = 0, loss_den = 0, acc_num = 0, acc_den = 0, greedy = 0, tau_num = 0, tau_den = 0, ce = 0;
   int64_t blocks = 0;
   for (int64_t i = 0; i < 6; i++) {
@@ -287,30 +300,33 @@ Test(evaluate, dspark_equals_the_step_forward_on_the_same_anchors) {
     if (c > 0) {
       df_dflash_sampler smp;
       df_dflash_sampler_init(&smp, o.seed + (uint64_t)i);
-      df_dspark_metrics dm = {0};
-      so.dspark_metrics = &dm;
-      df_dflash_metrics met;
-      DF_ASSERT_OK(df_step_micro(s.ctx, s.m, s.cfg, &s.fz, &bt, &smp, &so, NULL, &met, &err), &err);
-      loss_num += dm.loss_num, loss_den += dm.loss_den, acc_num += dm.acc_num, acc_den += dm.eval_den;
-      greedy += dm.greedy_accept_sum, tau_num += dm.tau_num, tau_den += dm.tau_den, ce += dm.ce_num;
-      blocks += dm.num_blocks;
+      df_step_result met;
+      DF_ASSERT_OK(df_step_micro(run, &bt, &smp, &met, &err), &err);
+      json_t *j = met.report;
+      loss_num += met.loss_num, loss_den += met.loss_den, acc_num += met.acc_num, acc_den += met.acc_den;
+      greedy += met.metrics.accept_sum, blocks += met.num_blocks;
+      tau_num += json_number_value(json_object_get(j, "tau_num"));
+      tau_den += json_number_value(json_object_get(j, "tau_den"));
+      ce += json_number_value(json_object_get(j, "ce_num"));
       cr_expect_eq(met.aux_loss, 0.0, "a dense draft has no aux loss");
-      df_dspark_metrics_free(&dm);
-      df_dflash_metrics_free(&met);
+      df_step_result_free(&met);
     }
     df_batch_free(&bt);
   }
+  df_strategy_close(run);
   df_hs_close(ds);
   cr_expect_eq(r.num_blocks, blocks);
   cr_expect_eq(r.loss_den, loss_den);
   cr_expect_eq(r.acc_num, acc_num);
   cr_expect_eq(r.acc_den, acc_den);
   cr_expect_eq(r.accept_len_sum, greedy);
-  cr_expect_eq(r.tau_den, tau_den);
+  cr_expect_eq(rep_num(&r, "tau_den"), tau_den);
   cr_expect(fabs(r.loss_num - loss_num) <= 1e-12 * fabs(loss_num), "loss_num %.15g vs step %.15g", r.loss_num,
             loss_num);
-  cr_expect(fabs(r.ce_num - ce) <= 1e-12 * fabs(ce), "ce_num %.15g vs step %.15g", r.ce_num, ce);
-  cr_expect(fabs(r.tau_num - tau_num) <= 1e-12 * fabs(tau_num), "tau_num %.15g vs step %.15g", r.tau_num, tau_num);
+  cr_expect(fabs(rep_num(&r, "ce_num") - ce) <= 1e-12 * fabs(ce), "ce_num %.15g vs step %.15g", rep_num(&r, "ce_num"),
+            ce);
+  cr_expect(fabs(rep_num(&r, "tau_num") - tau_num) <= 1e-12 * fabs(tau_num), "tau_num %.15g vs step %.15g",
+            rep_num(&r, "tau_num"), tau_num);
   cr_expect(fabs(r.loss - loss_num / loss_den) <= 1e-12 * r.loss, "loss %.15g", r.loss);
   df_eval_report_free(&r);
   unload(&s);
@@ -325,12 +341,18 @@ Test(evaluate, dspark_reads_the_teacher_only_when_needed) {
   df_error err = {0};
   cr_expect_eq(df_evaluate(s.ctx, s.m, s.cfg, &s.fz, DATA, &o, &r, &err), DF_ERR_INVALID);
   cr_expect_str_eq(err.where, "target_last_hidden_states");
-  o.dspark.l1_alpha = 0, o.dspark.conf_alpha = 0;
+  df_strategy_value ce_only[] = {{"dspark_ce_loss_alpha", 0.3, NULL},
+                                 {"dspark_l1_loss_alpha", 0, NULL},
+                                 {"dspark_confidence_head_alpha", 0, NULL}};
+  df_strategy_value_list l = {ce_only, 3};
+  df_strategy_values v = df_strategy_values_of_list(&l);
+  o.set.values = &v;
   r = run_on(&s, DATA, &o);
-  cr_expect(!r.has_teacher && !r.has_confidence);
-  cr_expect(isnan(r.tau_probabilistic) && isnan(r.l1_loss) && isnan(r.confidence_loss));
-  cr_expect(isfinite(r.loss) && isfinite(r.ce_loss) && r.loss > 0);
-  cr_expect(fabs(r.loss - 0.3 * r.ce_loss) <= 1e-12 * r.loss, "CE alone: loss %.12g", r.loss);
+  cr_expect(isnan(rep_num(&r, "tau_probabilistic")) && isnan(rep_num(&r, "l1_loss")) &&
+                isnan(rep_num(&r, "confidence_loss")),
+            "no teacher, no confidence term");
+  cr_expect(isfinite(r.loss) && isfinite(rep_num(&r, "ce_loss")) && r.loss > 0);
+  cr_expect(fabs(r.loss - 0.3 * rep_num(&r, "ce_loss")) <= 1e-12 * r.loss, "CE alone: loss %.12g", r.loss);
   df_eval_report_free(&r);
   unload(&s);
 }

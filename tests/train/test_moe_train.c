@@ -102,7 +102,7 @@ typedef struct {
   df_ctx *ctx;
   df_draft_model *m;
   df_batch batch;
-  df_step_options opt;
+  df_strategy_run *run;
 } rig;
 
 static void rig_open(rig *r, const char *recipe) {
@@ -117,14 +117,12 @@ static void rig_open(rig *r, const char *recipe) {
   DF_ASSERT_OK(df_batch_first(r->rc->data.hidden_states_path, r->rc->training.seed, r->rc->training.batch_size,
                               r->rc->data.max_length, r->res.draft, &r->batch, &err),
                &err);
-  r->opt = (df_step_options){
-      .num_anchors = r->rc->training.num_anchors,
-      .loss_decay_gamma = r->rc->training.loss_decay_gamma,
-      .mask_token_id = r->res.mask_token_id,
-      .loss = {.type = r->rc->training.loss_type, .chunk_blocks = r->rc->training.objective_chunk_blocks}};
+  const df_step_settings set = df_step_settings_of(r->rc, r->res.mask_token_id, NULL);
+  DF_ASSERT_OK(df_step_open(r->ctx, r->m, r->res.draft, &r->res.frozen, &set, false, &r->run, &err), &err);
 }
 
 static void rig_close(rig *r) {
+  df_strategy_close(r->run);
   df_batch_free(&r->batch);
   df_draft_model_free(r->m);
   df_ctx_destroy(r->ctx);
@@ -132,16 +130,13 @@ static void rig_close(rig *r) {
   df_recipe_free(r->rc);
 }
 
-// One micro-step from a fresh anchor stream; returns the metrics (caller frees).
-static df_dflash_metrics rig_step(rig *r, double grad_scale) {
+// One micro-step from a fresh anchor stream; returns the results (caller frees).
+static df_step_result rig_step(rig *r, double grad_scale) {
   df_dflash_sampler s;
   df_dflash_sampler_init(&s, 42);
-  df_step_options o = r->opt;
-  o.grad_scale = grad_scale;
-  df_dflash_metrics met;
-  int64_t N;
+  df_step_result met;
   df_error err = {0};
-  DF_ASSERT_OK(df_step_micro(r->ctx, r->m, r->res.draft, &r->res.frozen, &r->batch, &s, &o, &N, &met, &err), &err);
+  DF_ASSERT_OK(df_step_micro_scaled(r->run, &r->batch, &s, grad_scale, false, &met, &err), &err);
   return met;
 }
 
@@ -296,16 +291,16 @@ Test(moe_train, aux_gradient_scale_and_finite_differences) {
   const int64_t n = df_params_numel(df_draft_model_params(on.m));
 
   // step mode (grad_scale 0): the gradient of CE ratio + aux; the difference of the two runs is ∂aux/∂θ
-  df_dflash_metrics m1 = rig_step(&on, 0.0);
+  df_step_result m1 = rig_step(&on, 0.0);
   float *g_on = copy_flat(df_draft_model_grads(on.m), n);
-  df_dflash_metrics m0 = rig_step(&off, 0.0);
+  df_step_result m0 = rig_step(&off, 0.0);
   float *g_off = copy_flat(df_draft_model_grads(off.m), n);
   const double den = m1.loss_den, aux = m1.aux_loss;
   cr_assert(aux > 0.5 && den > 0);
   float *d_aux = malloc(sizeof(float) * (size_t)n);
   for (int64_t i = 0; i < n; i++) d_aux[i] = g_on[i] - g_off[i];
-  df_dflash_metrics_free(&m1);
-  df_dflash_metrics_free(&m0);
+  df_step_result_free(&m1);
+  df_step_result_free(&m0);
 
   // trainer mode (grad_scale g): the backward gives g·∂(num + aux·den) = g·den·(∂CE ratio + ∂aux)
   const double g = 0.25;
@@ -314,8 +309,8 @@ Test(moe_train, aux_gradient_scale_and_finite_differences) {
   m0 = rig_step(&off, g);
   float *t_off = copy_flat(df_draft_model_grads(off.m), n);
   cr_expect(fabs(m1.loss_num - m0.loss_num - aux * den) <= 1e-9 * fabs(m1.loss_num));
-  df_dflash_metrics_free(&m1);
-  df_dflash_metrics_free(&m0);
+  df_step_result_free(&m1);
+  df_step_result_free(&m0);
   const char *routers[] = {"layers.0.mlp.gate.weight", "layers.1.mlp.gate.weight"};
   for (int k = 0; k < 2; k++) {
     const df_param *e = param(on.m, routers[k]);
@@ -345,9 +340,9 @@ Test(moe_train, aux_gradient_scale_and_finite_differences) {
   double f[2];
   for (int s = 0; s < 2; s++) {
     for (int64_t i = 0; i < n; i++) w[i] = w0[i] + (float)((s ? -h : h) * v[i]);
-    df_dflash_metrics m = rig_step(&on, 0.0);
+    df_step_result m = rig_step(&on, 0.0);
     f[s] = m.aux_loss;
-    df_dflash_metrics_free(&m);
+    df_step_result_free(&m);
   }
   memcpy(w, w0, sizeof(float) * (size_t)n);
   const double fd = (f[0] - f[1]) / (2 * h);
@@ -370,17 +365,15 @@ Test(moe_train, eval_has_no_aux_and_changes_no_buffer) {
   write_recipe(rec, CFG_QWEN, NULL);
   rig r;
   rig_open(&r, rec);
-  df_dflash_metrics m = rig_step(&r, 0.0); // a training forward: a centering update is now pending
+  df_step_result m = rig_step(&r, 0.0); // a training forward: a centering update is now pending
   cr_expect(m.aux_loss > 0);
-  df_dflash_metrics_free(&m);
+  df_step_result_free(&m);
   const int64_t n = df_params_numel(df_draft_model_params(r.m));
   float *before = copy_flat(df_draft_model_weights(r.m), n);
   df_eval_options eo = {.batch_size = 2,
                         .max_length = 64,
-                        .num_anchors = 4,
-                        .loss_decay_gamma = 7.0,
-                        .mask_token_id = r.res.mask_token_id,
-                        .seed = 1};
+                        .seed = 1,
+                        .set = {.num_anchors = 4, .loss_decay_gamma = 7.0, .mask_token_id = r.res.mask_token_id}};
   df_eval_report rep;
   df_error err = {0};
   DF_ASSERT_OK(df_evaluate(r.ctx, r.m, r.res.draft, &r.res.frozen, FX "/data", &eo, &rep, &err), &err);

@@ -431,8 +431,8 @@ static void on_step(void *ctx, int64_t step, df_transfer_stats x) {
   if (step >= 1 && step <= 6) t->per_step[step] = x, t->seen++;
 }
 
-// The online source fills the same host batch the trainer's stage (train/step/stage.h) uploads for shards: on the
-// strict fake device (its memory faults on any host access) an online run with online eval moves one upload per
+// The online source fills the same host batch the trainer's stage (strategies/dflash/stage.h) uploads for shards: on
+// the strict fake device (its memory faults on any host access) an online run with online eval moves one upload per
 // micro-batch and one read per step, and equals the CPU run bit for bit.
 Test(online, online_run_on_the_strict_fake_device_equals_the_cpu_run) {
   odir d;

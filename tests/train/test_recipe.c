@@ -48,8 +48,10 @@ Test(recipe, minimal_takes_the_defaults) {
   cr_expect_eq(r->training.num_anchors, 512);
   cr_expect_eq(r->training.loss_decay_gamma, 0.0);
   cr_expect_eq(r->training.objective_chunk_blocks, 128);
-  cr_expect_eq(r->training.loss_type, DF_LOSS_DFLASH);
-  cr_expect_eq(r->training.dpace_alpha, 0.5);
+  df_strategy_values v = df_recipe_strategy_values(r); // the strategy's own keys, read by name
+  cr_expect_str_eq(df_strategy_text(&v, "loss_type", NULL), "dflash");
+  cr_expect_eq(df_strategy_number(&v, "dpace_alpha", -1), 0.5);
+  cr_expect(df_recipe_is_default(r, "training", "dpace_alpha"));
   cr_expect_eq(r->training.seed, 42);
   cr_expect_str_eq(r->run_id, "specforge-run");
   cr_expect_str_eq(r->output_dir, "/base/output"); // relative paths, defaults too, from the base (the cwd)
@@ -73,8 +75,11 @@ Test(recipe, full_file_with_inert_and_default_keys) {
   cr_expect_eq(r->training.num_anchors, 256);
   cr_expect_eq(r->training.loss_decay_gamma, 7.0);
   cr_expect_eq(r->training.objective_chunk_blocks, 0);
-  cr_expect_eq(r->training.loss_type, DF_LOSS_DPACE_CONTVALUE);
-  cr_expect_eq(r->training.dpace_alpha, 0.25);
+  df_strategy_values v = df_recipe_strategy_values(r);
+  cr_expect_str_eq(df_strategy_text(&v, "loss_type", NULL), "dpace-continuation-value-only");
+  cr_expect_eq(df_strategy_number(&v, "dpace_alpha", -1), 0.25);
+  cr_expect_not(df_recipe_is_default(r, "training", "dpace_alpha"));
+  cr_expect_null(df_strategy_text(&v, "no_such_key", NULL), "a key the schema lacks has no value");
   cr_expect_eq(r->training.seed, 7);
   df_recipe_free(r);
 }
@@ -85,8 +90,9 @@ Test(recipe, null_gamma_and_yaml_forms) {
                                      "profiling: {enabled: off, start_step: 3}\n");
   cr_expect_eq(r->training.loss_decay_gamma, 0.0);
   cr_expect_eq(r->training.seed, 3);
-  cr_expect_eq(r->training.dpace_alpha, 1.0);
-  cr_expect_eq(r->training.loss_type, DF_LOSS_DPACE);
+  df_strategy_values v = df_recipe_strategy_values(r);
+  cr_expect_eq(df_strategy_number(&v, "dpace_alpha", -1), 1.0, "an integer reads as a number");
+  cr_expect_str_eq(df_strategy_text(&v, "loss_type", NULL), "dpace");
   df_recipe_free(r);
 }
 
@@ -369,7 +375,8 @@ Test(recipe, resolved_recipe_round_trips) {
   // identical but for the header line naming the source
   cr_expect_str_eq(strchr(a, '\n'), strchr(b, '\n'));
   cr_expect_str_eq(r2->model.target_model_path, r->model.target_model_path);
-  cr_expect_eq(r2->training.dpace_alpha, r->training.dpace_alpha);
+  const df_strategy_values v1 = df_recipe_strategy_values(r), v2 = df_recipe_strategy_values(r2);
+  cr_expect_eq(df_strategy_number(&v2, "dpace_alpha", -1), df_strategy_number(&v1, "dpace_alpha", -2));
   free(a), free(b);
   df_recipe_free(r), df_recipe_free(r2);
 }

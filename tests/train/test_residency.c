@@ -1,8 +1,8 @@
 // Device residency of a training step, proved on the fake device (kernels/fake/: the CPU kernels behind a table
 // whose memory counts as device memory, every host↔device copy counted by kernels/context.c). For DFlash, D-PACE,
 // DSpark and MoE drafts, every optimizer step of a 2-micro-batch window moves exactly one upload per micro-batch
-// (the packed batch, train/step/stage.c) and one read (the window's sums and {norm, coef, ok}) — nothing else; and the
-// run is bit for bit the CPU run (same kernels, staged instead of read in place): metrics.jsonl and the final
+// (the packed batch, strategies/dflash/stage.c) and one read (the window's sums and {norm, coef, ok}) — nothing else;
+// and the run is bit for bit the CPU run (same kernels, staged instead of read in place): metrics.jsonl and the final
 // weights agree exactly. DFlash, D-PACE, DSpark (vanilla, gated and rnn heads) and MoE drafts run on the strict
 // variant, whose memory faults on any host access.
 #include <criterion/criterion.h>

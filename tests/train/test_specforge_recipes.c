@@ -102,7 +102,8 @@ static void check_draft(const char *file, const df_recipe *rc) {
   df_error err = {0};
   cr_assert_eq(df_draft_config_from_file(rc->model.draft_model_config, &cfg, &err), DF_OK, "%s: %s: %s [%s]", file,
                rc->model.draft_model_config, err.msg, err.where);
-  bool dspark = rc->training.strategy == DF_STRATEGY_DSPARK;
+  bool dspark = !strcmp(rc->training.strategy, "dspark");
+  cr_expect_eq(df_strategy_of(cfg), df_strategy_find(rc->training.strategy), "%s: the strategy trains the draft", file);
   cr_expect_eq(cfg->kind, dspark ? DF_DRAFT_DSPARK : DF_DRAFT_DFLASH, "%s: the draft config is %s", file,
                df_draft_kind_name(cfg->kind));
   cr_expect_eq(cfg->block_size, dspark ? 7 : 16, "%s", file);

@@ -238,7 +238,7 @@ typedef struct {
   df_draft_model *model;
   df_feed *feed;
   df_dflash_sampler sampler;
-  df_step_options opt;
+  df_strategy_run *run;
 } manual;
 
 static void manual_open(manual *m) {
@@ -256,14 +256,13 @@ static void manual_open(manual *m) {
   df_feed_options fo = {.path = FX "/data", .batch_size = 2, .max_length = 64, .seed = 42, .world_size = 1};
   DF_ASSERT_OK(df_feed_open(&fo, &m->feed, &err), &err);
   df_dflash_sampler_init(&m->sampler, 42);
-  m->opt = (df_step_options){.num_anchors = 4,
-                             .loss_decay_gamma = 7.0,
-                             .mask_token_id = 255,
-                             .loss = {.type = DF_LOSS_DFLASH, .dpace_alpha = 0.5, .chunk_blocks = 2},
-                             .grad_scale = 1.0};
+  const df_frozen fz = {m->pieces.embed, m->pieces.lm_head, m->pieces.vocab, m->pieces.hidden};
+  const df_step_settings set = {.num_anchors = 4, .loss_decay_gamma = 7.0, .mask_token_id = 255, .chunk_blocks = 2};
+  DF_ASSERT_OK(df_step_open(m->ctx, m->model, m->cfg, &fz, &set, false, &m->run, &err), &err);
 }
 
 static void manual_close(manual *m) {
+  df_strategy_close(m->run);
   df_feed_close(m->feed);
   df_draft_model_free(m->model);
   df_ctx_destroy(m->ctx);
@@ -271,18 +270,17 @@ static void manual_close(manual *m) {
   df_draft_config_free(m->cfg);
 }
 
-// One micro-step on the next batch; returns loss_den, the gradient in out.
-static double manual_micro(manual *m, df_dflash_sampler *s, const df_step_options *opt, float *out, int64_t n) {
+// One micro-step on the next batch with the trainer's gradient scale (1: d(loss_num)) or the step command's (0:
+// d(loss_num / loss_den)); returns loss_den, the gradient in out.
+static double manual_micro(manual *m, df_dflash_sampler *s, double grad_scale, float *out, int64_t n) {
   df_error err = {0};
   const df_batch *b;
   DF_ASSERT_OK(df_feed_next(m->feed, &b, NULL, &err), &err);
-  df_step_frozen fz = {m->pieces.embed, m->pieces.lm_head, m->pieces.vocab, m->pieces.hidden};
-  df_dflash_metrics met;
-  int64_t N;
-  DF_ASSERT_OK(df_step_micro(m->ctx, m->model, m->cfg, &fz, b, s, opt, &N, &met, &err), &err);
+  df_step_result met;
+  DF_ASSERT_OK(df_step_micro_scaled(m->run, b, s, grad_scale, false, &met, &err), &err);
   memcpy(out, df_draft_model_grads(m->model), (size_t)n * sizeof(float));
   double den = met.loss_den;
-  df_dflash_metrics_free(&met);
+  df_step_result_free(&met);
   return den;
 }
 
@@ -297,8 +295,8 @@ Test(trainer, accumulation_is_the_gradient_of_the_window_ratio) {
   float *g0 = malloc((size_t)n * sizeof(float)), *g1 = malloc((size_t)n * sizeof(float));
   float *want = malloc((size_t)n * sizeof(float)), *ratio = malloc((size_t)n * sizeof(float));
   df_dflash_sampler s = m.sampler;
-  double den0 = manual_micro(&m, &s, &m.opt, g0, n);
-  double den1 = manual_micro(&m, &s, &m.opt, g1, n);
+  double den0 = manual_micro(&m, &s, 1.0, g0, n);
+  double den1 = manual_micro(&m, &s, 1.0, g1, n);
   for (int64_t i = 0; i < n; i++) want[i] = (float)(((double)g0[i] + g1[i]) / (den0 + den1));
   // tolerance: the trainer adds micro-step 1 into micro-step 0's buffer inside the backward (other rounding)
   df_expect_close("window gradient", c.grads, want, n, 1e-5, 1e-8);
@@ -307,10 +305,8 @@ Test(trainer, accumulation_is_the_gradient_of_the_window_ratio) {
   // grad_scale 0 keeps `draftforge step`'s gradient d(num/den): den · it = d(num)
   df_error err = {0};
   DF_ASSERT_OK(df_feed_seek(m.feed, 0, 0, &err), &err);
-  df_step_options plain = m.opt;
-  plain.grad_scale = 0;
   df_dflash_sampler s2 = m.sampler;
-  double den = manual_micro(&m, &s2, &plain, ratio, n);
+  double den = manual_micro(&m, &s2, 0.0, ratio, n);
   cr_expect_eq(den, den0);
   for (int64_t i = 0; i < n; i++) ratio[i] *= (float)den;
   df_expect_close("numerator gradient", g0, ratio, n, 1e-5, 1e-8);

@@ -89,6 +89,7 @@ typedef struct {
   df_draft_model *model;
   df_online_target *online; // online eval data
   df_batch_source *src;
+  df_strategy_values values; // the strategy's own recipe keys
   char dir[PATH_MAX];
   char note[1024]; // which checkpoint was taken
 } eval_run;
@@ -139,7 +140,8 @@ static df_status run_eval(const eval_args *a, eval_run *r, df_eval_report *rep, 
   snprintf(r->dir, sizeof r->dir, "%.4000s", c.ckpt);
   snprintf(r->note, sizeof r->note, "%s", c.note);
   DF_TRY(load_draft(r, a, err));
-  df_eval_options o = df_eval_options_from_recipe(r->recipe, r->res.mask_token_id);
+  r->values = df_recipe_strategy_values(r->recipe);
+  df_eval_options o = df_eval_options_from_recipe(r->recipe, r->res.mask_token_id, &r->values);
   o.max_samples = a->max_samples;
   const char *key;
   *data = eval_data_path(r->recipe, a->data, &key);

@@ -158,11 +158,10 @@ static df_status simulated(const spec_args *a, spec_run *r, const char *seqs, df
   df_capture_report cr;
   DF_TRY(df_capture_run(&co, &cr, err));
   df_tensor emb = df_target_embed(r->target), head = df_target_lm_head(r->target);
-  df_step_frozen fz = {.embed = emb.data, .lm_head = head.data, .vocab = emb.shape[0], .hidden = emb.shape[1]};
+  df_frozen fz = {.embed = emb.data, .lm_head = head.data, .vocab = emb.shape[0], .hidden = emb.shape[1]};
+  // SpecForge's defaults for the strategy's own keys (no recipe here)
   df_eval_options eo = {.batch_size = 1,
-                        .num_anchors = a->num_anchors,
-                        .mask_token_id = r->cfg->dflash.mask_token_id,
-                        .dspark = {.set = true, .ce_alpha = 0.1, .l1_alpha = 0.9, .conf_alpha = 1.0}};
+                        .set = {.num_anchors = a->num_anchors, .mask_token_id = r->cfg->dflash.mask_token_id}};
   return df_evaluate(r->ctx, r->model, r->cfg, &fz, shards, &eo, ev, err);
 }
 
@@ -179,7 +178,7 @@ static json_t *report_json(const spec_args *a, const spec_run *r, const df_spec_
                 (json_int_t)s->verifications, "prompts", (json_int_t)s->prompts, "identical_to_greedy",
                 s->identical_to_greedy, "mismatched_prompts", (json_int_t)s->mismatched_prompts, "block_size",
                 (json_int_t)r->cfg->block_size, "proposals_per_block", (json_int_t)s->proposals);
-  json_object_set_new(o, "strategy", json_string(df_draft_kind_name(r->cfg->kind)));
+  json_object_set_new(o, "strategy", json_string(ev->strategy));
   json_object_set_new(o, "draft", json_string(r->dir));
   json_object_set_new(o, "target", json_string(a->target));
   json_object_set_new(o, "data", json_string(a->data));

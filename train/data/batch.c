@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/rng.h"
+#include "strategies/strategy.h"
 
 void df_data_epoch_order(int64_t n, uint64_t seed, int64_t epoch, int64_t *perm) {
   df_rng rng;
@@ -116,8 +117,8 @@ df_status df_batch_first(const char *data_path, uint64_t seed, int64_t batch_siz
   df_status st = DF_OK;
   if (cfg)
     st = df_hs_check_target(ds, cfg->dflash.num_target_layer_ids, cfg->dflash.target_layer_ids, cfg->hidden_size, err);
-  // A DSpark draft reads the teacher's states when the data carries them.
-  bool last = cfg && cfg->kind == DF_DRAFT_DSPARK && df_hs_get_info(ds)->has_last_hidden;
+  // A draft whose strategy reads the target's final hidden states (DSpark's teacher) gets them when the data has them.
+  bool last = cfg && df_strategy_reads_last_hidden(cfg) && df_hs_get_info(ds)->has_last_hidden;
   if (st == DF_OK) st = first_batch(ds, seed, batch_size, max_length, last, data_path, out, err);
   df_hs_close(ds);
   return st;

@@ -8,24 +8,12 @@
 
 #include "base/error.h"
 #include "modeling/draft_config.h"
+#include "strategies/batch.h"
 #include "train/data/hs.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-// One padded micro-batch. Rows past a sample's length are zero (ids 0, loss mask 0, hidden 0).
-typedef struct {
-  int64_t B, S;        // samples, padded length (the longest truncated sample)
-  int64_t width;       // K·H: one hidden row
-  int64_t *index;      // (B) dataset sample indices, in batch order
-  int64_t *length;     // (B) rows of each sample after truncation
-  int32_t *input_ids;  // (B, S)
-  uint8_t *loss_mask;  // (B, S)
-  float *hidden;       // (B, S, K·H)
-  float *last_hidden;  // (B, S, H) target_last_hidden_states (DSpark's teacher), or NULL when not read
-  int64_t hidden_size; // H of last_hidden (0 when it is NULL)
-} df_batch;
 
 // perm = [0 .. n−1] shuffled by Fisher–Yates with df_rng_init(seed + epoch, DF_RNG_STREAM_DATA):
 // for i = n−1 down to 1, j = df_rng_below(i + 1), swap perm[i], perm[j].

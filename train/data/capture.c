@@ -13,6 +13,7 @@
 #include "base/fsutil.h"
 #include "modeling/draft_config.h"
 #include "modeling/target_config.h"
+#include "strategies/strategy.h"
 #include "train/data/hs.h"
 #include "train/data/token_jsonl.h"
 
@@ -90,7 +91,7 @@ static df_status setup(capture_run *r, df_error *err) {
   DF_TRY(df_draft_config_check_target(r->draft, r->tcfg, err));
   const df_dflash_config *dc = &r->draft->dflash;
   DF_TRY(df_capture_check_layer_ids(dc->target_layer_ids, dc->num_target_layer_ids, r->tcfg->num_hidden_layers, err));
-  r->last = o->last_hidden < 0 ? r->draft->kind == DF_DRAFT_DSPARK : o->last_hidden > 0;
+  r->last = o->last_hidden < 0 ? df_strategy_reads_last_hidden(r->draft) : o->last_hidden > 0;
   if (o->ctx_options)
     DF_TRY(df_ctx_create(o->ctx_options, &r->ctx, err));
   else

@@ -66,13 +66,13 @@ df_status df_dist_check_same(df_comm *c, const char *what, uint64_t value, df_er
   return st;
 }
 
-static df_status moe_sum(void *user, float *buf, int64_t n, df_error *err) {
+static df_status collective_sum(void *user, float *buf, int64_t n, df_error *err) {
   return df_comm_all_reduce(user, buf, buf, n, DF_COMM_F32, DF_COMM_SUM, err);
 }
 
-df_moe_collective df_dist_moe_collective(df_comm *c) {
-  if (!c || df_comm_size(c) == 1) return (df_moe_collective){.world_size = 1};
-  return (df_moe_collective){.sum = moe_sum, .user = c, .world_size = df_comm_size(c)};
+df_collective df_dist_collective(df_comm *c) {
+  if (!c || df_comm_size(c) == 1) return (df_collective){.world_size = 1};
+  return (df_collective){.sum = collective_sum, .user = c, .world_size = df_comm_size(c)};
 }
 
 // ---- the communicator for this launch ------------------------------------------------------------------------

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "moe/balance.h"
+#include "base/collective.h"
 #include "train/dist/comm.h"
 #include "train/dist/launch.h"
 
@@ -55,8 +55,9 @@ df_status df_dist_share_blob(const df_launch_info *li, df_comm *host, df_getenv_
 // and the first rank that differs from rank 0. Collective.
 df_status df_dist_check_same(df_comm *c, const char *what, uint64_t value, df_error *err);
 
-// The MoE deferred updates' all-reduce hook (moe/balance.h) over c: an in-place fp32 SUM. c must outlive it.
-df_moe_collective df_dist_moe_collective(df_comm *c);
+// The layers' all-reduce hook (base/collective.h: MoE deferred updates and routing statistics, the aux loss's
+// global weight) over c: an in-place fp32 SUM. c must outlive it.
+df_collective df_dist_collective(df_comm *c);
 
 #ifdef __cplusplus
 }

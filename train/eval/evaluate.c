@@ -1,5 +1,5 @@
-// Held-out evaluation (train/eval/evaluate.h): file-order batches, the draft forward and its objective (DFlash's, or
-// DSpark's for a DSpark draft) without a backward, and counts summed over the whole set before any ratio is taken.
+// Held-out evaluation (train/eval/evaluate.h): file-order batches through the draft's strategy opened for eval (the
+// forward and its eval objective, no backward), and counts summed over the whole set before any ratio is taken.
 #include "train/eval/evaluate.h"
 
 #include <jansson.h>
@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "base/fsutil.h"
-#include "train/step/stage.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -17,76 +16,32 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-df_eval_options df_eval_options_from_recipe(const df_recipe *rc, int64_t mask_token_id) {
+df_eval_options df_eval_options_from_recipe(const df_recipe *rc, int64_t mask_token_id,
+                                            const df_strategy_values *values) {
   return (df_eval_options){.batch_size = rc->training.batch_size,
                            .max_length = rc->data.max_length,
-                           .num_anchors = rc->training.num_anchors,
-                           .loss_decay_gamma = rc->training.loss_decay_gamma,
-                           .mask_token_id = mask_token_id,
-                           .chunk_blocks = rc->training.objective_chunk_blocks,
                            .seed = rc->training.seed,
-                           .dspark = {.set = true,
-                                      .ce_alpha = rc->training.dspark_ce_loss_alpha,
-                                      .l1_alpha = rc->training.dspark_l1_loss_alpha,
-                                      .conf_alpha = rc->training.dspark_confidence_head_alpha}};
+                           .set = df_step_settings_of(rc, mask_token_id, values)};
 }
 
 void df_eval_report_free(df_eval_report *r) {
   if (!r) return;
   free(r->pos_acc_num), free(r->pos_acc_den);
+  json_decref(r->report), json_decref(r->line);
   r->pos_acc_num = r->pos_acc_den = NULL;
+  r->report = r->line = NULL;
 }
 
-// Candidates of one sample: p <= len−2 with loss_mask[p] and loss_mask[p+1] (strategies/dflash.h).
-static int64_t count_candidates(const uint8_t *mask, int64_t len) {
-  int64_t c = 0;
-  for (int64_t p = 0; p + 1 < len; p++) c += mask[p] && mask[p + 1];
-  return c;
-}
-
-// Anchors drawn per sample from df_dflash_sampler_init(seed + sample index), so a sample's blocks depend
-// neither on the batch it lands in nor on the padding: the report is the same for every batch size. Rows are
-// padded to the batch's largest block count with keep = 0 blocks. out->N = 0 when no sample has a candidate.
-static df_status eval_anchors(const df_batch *bt, const df_eval_options *o, df_dflash_anchors *out, int64_t *skipped,
-                              df_error *err) {
-  memset(out, 0, sizeof *out);
-  out->B = bt->B;
-  if (!(out->candidates = calloc((size_t)bt->B, sizeof *out->candidates)))
-    return DF_FAIL(err, DF_ERR_NOMEM, "eval anchors", NULL, "out of memory");
-  for (int64_t i = 0; i < bt->B; i++) {
-    out->candidates[i] = count_candidates(bt->loss_mask + i * bt->S, bt->length[i]);
-    int64_t n = out->candidates[i] < o->num_anchors ? out->candidates[i] : o->num_anchors;
-    if (n > out->N) out->N = n;
-    *skipped += out->candidates[i] == 0;
-  }
-  if (out->N == 0) return DF_OK;
-  out->anchors = calloc((size_t)(bt->B * out->N), sizeof *out->anchors);
-  out->keep = calloc((size_t)(bt->B * out->N), 1);
-  if (!out->anchors || !out->keep) return DF_FAIL(err, DF_ERR_NOMEM, "eval anchors", NULL, "out of memory");
-  for (int64_t i = 0; i < bt->B; i++) {
-    if (!out->candidates[i]) continue;
-    df_dflash_sampler s;
-    df_dflash_sampler_init(&s, o->seed + (uint64_t)bt->index[i]);
-    df_dflash_anchors one;
-    DF_TRY(df_dflash_sample_anchors(&s, bt->loss_mask + i * bt->S, 1, bt->length[i], o->num_anchors, &one, err));
-    memcpy(out->anchors + i * out->N, one.anchors, (size_t)one.N * sizeof *one.anchors);
-    memcpy(out->keep + i * out->N, one.keep, (size_t)one.N);
-    df_dflash_anchors_free(&one);
-  }
-  return DF_OK;
-}
-
-static df_status eval_check(const df_draft_config *cfg, const df_step_frozen *fz, const df_eval_options *o,
-                            df_error *err) {
+static df_status eval_check(const df_draft_config *cfg, const df_frozen *fz, const df_eval_options *o, df_error *err) {
   if (o->batch_size < 1)
     return DF_FAIL(err, DF_ERR_INVALID, "training.batch_size", "use a batch size >= 1", "eval batch size %lld",
                    (long long)o->batch_size);
-  if (o->num_anchors < 1)
+  if (o->set.num_anchors < 1)
     return DF_FAIL(err, DF_ERR_INVALID, "training.num_anchors", "use at least one anchor per sample",
-                   "eval num_anchors %lld", (long long)o->num_anchors);
-  if (o->mask_token_id < 0 || o->mask_token_id >= fz->vocab)
+                   "eval num_anchors %lld", (long long)o->set.num_anchors);
+  if (o->set.mask_token_id < 0 || o->set.mask_token_id >= fz->vocab)
     return DF_FAIL(err, DF_ERR_INVALID, "model.mask_token_id", "the mask token must be a row of the target embedding",
-                   "mask_token_id %lld outside the vocabulary of %lld", (long long)o->mask_token_id,
+                   "mask_token_id %lld outside the vocabulary of %lld", (long long)o->set.mask_token_id,
                    (long long)fz->vocab);
   if (fz->hidden != cfg->hidden_size)
     return DF_FAIL(err, DF_ERR_INVALID, "hidden_size", "the target pieces must come from the draft's target",
@@ -94,135 +49,73 @@ static df_status eval_check(const df_draft_config *cfg, const df_step_frozen *fz
   return DF_OK;
 }
 
-// The stage and the one stats vector of an evaluation: every batch adds its sums on the device, read back once.
+// The strategy's eval run and the one stats vector of an evaluation: every batch adds its sums on the device, read
+// back once.
 typedef struct {
-  df_stage *stage;
+  df_strategy_run *run;
   void *buf;
-  df_tensor stats; // DF_DSPARK_STATS(bs) f64: the kind's sums (train/step/stage.h)
+  df_tensor stats;
   double loss_den; // Σ over batches, known on the host
 } eval_state;
 
-// The DFlash eval objective is the plain CE whatever the training loss_type; DSpark's is its own, forward only.
-static df_dflash_loss_options dflash_loss(const df_eval_options *o) {
-  return (df_dflash_loss_options){.type = DF_LOSS_DFLASH, .chunk_blocks = o->chunk_blocks};
-}
-
-// The loss weights and chunking of the DSpark objective; grad_scale 0 (no backward runs anyway).
-static df_dspark_loss_options dspark_loss(const df_eval_options *o) {
-  df_dspark_loss_options lo = {.ce_alpha = 0.1, .l1_alpha = 0.9, .conf_alpha = 1.0}; // SpecForge's defaults
-  if (o->dspark.set)
-    lo.ce_alpha = o->dspark.ce_alpha, lo.l1_alpha = o->dspark.l1_alpha, lo.conf_alpha = o->dspark.conf_alpha;
-  lo.chunk_blocks = o->chunk_blocks;
-  return lo;
-}
-
-static df_status eval_state_open(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
+static df_status eval_state_open(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_frozen *fz,
                                  const df_eval_options *o, eval_state *ev, df_error *err) {
   memset(ev, 0, sizeof *ev);
-  df_dspark_loss_options lo = dspark_loss(o);
-  df_dspark_terms t = df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(m));
-  df_stage_spec spec = {.kind = cfg->kind,
-                        .block_size = cfg->block_size,
-                        .vocab = fz->vocab,
-                        .hidden = fz->hidden,
-                        .mask_token_id = o->mask_token_id,
-                        .loss_decay_gamma = o->loss_decay_gamma,
-                        .loss_type = DF_LOSS_DFLASH,
-                        .teacher = cfg->kind == DF_DRAFT_DSPARK && t.teacher,
-                        .markov_rank = t.rank};
-  DF_TRY(df_stage_create(ctx, &spec, &ev->stage, err));
-  const int64_t ns = DF_DSPARK_STATS(cfg->block_size);
+  DF_TRY(df_step_open(ctx, m, cfg, fz, &o->set, true, &ev->run, err));
+  const int64_t ns = ev->run->table->stats_len(ev->run);
   DF_TRY(df_buffer_alloc(ctx, sizeof(double) * (size_t)ns, &ev->buf, err));
   ev->stats = df_f64_on(df_ctx_device(ctx), ev->buf, ns);
   return df_fill(ctx, &ev->stats, 0.0, err);
 }
 
 static void eval_state_close(df_ctx *ctx, eval_state *ev) {
-  df_stage_free(ev->stage);
-  df_buffer_free(ctx, ev->buf);
+  df_strategy_close(ev->run);
+  if (ev->buf) df_buffer_free(ctx, ev->buf);
 }
 
-// Forward-only on one batch with the draft's objective, its sums added to ev->stats. Nothing to add when no sample
-// of the batch has an anchor candidate.
-static df_status eval_batch(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
-                            const df_batch *bt, const df_eval_options *o, eval_state *ev, int64_t *skipped,
+// Forward-only on one batch with the strategy's eval objective, its sums added to ev->stats.
+static df_status eval_batch(const df_batch *bt, const df_eval_options *o, eval_state *ev, int64_t *skipped,
                             df_error *err) {
-  df_dflash_anchors a;
-  df_status st = eval_anchors(bt, o, &a, skipped, err);
-  df_staged sg;
-  df_tensor hidden;
-  if (st == DF_OK && a.N > 0) st = df_stage_prepare(ev->stage, bt, &a, &sg, err);
-  if (st == DF_OK && a.N > 0) st = df_stage_forward(ctx, m, fz->embed, fz->vocab, &sg, &hidden, err);
-  if (st == DF_OK && a.N > 0) {
-    df_tensor head = df_f32_on(df_ctx_device(ctx), fz->lm_head, fz->vocab, fz->hidden);
-    if (cfg->kind == DF_DRAFT_DSPARK) {
-      df_dspark_loss_options lo = dspark_loss(o);
-      st = df_dspark_objective_rows(ctx, &lo, df_draft_model_dspark_heads(m), &hidden, &head,
-                                    sg.last_hidden.data ? &sg.last_hidden : NULL, &sg.dspark, &sg.dspark_w, NULL,
-                                    &ev->stats, err);
-    } else {
-      df_dflash_loss_options lo = dflash_loss(o);
-      st = df_dflash_objective_rows(ctx, &lo, &hidden, &head, &sg.dflash, &sg.dflash_w, NULL, &ev->stats, err);
-    }
-    ev->loss_den += sg.loss_den;
-  }
-  df_dflash_anchors_free(&a);
-  return st;
+  const df_micro_args a = {.batch = bt, .world = 1, .eval_seed = o->seed, .stats = &ev->stats};
+  df_micro_info info;
+  DF_TRY(ev->run->table->micro(ev->run, &a, &info, err));
+  ev->loss_den += info.loss_den;
+  *skipped += info.skipped;
+  return DF_OK;
 }
-
-static double ratio_or_nan(bool ran, double num, double den) { return ran && den > 0 ? num / den : NAN; }
 
 static void eval_finish(df_eval_report *r) {
   r->loss = r->loss_den > 0 ? r->loss_num / r->loss_den : NAN;
   r->acc = r->acc_den > 0 ? r->acc_num / r->acc_den : NAN;
   r->accept_len = r->num_blocks > 0 ? r->accept_len_sum / (double)r->num_blocks : NAN;
-  bool ds = r->dspark, t = ds && r->has_teacher, c = ds && r->has_confidence;
-  r->ce_loss = ratio_or_nan(ds, r->ce_num, r->loss_den);
-  r->l1_loss = ratio_or_nan(t, r->l1_num, r->loss_den);
-  r->confidence_loss = ratio_or_nan(c, r->conf_num, r->loss_den);
-  r->confidence_abs_error = ratio_or_nan(c, r->conf_err_num, r->loss_den);
-  r->teacher_agreement = ratio_or_nan(t, r->teacher_agree_num, r->acc_den);
-  r->tau_probabilistic = ratio_or_nan(t, r->tau_num, r->tau_den);
 }
 
-// Whether the objective reads the teacher (target_last_hidden_states): the L1 term or an active confidence head,
-// as df_dspark_objective decides.
-static bool dspark_needs_teacher(df_draft_model *m, const df_eval_options *o) {
-  df_dspark_loss_options lo = dspark_loss(o);
-  return df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(m)).teacher;
-}
-
-// The report's sums from the stats read back once at the end.
-static df_status eval_collect(df_ctx *ctx, df_draft_model *m, const df_eval_options *o, const eval_state *ev,
-                              df_eval_report *r, df_error *err) {
-  const int64_t ns = df_numel(&ev->stats), bs = r->block_size;
+// The report from the stats read back once at the end: the shared metrics, and the strategy's own keys.
+static df_status eval_collect(df_ctx *ctx, const eval_state *ev, df_eval_report *r, df_error *err) {
+  const df_strategy *t = ev->run->table;
+  const int64_t ns = df_numel(&ev->stats);
   double *st = malloc(sizeof(double) * (size_t)ns);
   if (!st) return DF_FAIL(err, DF_ERR_NOMEM, "eval", NULL, "out of memory");
   df_status rc = df_copy(ctx, st, DF_DEV_CPU, ev->stats.data, df_ctx_device(ctx), sizeof(double) * (size_t)ns, err);
-  r->loss_den = ev->loss_den;
-  if (rc == DF_OK && !r->dspark) {
-    r->loss_num = st[DF_BSTAT_LOSS_NUM], r->acc_num = st[DF_BSTAT_ACC_NUM], r->acc_den = st[DF_BSTAT_ACC_DEN];
-    r->accept_len_sum = st[DF_BSTAT_ACCEPT_SUM], r->num_blocks = (int64_t)st[DF_BSTAT_BLOCKS];
-    memcpy(r->pos_acc_num, st + DF_BSTAT_POS, sizeof(double) * (size_t)bs);
-    memcpy(r->pos_acc_den, st + DF_BSTAT_POS + bs, sizeof(double) * (size_t)bs);
+  df_strategy_metrics m = {0};
+  if (rc == DF_OK) rc = t->metrics(ev->run, st, ev->loss_den, &m, err);
+  if (rc == DF_OK) {
+    r->loss_den = ev->loss_den, r->loss_num = m.loss_num;
+    r->acc_num = m.acc_num, r->acc_den = m.acc_den;
+    r->num_blocks = m.num_blocks, r->accept_len_sum = m.accept_sum;
+    r->block_size = m.positions, r->first_position = t->first_position(ev->run);
+    r->pos_acc_num = m.pos_num, r->pos_acc_den = m.pos_den; // moved
+    m.pos_num = m.pos_den = NULL;
+    r->report = json_object(), r->line = json_object();
+    if (!r->report || !r->line) rc = DF_FAIL(err, DF_ERR_NOMEM, "eval", NULL, "out of memory");
   }
-  if (rc == DF_OK && r->dspark) {
-    df_dspark_loss_options lo = dspark_loss(o);
-    df_dspark_metrics m2;
-    rc = df_dspark_metrics_from_stats(st, bs, ev->loss_den, &lo,
-                                      df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(m)), &m2, err);
-    if (rc == DF_OK) {
-      r->loss_num = m2.loss_num;
-      r->acc_num = m2.acc_num, r->acc_den = m2.eval_den;
-      r->num_blocks = m2.num_blocks, r->accept_len_sum = m2.greedy_accept_sum;
-      r->ce_num = m2.ce_num, r->l1_num = m2.l1_num, r->conf_num = m2.conf_num, r->conf_err_num = m2.conf_err_num;
-      r->teacher_agree_num = m2.teacher_agree_num, r->tau_num = m2.tau_num, r->tau_den = m2.tau_den;
-      r->has_teacher = m2.has_teacher, r->has_confidence = m2.has_confidence;
-      memcpy(r->pos_acc_num, m2.pos_acc_num, sizeof(double) * (size_t)bs);
-      memcpy(r->pos_acc_den, m2.pos_den, sizeof(double) * (size_t)bs);
-      df_dspark_metrics_free(&m2);
-    }
+  if (rc == DF_OK) {
+    t->report(ev->run, st, ev->loss_den, DF_REPORT_EVAL, r->report);
+    t->report(ev->run, st, ev->loss_den, DF_REPORT_EVAL_LINE, r->line);
+    FILE *mem = fmemopen(r->summary, sizeof r->summary, "w");
+    if (mem) t->print(ev->run, st, ev->loss_den, mem), fclose(mem);
   }
+  df_strategy_metrics_free(&m);
   free(st);
   return rc;
 }
@@ -242,15 +135,14 @@ static void note_nonfinite(const df_hs_dataset *ds, const df_batch *bt, df_hs_sc
   }
 }
 
-static df_status eval_loop(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *fz,
-                           df_batch_source *src, const df_eval_options *o, df_eval_report *r, df_error *err) {
+static df_status eval_loop(df_ctx *ctx, eval_state *ev, df_batch_source *src, const df_eval_options *o,
+                           df_eval_report *r, df_error *err) {
   int64_t n = src->num_samples;
   if (o->max_samples > 0 && o->max_samples < n) n = o->max_samples;
-  bool teacher = r->dspark && dspark_needs_teacher(m, o); // DSpark: read target_last_hidden_states too
+  const bool teacher = ev->run->table->needs_last_hidden(ev->run); // read target_last_hidden_states too
   int64_t *index = malloc((size_t)o->batch_size * sizeof *index);
   if (!index) return DF_FAIL(err, DF_ERR_NOMEM, "eval", NULL, "out of memory");
-  eval_state ev;
-  df_status st = eval_state_open(ctx, m, cfg, fz, o, &ev, err);
+  df_status st = DF_OK;
   // The stage packs each batch into its own page-locked slot, so the batch's memory can go as soon as it is staged.
   for (int64_t first = 0; first < n && st == DF_OK; first += o->batch_size) {
     int64_t B = n - first < o->batch_size ? n - first : o->batch_size;
@@ -260,38 +152,32 @@ static df_status eval_loop(df_ctx *ctx, df_draft_model *m, const df_draft_config
     if (st != DF_OK) break;
     note_nonfinite(df_batch_source_dataset(src), &bt, &r->nonfinite);
     r->num_samples += B, r->num_batches++;
-    st = eval_batch(ctx, m, cfg, fz, &bt, o, &ev, &r->skipped_samples, err);
+    st = eval_batch(&bt, o, ev, &r->skipped_samples, err);
     df_batch_free(&bt);
   }
-  if (st == DF_OK) st = eval_collect(ctx, m, o, &ev, r, err);
-  eval_state_close(ctx, &ev);
+  if (st == DF_OK) st = eval_collect(ctx, ev, r, err);
   free(index);
   return st;
 }
 
-df_status df_evaluate_source(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+df_status df_evaluate_source(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_frozen *frozen,
                              df_batch_source *src, const df_eval_options *opt, df_eval_report *out, df_error *err) {
   memset(out, 0, sizeof *out);
   DF_TRY(eval_check(cfg, frozen, opt, err));
   double t0 = now_s();
-  out->block_size = cfg->block_size;
-  out->dspark = cfg->kind == DF_DRAFT_DSPARK;
-  out->pos_acc_num = calloc((size_t)cfg->block_size, sizeof(double));
-  out->pos_acc_den = calloc((size_t)cfg->block_size, sizeof(double));
-  if (!out->pos_acc_num || !out->pos_acc_den) {
-    df_eval_report_free(out);
-    return DF_FAIL(err, DF_ERR_NOMEM, "eval", NULL, "out of memory");
-  }
-  df_status st = DF_OK;
-  if (out->dspark && dspark_needs_teacher(m, opt) && !src->has_last_hidden)
+  eval_state ev;
+  df_status st = eval_state_open(ctx, m, cfg, frozen, opt, &ev, err);
+  if (st == DF_OK) out->strategy = ev.run->table->name;
+  if (st == DF_OK && ev.run->table->needs_last_hidden(ev.run) && !src->has_last_hidden)
     st = DF_FAIL(err, DF_ERR_INVALID, "target_last_hidden_states",
                  "capture the eval data with target_last_hidden_states (DSpark needs the target's final hidden states)",
                  "the eval data %s has no target_last_hidden_states, which this draft's objective reads", src->label);
   // MoE: eval forwards route with the running centering mean, apply and stash nothing and have no aux loss
   // (the loss is the objective alone); the model is handed back in training mode.
   df_draft_model_set_training(m, false);
-  if (st == DF_OK) st = eval_loop(ctx, m, cfg, frozen, src, opt, out, err);
+  if (st == DF_OK) st = eval_loop(ctx, &ev, src, opt, out, err);
   df_draft_model_set_training(m, true);
+  eval_state_close(ctx, &ev);
   if (st == DF_OK && out->num_blocks == 0)
     st = DF_FAIL(err, DF_ERR_INVALID, src->label, "evaluate on data with supervised tokens (loss_mask = 1)",
                  "no sample of the eval data has two adjacent supervised tokens: nothing to evaluate");
@@ -304,7 +190,7 @@ df_status df_evaluate_source(df_ctx *ctx, df_draft_model *m, const df_draft_conf
   return DF_OK;
 }
 
-df_status df_evaluate(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_step_frozen *frozen,
+df_status df_evaluate(df_ctx *ctx, df_draft_model *m, const df_draft_config *cfg, const df_frozen *frozen,
                       const char *data_path, const df_eval_options *opt, df_eval_report *out, df_error *err) {
   memset(out, 0, sizeof *out);
   df_batch_source *src = NULL;
@@ -321,12 +207,10 @@ void df_eval_report_print(const df_eval_report *r, FILE *fp) {
           (long long)r->block_size, r->seconds);
   fprintf(fp, "  loss %.6f   acc %.4f (%.0f/%.0f)   accept_len τ %.4f\n", r->loss, r->acc, r->acc_num, r->acc_den,
           r->accept_len);
-  if (r->dspark)
-    fprintf(fp, "  dspark: ce_loss %.6f   l1_loss %.6f   confidence_loss %.6f   tau_probabilistic %.4f\n", r->ce_loss,
-            r->l1_loss, r->confidence_loss, r->tau_probabilistic);
+  if (r->summary[0]) fprintf(fp, "  %s: %s\n", r->strategy, r->summary);
   fprintf(fp, "  per-position acc:");
   // DFlash slot 0 is the anchor token (never supervised); a DSpark slot 0 predicts the token after it.
-  for (int64_t k = r->dspark ? 0 : 1; k < r->block_size; k++)
+  for (int64_t k = r->first_position; k < r->block_size; k++)
     fprintf(fp, " %.3f", r->pos_acc_den[k] > 0 ? r->pos_acc_num[k] / r->pos_acc_den[k] : NAN);
   fprintf(fp, "\n");
   if (r->skipped_samples)
@@ -343,20 +227,6 @@ void df_eval_report_print(const df_eval_report *r, FILE *fp) {
 }
 
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
-
-// DSpark: SpecForge's ratio metrics (null when the term did not run) and the numerators behind them.
-static void dspark_json(json_t *o, const df_eval_report *r) {
-  json_object_set_new(o, "strategy", json_string("dspark"));
-  const char *keys[] = {
-      "ce_loss", "l1_loss", "confidence_loss", "confidence_abs_error",     "teacher_agreement",     "tau_probabilistic",
-      "ce_num",  "l1_num",  "confidence_num",  "confidence_abs_error_num", "teacher_agreement_num", "tau_num",
-      "tau_den"};
-  const double vals[] = {
-      r->ce_loss, r->l1_loss, r->confidence_loss, r->confidence_abs_error, r->teacher_agreement, r->tau_probabilistic,
-      r->ce_num,  r->l1_num,  r->conf_num,        r->conf_err_num,         r->teacher_agree_num, r->tau_num,
-      r->tau_den};
-  for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) json_object_set_new(o, keys[i], num_or_null(vals[i]));
-}
 
 static json_t *report_json(const df_eval_report *r, const char *checkpoint, const char *data) {
   json_t *o = json_object(), *pos = json_array();
@@ -378,7 +248,7 @@ static json_t *report_json(const df_eval_report *r, const char *checkpoint, cons
   json_object_set_new(o, "num_blocks", json_integer(r->num_blocks));
   json_object_set_new(o, "block_size", json_integer(r->block_size));
   json_object_set_new(o, "seconds", json_real(r->seconds));
-  if (r->dspark) dspark_json(o, r);
+  if (r->report) json_object_update(o, r->report);
   if (r->nonfinite.bad_samples) {
     json_t *bad = json_array();
     for (int i = 0; i < r->nonfinite.nreported; i++)

@@ -1,18 +1,17 @@
-// Speculative decoding (train/eval/spec_decode.h). DFlash: block = [last token, MASK × (bs−1)] at positions
-// start..start+bs−1 over the context features of positions < start (the draft's training mask: keys j < anchor);
-// slots 1..bs−1 propose. DSpark as SGLang's DSpark worker decodes it (sample_from_anchor): the same block, every
-// slot k = 0..bs−1 proposes the token after it, with the Markov bias of the previous token applied one slot at
-// a time (prev of slot 0 = the anchor token), greedy. The target then verifies [last token, proposals].
-// Everything the target and the draft compute stays on the context's device: the context features, the block's
-// embedding and the draft's output never leave it; per block the host uploads the block ids and positions and
-// reads back the proposal logits for the argmax (and, for DSpark, one Markov bias row per slot).
+// Speculative decoding (train/eval/spec_decode.h) with a block draft: block = [last token, MASK × (bs−1)] at positions
+// start..start+bs−1 over the context features of positions < start (the draft's training mask: keys j < anchor). The
+// draft's strategy turns the block's output into proposals (strategies/strategy.h propose: DFlash's slots 1..bs−1;
+// DSpark's every slot k = 0..bs−1 with the Markov bias of the previous token applied one slot at a time, as SGLang's
+// DSpark worker decodes it). The target then verifies [last token, proposals]. Everything the target and the draft
+// compute stays on the context's device: the context features, the block's embedding and the draft's output never
+// leave it; per block the host uploads the block ids and positions, and the strategy reads back the logits it needs.
 #include "train/eval/spec_decode.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "modeling/dspark_heads.h"
+#include "strategies/strategy.h"
 #include "train/data/capture.h"
 #include "train/data/token_jsonl.h"
 
@@ -33,37 +32,32 @@ typedef struct {
   int64_t cap, H, V, K, bs, nprop;
   int32_t eos[DF_TARGET_MAX_EOS];
   int n_eos;
-  df_dspark_heads *heads;
+  df_strategy_run *strategy; // the draft's strategy, opened for eval: its proposals
   // host
-  int32_t *seq, *greedy, *block_ids, *verify, *targ, *prev;
+  int32_t *seq, *greedy, *block_ids, *verify, *targ;
   int32_t *ints; // [anchor, pos_q (bs), pos_kv (S + bs)] of the block being proposed
-  float *logits, *base, *bias;
   // the context's device
-  float *feats, *vfeats, *block_embed, *dlogits, *dbias;
-  int32_t *dblock_ids, *dprev, *dints;
+  float *feats, *vfeats, *block_embed;
+  int32_t *dblock_ids, *dints;
   uint8_t *dkeep;
 } sd_run;
 
 static void sd_free_device(sd_run *r) {
-  void *dev[] = {r->feats,      r->vfeats, r->block_embed, r->dlogits, r->dbias,
-                 r->dblock_ids, r->dprev,  r->dints,       r->dkeep};
+  void *dev[] = {r->feats, r->vfeats, r->block_embed, r->dblock_ids, r->dints, r->dkeep};
   for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) df_buffer_free(r->ctx, dev[i]);
-  r->feats = r->vfeats = r->block_embed = r->dlogits = r->dbias = NULL;
-  r->dblock_ids = r->dprev = r->dints = NULL, r->dkeep = NULL;
+  r->feats = r->vfeats = r->block_embed = NULL;
+  r->dblock_ids = r->dints = NULL, r->dkeep = NULL;
 }
 
 static void sd_free(sd_run *r) {
   df_target_cache_free(r->cache);
-  free(r->seq), free(r->greedy), free(r->block_ids), free(r->verify), free(r->targ), free(r->prev);
-  free(r->ints), free(r->logits), free(r->base), free(r->bias);
+  free(r->seq), free(r->greedy), free(r->block_ids), free(r->verify), free(r->targ), free(r->ints);
   sd_free_device(r);
+  df_strategy_close(r->strategy);
 }
 
 static df_status to_device(sd_run *r, void *dst, const void *src, size_t bytes, df_error *err) {
   return df_copy(r->ctx, dst, r->dev, src, DF_DEV_CPU, bytes, err);
-}
-static df_status to_host(sd_run *r, void *dst, const void *src, size_t bytes, df_error *err) {
-  return df_copy(r->ctx, dst, DF_DEV_CPU, src, r->dev, bytes, err);
 }
 
 void df_spec_report_free(df_spec_report *r) {
@@ -75,48 +69,6 @@ static bool is_eos(const sd_run *r, int32_t tok) {
   for (int i = 0; i < r->n_eos; i++)
     if (r->eos[i] == tok) return true;
   return false;
-}
-
-static int32_t argmax_row(const float *z, int64_t V) {
-  int64_t best = 0;
-  for (int64_t v = 1; v < V; v++)
-    if (z[v] > z[best]) best = v;
-  return (int32_t)best;
-}
-
-// Device logits (n, V) = x (n, H) · lm_headᵀ, x on the device.
-static df_status head_rows(sd_run *r, const float *x, int64_t n, float *out, df_error *err) {
-  df_tensor head = df_target_lm_head(r->t);
-  df_tensor xv = df_view((void *)x, DF_F32, r->dev, 2, (const int64_t[]){n, r->H});
-  df_tensor yv = df_view(out, DF_F32, r->dev, 2, (const int64_t[]){n, r->V});
-  return df_linear_forward(r->ctx, &xv, &head, NULL, &yv, err);
-}
-
-// DSpark: slot k's token = argmax(lm_head h_k + W2 u_k(prev_k)), prev_0 = the anchor token, prev_k = slot k−1's.
-static df_status dspark_propose(sd_run *r, const float *hidden, int32_t *props, df_error *err) {
-  const size_t row = sizeof(float) * (size_t)r->V;
-  DF_TRY(head_rows(r, hidden, r->bs, r->dlogits, err));
-  DF_TRY(to_host(r, r->base, r->dlogits, row * (size_t)r->bs, err));
-  const int64_t rank = df_dspark_heads_markov_rank(r->heads);
-  for (int64_t k = 0; k < r->bs; k++) r->prev[k] = r->block_ids[0];
-  for (int64_t k = 0; k < r->bs; k++) {
-    float *z = r->logits;
-    memcpy(z, r->base + k * r->V, row);
-    if (rank > 0) {
-      const float *u = NULL, *conf = NULL;
-      DF_TRY(to_device(r, r->dprev, r->prev, sizeof(int32_t) * (size_t)r->bs, err));
-      DF_TRY(df_dspark_heads_forward(r->heads, 1, r->bs, hidden, r->dprev, &u, &conf, err));
-      const df_tensor *w2 = df_dspark_heads_w2(r->heads);
-      df_tensor uv = df_view((void *)(u + k * rank), DF_F32, r->dev, 2, (const int64_t[]){1, rank});
-      df_tensor bias = df_view(r->dbias, DF_F32, r->dev, 2, (const int64_t[]){1, r->V});
-      DF_TRY(df_linear_forward(r->ctx, &uv, w2, NULL, &bias, err));
-      DF_TRY(to_host(r, r->bias, r->dbias, row, err));
-      for (int64_t v = 0; v < r->V; v++) z[v] += r->bias[v];
-    }
-    props[k] = argmax_row(z, r->V);
-    for (int64_t j = k + 1; j < r->bs; j++) r->prev[j] = props[k];
-  }
-  return DF_OK;
 }
 
 // The draft's proposals for the block anchored at start (context = feats rows < start).
@@ -138,22 +90,19 @@ static df_status propose(sd_run *r, int64_t start, int32_t last, int32_t *props,
   df_tensor row = df_view(r->feats + start * r->K * r->H, DF_F32, r->dev, 1, (const int64_t[]){r->K * r->H});
   DF_TRY(df_fill(r->ctx, &row, 0.0, err));
   df_draft_batch b = {.B = 1,
-                       .S = S,
-                       .N = 1,
-                       .target_hidden = r->feats,
-                       .block_embed = r->block_embed,
-                       .anchors = r->dints,
-                       .keep = r->dkeep,
-                       .pos_q = r->dints + 1,
-                       .pos_kv = r->dints + 1 + bs,
-                       .on_device = true};
+                      .S = S,
+                      .N = 1,
+                      .target_hidden = r->feats,
+                      .block_embed = r->block_embed,
+                      .anchors = r->dints,
+                      .keep = r->dkeep,
+                      .pos_q = r->dints + 1,
+                      .pos_kv = r->dints + 1 + bs,
+                      .on_device = true};
   const float *hidden = NULL;
   DF_TRY(df_draft_model_forward(r->m, &b, &hidden, err));
-  if (r->heads) return dspark_propose(r, hidden, props, err);
-  DF_TRY(head_rows(r, hidden + r->H, bs - 1, r->dlogits, err));
-  DF_TRY(to_host(r, r->logits, r->dlogits, sizeof(float) * (size_t)((bs - 1) * r->V), err));
-  for (int64_t k = 0; k < bs - 1; k++) props[k] = argmax_row(r->logits + k * r->V, r->V);
-  return DF_OK;
+  const df_propose_in in = {.hidden = hidden, .anchor_token = last, .lm_head = df_target_lm_head(r->t)};
+  return r->strategy->table->propose(r->strategy, &in, props, err);
 }
 
 // Speculative decoding of one prompt into r->seq[P ..]; *n receives the generated count (<= max_new).
@@ -198,12 +147,25 @@ static df_status decode_one(sd_run *r, const int32_t *prompt, int64_t P, int64_t
   return DF_OK;
 }
 
+// The draft's strategy opened for eval on the target's pieces (SpecForge's defaults for its keys).
 static df_status setup(sd_run *r, df_error *err) {
   const df_target_spec *s = df_target_get_spec(r->t);
   r->H = s->hidden, r->V = s->vocab, r->K = r->cfg->dflash.num_target_layer_ids, r->bs = r->cfg->block_size;
-  r->heads = r->cfg->kind == DF_DRAFT_DSPARK ? df_draft_model_dspark_heads(r->m) : NULL;
   r->ctx = df_target_ctx(r->t), r->dev = df_ctx_device(r->ctx);
-  r->nprop = r->heads ? r->bs : r->bs - 1;
+  const df_strategy *st = df_strategy_of(r->cfg);
+  if (!st)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, r->cfg->source, NULL, "no strategy trains this draft (%s)",
+                   df_draft_kind_name(r->cfg->kind));
+  const df_tensor emb = df_target_embed(r->t), head = df_target_lm_head(r->t);
+  const df_strategy_env env = {.ctx = r->ctx,
+                               .model = r->m,
+                               .cfg = r->cfg,
+                               .frozen = {.embed = emb.data, .lm_head = head.data, .vocab = r->V, .hidden = r->H},
+                               .mask_token_id = r->o->mask_token_id,
+                               .num_anchors = 1,
+                               .eval = true};
+  DF_TRY(df_strategy_open(st, &env, &r->strategy, err));
+  r->nprop = st->proposals(r->strategy);
   return DF_OK;
 }
 
@@ -215,7 +177,7 @@ static bool grow(void **p, size_t bytes) {
 
 // Buffers and a KV cache for a prompt of P tokens (grown, never shrunk).
 static df_status alloc_for(sd_run *r, int64_t P, df_error *err) {
-  const int64_t need = P + r->o->max_new_tokens + r->bs + 2, W = r->K * r->H, bs = r->bs, V = r->V;
+  const int64_t need = P + r->o->max_new_tokens + r->bs + 2, W = r->K * r->H, bs = r->bs;
   if (need <= r->cap) return DF_OK;
   df_target_cache_free(r->cache);
   r->cache = NULL, r->cap = 0;
@@ -224,17 +186,12 @@ static df_status alloc_for(sd_run *r, int64_t P, df_error *err) {
   const size_t f = sizeof(float), i4 = sizeof(int32_t);
   bool ok = grow((void **)&r->seq, i4 * need) && grow((void **)&r->greedy, i4 * need) &&
             grow((void **)&r->block_ids, i4 * bs) && grow((void **)&r->verify, i4 * (bs + 1)) &&
-            grow((void **)&r->targ, i4 * (bs + 1)) && grow((void **)&r->prev, i4 * bs) &&
-            grow((void **)&r->ints, i4 * (1 + bs + need + bs)) && grow((void **)&r->logits, f * bs * V) &&
-            grow((void **)&r->base, f * bs * V) && grow((void **)&r->bias, f * V);
+            grow((void **)&r->targ, i4 * (bs + 1)) && grow((void **)&r->ints, i4 * (1 + bs + need + bs));
   if (!ok) return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", "lower --max-new-tokens", "out of memory");
   DF_TRY(df_buffer_alloc(r->ctx, f * need * W, (void **)&r->feats, err));
   DF_TRY(df_buffer_alloc(r->ctx, f * (bs + 1) * W, (void **)&r->vfeats, err));
   DF_TRY(df_buffer_alloc(r->ctx, f * bs * r->H, (void **)&r->block_embed, err));
-  DF_TRY(df_buffer_alloc(r->ctx, f * bs * V, (void **)&r->dlogits, err));
-  DF_TRY(df_buffer_alloc(r->ctx, f * V, (void **)&r->dbias, err));
   DF_TRY(df_buffer_alloc(r->ctx, i4 * bs, (void **)&r->dblock_ids, err));
-  DF_TRY(df_buffer_alloc(r->ctx, i4 * bs, (void **)&r->dprev, err));
   DF_TRY(df_buffer_alloc(r->ctx, i4 * (1 + bs + need + bs), (void **)&r->dints, err));
   DF_TRY(df_buffer_alloc(r->ctx, 1, (void **)&r->dkeep, err));
   const uint8_t keep = 1;

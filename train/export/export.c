@@ -14,9 +14,8 @@
 
 #include "base/json_write.h"
 #include "modeling/draft_model.h"
-#include "modeling/dspark_heads.h"
 #include "modeling/strict_load.h"
-#include "moe/layout.h"
+#include "strategies/strategy.h"
 #include "train/recipe/device.h"
 #include "train/run/run_dir.h"
 
@@ -53,12 +52,13 @@ static df_status norm_block_size(json_t *cfg, json_t *method, int64_t expect, co
   return DF_OK;
 }
 
-static df_status norm_method_choices(json_t *method, const char **projector, const char *where, df_error *err) {
+// dflash_config.projector_type names the strategy whose drafts these are (strategies/registry.c).
+static df_status norm_method_choices(json_t *method, const df_strategy **s, const char *where, df_error *err) {
   json_t *pt = json_object_get(method, "projector_type"), *am = json_object_get(method, "attention_mode");
-  *projector = pt ? (json_is_string(pt) ? json_string_value(pt) : "") : "dflash";
-  if (strcmp(*projector, "dflash") && strcmp(*projector, "domino") && strcmp(*projector, "dspark"))
-    return DF_FAIL(err, DF_ERR_INVALID, where, "projector_type must be dflash, domino or dspark",
-                   "export is not DFlash-family: dflash_config.projector_type is not dflash/domino/dspark");
+  const char *projector = pt ? (json_is_string(pt) ? json_string_value(pt) : "") : "dflash";
+  if (!(*s = df_strategy_for_projector(projector)))
+    return DF_FAIL(err, DF_ERR_INVALID, where, "export a draft of a strategy draftforge trains (draftforge schema)",
+                   "dflash_config.projector_type '%s' is not a projector of any strategy draftforge trains", projector);
   const char *mode = am ? (json_is_string(am) ? json_string_value(am) : "") : "gqa";
   if (strcasecmp(mode, "gqa") && strcasecmp(mode, "mha"))
     return DF_FAIL(err, DF_ERR_INVALID, where, "SGLang serves DFlash-family drafts with GQA or MHA attention",
@@ -75,16 +75,9 @@ static df_status normalize(json_t *cfg, const char *torch_dtype, int64_t expect_
     json_object_set_new(cfg, "dflash_config", method);
   }
   DF_TRY(norm_block_size(cfg, method, expect_bs, where, err));
-  const char *projector;
-  DF_TRY(norm_method_choices(method, &projector, where, err));
-  if (!strcmp(projector, "dspark")) {
-    // SGLang's standalone Qwen3DSparkModel reads the head settings at the top level (modeling/dspark_heads.h).
-    DF_TRY(df_dspark_normalize_export_config(cfg, where, err));
-  } else {
-    json_t *domino = json_object_get(cfg, "domino_config");
-    if (!strcmp(projector, "domino") && json_is_object(domino)) json_object_update(method, domino);
-    json_object_set_new(cfg, "architectures", json_pack("[s]", "DFlashDraftModel"));
-  }
+  const df_strategy *s;
+  DF_TRY(norm_method_choices(method, &s, where, err));
+  DF_TRY(s->export_normalize(cfg, where, err)); // the strategy's serving names and keys
   json_object_del(cfg, "auto_map");
   json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype));
   if (json_object_get(cfg, "dtype")) json_object_set_new(cfg, "dtype", json_string(torch_dtype));
@@ -160,7 +153,7 @@ static df_status write_config(const json_t *cfg, const char *dir, df_error *err)
 
 // Writes the temporary sibling directory and renames it into place (the old export, if any, is moved aside
 // first and removed after).
-static df_status write_export(const df_moe_config *moe, const df_params *p, const float *w, const json_t *cfg,
+static df_status write_export(const df_draft_config *dcfg, const df_params *p, const float *w, const json_t *cfg,
                               const char *out_dir, df_st_dtype dt, df_error *err) {
   bool exists;
   DF_TRY(check_replaceable(out_dir, &exists, err));
@@ -175,11 +168,16 @@ static df_status write_export(const df_moe_config *moe, const df_params *p, cons
                    "cannot create the export directory: %s", strerror(errno));
   if (!path_join(st_path, sizeof st_path, tmp, DF_ST_SINGLE_NAME))
     return DF_FAIL(err, DF_ERR_INVALID, out_dir, "use a shorter --out path", "path too long");
-  // What SGLang keeps in fp32: the DSpark confidence head and the MoE router (gate.weight, gate.bias).
-  static const char *const keep_f32[] = {DF_DSPARK_CONFIDENCE_PREFIX, ".mlp.gate."};
-  df_save_options so = {.dtype = dt, .f32_names = keep_f32, .n_f32_names = 2};
+  // What SGLang keeps in fp32 (the strategy's and the FFN kind's: DSpark's confidence head, the MoE router).
+  const df_strategy *s = df_strategy_of(dcfg);
+  const char *keep_f32[8];
+  int nk = 0;
+  for (int i = 0; s && s->keep_f32 && s->keep_f32[i] && nk < 4; i++) keep_f32[nk++] = s->keep_f32[i];
+  for (int i = 0; dcfg->ffn_kind && dcfg->ffn_kind->keep_f32 && dcfg->ffn_kind->keep_f32[i] && nk < 8; i++)
+    keep_f32[nk++] = dcfg->ffn_kind->keep_f32[i];
+  df_save_options so = {.dtype = dt, .f32_names = keep_f32, .n_f32_names = nk};
   df_status st = write_config(cfg, tmp, err);
-  if (st == DF_OK) st = df_moe_layout_save(moe, p, w, st_path, &so, err); // moe NULL: df_params_save
+  if (st == DF_OK) st = df_ffn_config_save(dcfg, p, w, st_path, &so, err); // through the FFN kind's layout
   if (st == DF_OK && exists && rename(out_dir, old) != 0)
     st = DF_FAIL(err, DF_ERR_IO, out_dir, NULL, "cannot move the old export aside: %s", strerror(errno));
   if (st == DF_OK && rename(tmp, out_dir) != 0) {
@@ -194,8 +192,8 @@ static df_status write_export(const df_moe_config *moe, const df_params *p, cons
   return DF_OK;
 }
 
-static df_status load_model(const char *ckpt, const df_draft_config *cfg, int threads, df_ctx **ctx,
-                            df_draft_model **m, df_error *err) {
+static df_status load_model(const char *ckpt, const df_draft_config *cfg, int threads, df_ctx **ctx, df_draft_model **m,
+                            df_error *err) {
   // DSpark drafts export too: the model carries their Markov / confidence heads under SpecForge's names. An export
   // converts files and folds a few tensors on the host: it runs where the weights are read, the CPU, by design.
   DF_TRY(df_device_open(DF_DEVICE_CPU, NULL, threads, NULL, ctx, err));
@@ -203,14 +201,14 @@ static df_status load_model(const char *ckpt, const df_draft_config *cfg, int th
   return df_draft_model_load(*m, ckpt, err);
 }
 
-// MoE: the export draft (centering folded into gate.bias) as its own config and model; *ecfg / *em stay NULL
-// for a dense draft (the trained model is exported as it is).
-static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_draft_model *m,
+// An FFN kind with an export transform (MoE: router centering folded into gate.bias) gets an export draft of its own
+// config and model; *ecfg / *em stay NULL otherwise (the trained model is exported as it is).
+static df_status ffn_export_model(const df_draft_config *cfg, df_ctx *ctx, df_draft_model *m,
                                   const df_draft_config **ecfg, df_draft_model **em, df_error *err) {
   *ecfg = NULL, *em = NULL;
-  if (!cfg->moe) return DF_OK;
   json_t *ej = NULL;
-  DF_TRY(df_export_moe_draft_json(cfg->json, cfg->moe, &ej, err));
+  DF_TRY(df_ffn_export_draft_json(cfg, &ej, err));
+  if (!ej) return DF_OK;
   char *text = df_json_dumps(ej, JSON_COMPACT);
   json_decref(ej);
   if (!text) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "out of memory");
@@ -218,8 +216,8 @@ static df_status moe_export_model(const df_draft_config *cfg, df_ctx *ctx, df_dr
   free(text);
   if (st == DF_OK) st = df_draft_model_create(*ecfg, ctx, em, err);
   if (st == DF_OK)
-    st = df_export_fold_centering(cfg->moe, df_draft_model_params(m), df_draft_model_weights(m),
-                                  df_draft_model_params(*em), df_draft_model_weights(*em), err);
+    st = df_ffn_export_weights(cfg, df_draft_model_params(m), df_draft_model_weights(m), df_draft_model_params(*em),
+                               df_draft_model_weights(*em), err);
   return st;
 }
 
@@ -250,8 +248,9 @@ static void fill_info(const char *dir, const json_t *norm, const df_draft_config
   const char *arch = json_string_value(json_array_get(json_object_get(norm, "architectures"), 0));
   snprintf(info->architecture, sizeof info->architecture, "%s", arch ? arch : "?");
   info->mask_token_id = mask;
-  info->confidence_head = cfg->kind == DF_DRAFT_DSPARK && cfg->dflash.enable_confidence_head;
-  info->needs_external = cfg->moe != NULL;
+  const df_strategy *s = df_strategy_of(cfg);
+  info->confidence_head = s && s->has_confidence_head(cfg);
+  info->needs_external = cfg->ffn_kind != NULL; // an FFN kind's serving class is not in stock SGLang
 }
 
 df_status df_export(const char *checkpoint, const char *out_dir, const df_export_options *opt, df_export_info *info,
@@ -272,17 +271,21 @@ df_status df_export(const char *checkpoint, const char *out_dir, const df_export
   df_draft_model *em = NULL;
   int64_t mask = -1;
   df_status st = export_mask_id(cfg, opt, &mask, err);
-  if (st == DF_OK) st = df_moe_serving_check(cfg->moe, err);
+  const df_strategy *strategy = df_strategy_of(cfg);
+  if (st == DF_OK && !strategy)
+    st = DF_FAIL(err, DF_ERR_UNSUPPORTED, cfg->source, NULL, "no strategy trains this draft (%s)",
+                 df_draft_kind_name(cfg->kind));
+  if (st == DF_OK) st = df_ffn_export_check(cfg, err);
   if (st == DF_OK) st = load_model(dir, cfg, opt->threads, &ctx, &m, err);
-  if (st == DF_OK) st = moe_export_model(cfg, ctx, m, &ecfg, &em, err);
+  if (st == DF_OK) st = ffn_export_model(cfg, ctx, m, &ecfg, &em, err);
   const char *torch_dtype = opt->dtype == DF_ST_BF16 ? "bfloat16" : "float32";
   if (st == DF_OK) st = df_draft_config_resolved_json(cfg, mask, &resolved, err);
   if (st == DF_OK) st = df_export_normalize_config(resolved, torch_dtype, opt->expect_block_size, cfg_path, &norm, err);
-  if (st == DF_OK) st = df_export_moe_config_updates(norm, cfg->moe, cfg->kind == DF_DRAFT_DSPARK, err);
+  if (st == DF_OK) st = df_ffn_export_config(cfg, norm, strategy->serving_class_ffn, err);
   df_draft_model *out_m = em ? em : m;
   if (st == DF_OK)
-    st = write_export(ecfg ? ecfg->moe : cfg->moe, df_draft_model_params(out_m), df_draft_model_weights(out_m), norm,
-                      out_dir, opt->dtype, err);
+    st = write_export(ecfg ? ecfg : cfg, df_draft_model_params(out_m), df_draft_model_weights(out_m), norm, out_dir,
+                      opt->dtype, err);
   if (st == DF_OK && info) fill_info(dir, norm, cfg, df_draft_model_params(out_m), mask, info);
   json_decref(norm);
   json_decref(resolved);

@@ -11,7 +11,6 @@
 #include "base/error.h"
 #include "modeling/param_table.h"
 #include "modeling/safetensors.h"
-#include "moe/config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,19 +60,6 @@ typedef struct {
 // model.safetensors is written through the config's checkpoint layout (per-expert names for qwen / deepseek).
 df_status df_export(const char *checkpoint, const char *out_dir, const df_export_options *opt, df_export_info *info,
                     df_error *err);
-
-// ---- MoE exports (train/export/export_moe.c) --------------------------------------------------------------------
-
-// The draft config the export's tensors describe: with router centering, moe_router_bias true and
-// dflash_config.moe_router_center(_momentum) removed (the fold replaced them). *out is a new reference.
-df_status df_export_moe_draft_json(const json_t *src, const df_moe_config *m, json_t **out, df_error *err);
-// On a normalised config.json: the serving fields, moe_router_bias (true when centering was folded), the folded
-// centering keys removed, and architectures [DFlashMoEDraftModel] or [Qwen3MoeDSparkModel] (dspark).
-df_status df_export_moe_config_updates(json_t *cfg, const df_moe_config *m, bool dspark, df_error *err);
-// Fills dflat (table dp: the export draft) from sflat (table sp: the trained draft with config src) by name;
-// with centering, each layer's gate.bias = b − W·μ (b = the trained bias or 0; fp32 inputs, double sums).
-df_status df_export_fold_centering(const df_moe_config *src, const df_params *sp, const float *sflat,
-                                   const df_params *dp, float *dflat, df_error *err);
 
 #ifdef __cplusplus
 }

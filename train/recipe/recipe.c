@@ -354,19 +354,13 @@ static void build_public(recipe_impl *r, const char *name) {
   p->data.is_preformatted = val(r, "data", "is_preformatted")->b;
   p->data.max_prompts = int_or_zero(val(r, "data", "max_prompts"));
   p->data.online_feature_dtype = val(r, "data", "online_feature_dtype")->choice == 1 ? DF_F32 : DF_BF16;
-  p->training.strategy =
-      strcmp(val(r, "training", "strategy")->s, "dspark") == 0 ? DF_STRATEGY_DSPARK : DF_STRATEGY_DFLASH;
+  p->training.strategy = val(r, "training", "strategy")->s;
   p->training.batch_size = val(r, "training", "batch_size")->i;
   p->training.num_anchors = val(r, "training", "num_anchors")->i;
   const df_rvalue *gamma = val(r, "training", "loss_decay_gamma");
   p->training.loss_decay_gamma = gamma->is_null ? 0.0 : gamma->f;
   p->training.objective_chunk_blocks = val(r, "training", "objective_chunk_blocks")->i;
-  p->training.loss_type = (df_dflash_loss_type)val(r, "training", "loss_type")->choice;
-  p->training.dpace_alpha = val(r, "training", "dpace_alpha")->f;
   p->training.seed = (uint64_t)val(r, "training", "seed")->i;
-  p->training.dspark_ce_loss_alpha = val(r, "training", "dspark_ce_loss_alpha")->f;
-  p->training.dspark_l1_loss_alpha = val(r, "training", "dspark_l1_loss_alpha")->f;
-  p->training.dspark_confidence_head_alpha = val(r, "training", "dspark_confidence_head_alpha")->f;
   build_trainer(r, p);
   build_tracking(r, p);
 }
@@ -551,4 +545,46 @@ void df_recipe_print_schema(FILE *fp) {
             df_recipe_key_default_text(&t[i]), support[t[i].support], t[i].note ? ": " : "",
             t[i].note ? t[i].note : "");
   }
+}
+
+// ---- a strategy's keys (strategies/strategy.h) -------------------------------------------------------------------
+
+static const df_rvalue *training_value(const void *self, const char *key, df_recipe_type *type) {
+  const int i = df_recipe_schema_find("training", key);
+  if (i < 0) return NULL;
+  *type = df_recipe_schema()[i].type;
+  const df_rvalue *v = &df_recipe_values(self)[i];
+  return v->is_null ? NULL : v;
+}
+
+static bool strategy_number(const void *self, const char *key, double *out) {
+  df_recipe_type t;
+  const df_rvalue *v = training_value(self, key, &t);
+  if (!v || (t != DF_RT_FLOAT && t != DF_RT_INT)) return false;
+  *out = t == DF_RT_INT ? (double)v->i : v->f;
+  return true;
+}
+
+static bool strategy_text(const void *self, const char *key, const char **out) {
+  df_recipe_type t;
+  const df_rvalue *v = training_value(self, key, &t);
+  if (!v || (t != DF_RT_ENUM && t != DF_RT_STRING)) return false;
+  *out = v->s;
+  return true;
+}
+
+df_strategy_values df_recipe_strategy_values(const df_recipe *r) {
+  return (df_strategy_values){.self = r, .number = strategy_number, .text = strategy_text};
+}
+
+bool df_recipe_is_default(const df_recipe *r, const char *section, const char *key) {
+  const int i = df_recipe_schema_find(section, key);
+  if (i < 0) return true;
+  const df_recipe_key *k = &df_recipe_schema()[i];
+  df_rvalue def;
+  df_error ignored = {0};
+  if (df_rvalue_default(k, &def, &ignored) != DF_OK) return false;
+  const bool same = df_rvalue_equal(k, &df_recipe_values(r)[i], &def);
+  df_rvalue_clear(&def);
+  return same;
 }

@@ -10,13 +10,11 @@
 
 #include "base/error.h"
 #include "kernels/tensor.h"
-#include "strategies/dflash.h"
+#include "strategies/strategy.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum { DF_STRATEGY_DFLASH = 0, DF_STRATEGY_DSPARK = 1 } df_strategy;
 
 typedef enum { DF_LR_COSINE = 0, DF_LR_CONSTANT = 1 } df_lr_kind; // training.lr_scheduler, in schema order
 // training.fsdp_sharding (SpecForge's key), in schema order: SHARD_GRAD_OP and FULL_SHARD shard the fp32 masters'
@@ -66,16 +64,13 @@ typedef struct df_recipe {
     df_dtype online_feature_dtype; // DF_BF16 or DF_F32
   } data;
   struct {
-    df_strategy strategy;
+    const char *strategy; // training.strategy: a name of the strategy registry (strategies/registry.c)
     int64_t batch_size;
     int64_t num_anchors;
     double loss_decay_gamma;        // 0: no decay (SpecForge's None)
     int64_t objective_chunk_blocks; // 0: one pass
-    df_dflash_loss_type loss_type;
-    double dpace_alpha;
     uint64_t seed;
-    // DSpark (strategy dspark): the loss weights of CE, L1 and the confidence BCE (strategies/dspark.h)
-    double dspark_ce_loss_alpha, dspark_l1_loss_alpha, dspark_confidence_head_alpha;
+    // A strategy's own keys (training.loss_type, dspark_*_alpha, ...) are read by name: df_recipe_strategy_values.
     // the trainer (train/trainer/trainer.h); 0 = unset for max_steps / total_steps
     int64_t num_epochs, max_steps, total_steps, accumulation_steps;
     double learning_rate, warmup_ratio, max_grad_norm;
@@ -126,6 +121,12 @@ df_status df_recipe_load(const char *path, const df_recipe_options *opt, const d
 df_status df_recipe_parse(const char *text, size_t len, const char *name, const char *base_dir,
                           const df_recipe_options *opt, const df_recipe **out, df_error *err);
 void df_recipe_free(const df_recipe *r);
+
+// The values of the strategy's own recipe keys (df_strategy.keys: training.<key>) for the strategy to read by name;
+// r must outlive them.
+df_strategy_values df_recipe_strategy_values(const df_recipe *r);
+// Whether section.key holds its schema default (written or not).
+bool df_recipe_is_default(const df_recipe *r, const char *section, const char *key);
 
 // Checks --set overrides on their own (syntax, key, type, range, support), before any recipe is read: a failure
 // is the command line's fault (exit code 2).

@@ -2,10 +2,12 @@
 // asking for one is refused before its keys are checked, with one line naming the key and the feature, and a
 // hint saying what to do instead
 // (so an EAGLE-3 recipe is refused for EAGLE-3, not for the first EAGLE-3-only key it sets). A row's
-// `supported` flips to true when the feature lands; nothing else has to change.
+// `supported` flips to true when the feature lands (a strategy: when strategies/registry.c lists it); nothing else has
+// to change.
 #include <stdio.h>
 #include <string.h>
 
+#include "strategies/strategy.h"
 #include "train/recipe/recipe_internal.h"
 
 // Online training computes the target's hidden states during the run, in-process (train/data/online_source.c), so
@@ -103,7 +105,9 @@ static const char *value_of(yaml_document_t *doc, const df_recipe_options *opt, 
 df_status df_recipe_feature_gate(yaml_document_t *doc, const char *file, const df_recipe_options *opt, df_error *err) {
   for (size_t r = 0; r < sizeof FEATURES / sizeof *FEATURES; r++) {
     const feature_row *f = &FEATURES[r];
-    for (int k = 0; !f->supported && k < 3 && f->keys[k]; k++) {
+    // A strategy is supported once the registry lists it (strategies/registry.c): no flag to flip here.
+    const bool supported = f->supported || (!strcmp(f->keys[0], "training.strategy") && df_strategy_find(f->value));
+    for (int k = 0; !supported && k < 3 && f->keys[k]; k++) {
       int line = 0, col = 0;
       const char *v = value_of(doc, opt, f->keys[k], &line, &col);
       if (!v || !v[0] || (f->value && strcmp(v, f->value))) continue;

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "strategies/strategy.h"
+
 #define K(sec, name, ty, ...)                                                                                          \
   { .section = (sec), .key = (name), .type = (ty), __VA_ARGS__ }
 #define GT(x)      .has_lo = true, .lo_open = true, .lo = (x)
@@ -21,7 +23,6 @@
 #define HUB        .input = true, .hub = true
 
 static const char *const STRATEGIES[] = {"eagle3", "dflash", "dspark", "domino", "peagle", NULL};
-static const char *const STRATEGIES_OK[] = {"dflash", "dspark", NULL};
 static const char *const LOSS_TYPES[] = {"dflash", "dpace", "dpace-cumulative-confidence-only",
                                          "dpace-continuation-value-only", NULL};
 static const char *const ATTENTION[] = {"eager", "sdpa", "flex_attention", "fa", "usp", NULL};
@@ -148,7 +149,7 @@ static const df_recipe_key SCHEMA[] = {
       .note = EXT ": online features are rounded to this dtype as a capture of that dtype stores them, so online "
                   "and capture-then-train runs train on the same bits"),
     // ---- training
-    K("training", "strategy", DF_RT_ENUM, .def = "eagle3", .choices = STRATEGIES, .supported = STRATEGIES_OK, USED),
+    K("training", "strategy", DF_RT_ENUM, .def = "eagle3", .choices = STRATEGIES, .supported = df_strategy_names, USED),
     K("training", "num_epochs", DF_RT_INT, .def = "1", GT(0), USED),
     K("training", "max_steps", DF_RT_INT, .nullable = true, GT(0), USED),
     K("training", "total_steps", DF_RT_INT, .nullable = true, GT(0), USED),

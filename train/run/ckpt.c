@@ -16,7 +16,6 @@
 #include "base/fsutil.h"
 #include "base/json_write.h"
 #include "modeling/strict_load.h"
-#include "moe/layout.h"
 #include "train/run/ckpt_manifest.h"
 #include "train/run/run_dir.h"
 
@@ -173,7 +172,7 @@ static df_status write_files(const char *dir, const df_ckpt_state *s, df_error *
   DF_TRY(write_config(path, s->draft_config, err));
   join(path, sizeof path, dir, "model.safetensors");
   df_save_options so = {.dtype = DF_ST_F32};
-  DF_TRY(df_moe_layout_save(s->moe, s->table, s->params, path, &so, err)); // s->moe NULL: df_params_save
+  DF_TRY(df_ffn_set_save(s->ffn, s->table, s->params, path, &so, err)); // dense / NULL: df_params_save
   DF_TRY(fsync_path(path, false, err));
   join(path, sizeof path, dir, "state.h5");
   DF_TRY(df_ckpt_write_state(path, s, err));

@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "base/rng.h"
+#include "modeling/ffn.h"
 #include "modeling/param_table.h"
 
 #ifdef __cplusplus
@@ -21,11 +22,19 @@ extern "C" {
 #define DF_CKPT_VERSION 1
 #define DF_CKPT_DIR     "checkpoints"
 
+// A strategy's own recipe key in the contract (training.<key>; the state.h5 attribute has its name).
+enum { DF_CKPT_MAX_STRATEGY_KEYS = 8 };
+typedef struct {
+  char key[48];
+  bool is_text;
+  char text[64];
+  double number;
+} df_ckpt_value;
+
 // What a run must keep to continue a checkpoint bit for bit: a mismatch on resume is an error naming the field.
 typedef struct {
   char strategy[32];
   char draft_config_hash[24]; // FNV-1a 64 of the draft config's canonical JSON, hex
-  char loss_type[48];
   char lr_scheduler[16];
   int64_t data_size;  // samples
   int64_t batch_size; // the global batch: ranks × training.batch_size (resumable on another number of ranks)
@@ -33,10 +42,12 @@ typedef struct {
   int64_t block_size, num_anchors, max_length, mask_token_id;
   int64_t seed;
   int64_t horizon; // LR schedule T
-  double loss_decay_gamma, dpace_alpha;
-  double dspark_ce_alpha, dspark_l1_alpha, dspark_conf_alpha;
+  double loss_decay_gamma;
   double learning_rate, warmup_ratio, max_grad_norm;
   double weight_decay, adam_beta1, adam_beta2, adam_eps;
+  // The strategy's own keys (df_strategy.keys), whatever they are: each is recorded by name.
+  int nkeys;
+  df_ckpt_value keys[DF_CKPT_MAX_STRATEGY_KEYS];
 } df_ckpt_contract;
 
 // Where the run stands after optimizer step `step` (checkpoints are only taken at optimizer-step boundaries).
@@ -62,9 +73,9 @@ typedef struct {
   const df_ckpt_progress *progress;
   const json_t *draft_config; // written as config.json
   const char *recipe_yaml;    // the resolved recipe, stored in state.h5 (NULL: none)
-  // MoE drafts: model.safetensors is written through this config's checkpoint layout (moe/layout.h), buffers
-  // (router bias, centering mean and step counter, noaux_tc bias) included and kept fp32 / int64. NULL: dense.
-  const struct df_moe_config *moe;
+  // model.safetensors is written through the FFN kind's checkpoint layout (modeling/ffn.h: MoE tensors renamed
+  // at the file boundary); NULL or a dense set: the parameter table's names.
+  const df_ffn_set *ffn;
 } df_ckpt_state;
 
 // FNV-1a 64 over json_dumps(cfg, JSON_SORT_KEYS | JSON_COMPACT), as 16 hex digits.

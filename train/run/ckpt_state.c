@@ -32,11 +32,6 @@ static const field CONTRACT[] = {
     CF("block_size", "block_size (draft config)", F_I64, block_size),
     CF("num_anchors", "training.num_anchors", F_I64, num_anchors),
     CF("loss_decay_gamma", "training.loss_decay_gamma", F_F64, loss_decay_gamma),
-    CF("loss_type", "training.loss_type", F_STR, loss_type),
-    CF("dpace_alpha", "training.dpace_alpha", F_F64, dpace_alpha),
-    CF("dspark_ce_loss_alpha", "training.dspark_ce_loss_alpha", F_F64, dspark_ce_alpha),
-    CF("dspark_l1_loss_alpha", "training.dspark_l1_loss_alpha", F_F64, dspark_l1_alpha),
-    CF("dspark_confidence_head_alpha", "training.dspark_confidence_head_alpha", F_F64, dspark_conf_alpha),
     CF("max_length", "data.max_length", F_I64, max_length),
     CF("mask_token_id", "mask_token_id", F_I64, mask_token_id),
     CF("seed", "training.seed", F_I64, seed),
@@ -188,6 +183,45 @@ static df_status get_fields(const h5io *io, hid_t loc, const field *f, int n, vo
   return DF_OK;
 }
 
+// ---- the strategy's keys -------------------------------------------------------------------------------------
+
+// Each key as an attribute of its own name (text or double), and their names, comma-separated, in "strategy_keys".
+static df_status put_strategy_keys(const h5io *io, hid_t loc, const df_ckpt_contract *c) {
+  char names[DF_CKPT_MAX_STRATEGY_KEYS * 49 + 1] = "";
+  for (int i = 0; i < c->nkeys; i++) {
+    const df_ckpt_value *v = &c->keys[i];
+    DF_TRY(v->is_text ? put_str(io, loc, v->key, v->text) : put_attr(io, loc, v->key, H5T_NATIVE_DOUBLE, &v->number));
+    strcat(strcat(names, i ? "," : ""), v->key);
+  }
+  return put_str(io, loc, "strategy_keys", names);
+}
+
+// The keys the checkpoint names; a checkpoint written before strategies recorded their keys by name holds the
+// DFlash and DSpark keys every run wrote then.
+static df_status get_strategy_keys(const h5io *io, hid_t loc, df_ckpt_contract *c) {
+  char names[DF_CKPT_MAX_STRATEGY_KEYS * 49 + 1];
+  if (H5Aexists(loc, "strategy_keys") > 0)
+    DF_TRY(get_str(io, loc, "strategy_keys", names, sizeof names));
+  else
+    snprintf(names, sizeof names,
+             "loss_type,dpace_alpha,dspark_ce_loss_alpha,dspark_l1_loss_alpha,"
+             "dspark_confidence_head_alpha");
+  c->nkeys = 0;
+  for (char *save = NULL, *k = strtok_r(names, ",", &save); k && c->nkeys < DF_CKPT_MAX_STRATEGY_KEYS;
+       k = strtok_r(NULL, ",", &save)) {
+    df_ckpt_value *v = &c->keys[c->nkeys++];
+    snprintf(v->key, sizeof v->key, "%s", k);
+    hid_t a = H5Aexists(loc, k) > 0 ? H5Aopen(loc, k, H5P_DEFAULT) : H5I_INVALID_HID;
+    hid_t t = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+    v->is_text = t >= 0 && H5Tget_class(t) == H5T_STRING;
+    if (t >= 0) H5Tclose(t);
+    if (a >= 0) H5Aclose(a);
+    DF_TRY(v->is_text ? get_str(io, loc, k, v->text, sizeof v->text)
+                      : get_attr(io, loc, k, H5T_NATIVE_DOUBLE, &v->number));
+  }
+  return DF_OK;
+}
+
 // ---- the parameter layout ------------------------------------------------------------------------------------
 
 static df_status put_layout(const h5io *io, hid_t g, const df_params *t) {
@@ -265,6 +299,7 @@ static df_status write_groups(const h5io *io, hid_t f, const df_ckpt_state *s) {
     if (i == 0 && st == DF_OK) st = put_attr(io, g, "count", H5T_NATIVE_INT64, &count);
     if (i == 1) st = put_fields(io, g, PROGRESS, NFIELDS(PROGRESS), s->progress);
     if (i == 2) st = put_fields(io, g, CONTRACT, NFIELDS(CONTRACT), s->contract);
+    if (i == 2 && st == DF_OK) st = put_strategy_keys(io, g, s->contract);
     if (i == 3) st = put_data(io, g, "anchors", H5T_NATIVE_UINT64, s->progress->anchor_rng.s, 4);
     H5Gclose(g);
   }
@@ -307,6 +342,7 @@ static df_status read_groups(const h5io *io, hid_t f, const df_params *t, float 
   if (st == DF_OK) st = check_layout(io, g[0], t);
   if (st == DF_OK) st = get_fields(io, g[1], PROGRESS, NFIELDS(PROGRESS), p);
   if (st == DF_OK) st = get_fields(io, g[2], CONTRACT, NFIELDS(CONTRACT), c);
+  if (st == DF_OK) st = get_strategy_keys(io, g[2], c);
   if (st == DF_OK) st = get_data(io, g[3], "anchors", H5T_NATIVE_UINT64, p->anchor_rng.s, 4);
   if (st == DF_OK) st = get_data(io, f, "params", H5T_NATIVE_FLOAT, params, numel);
   if (st == DF_OK) st = get_data(io, g[4], "exp_avg", H5T_NATIVE_FLOAT, m, numel);
@@ -379,6 +415,29 @@ df_status df_ckpt_check_contract(const df_ckpt_contract *want, const df_ckpt_con
                    "resume with the settings the run started with, or start a new run in another output_dir",
                    "cannot resume from %s: contract mismatch on %s: the checkpoint has %s, this run has %s", ckpt_dir,
                    f->key, th, tw);
+  }
+  for (int i = 0; i < want->nkeys; i++) {
+    const df_ckpt_value *w = &want->keys[i], *h = NULL;
+    for (int j = 0; j < have->nkeys && !h; j++)
+      if (!strcmp(have->keys[j].key, w->key)) h = &have->keys[j];
+    const bool same =
+        h && h->is_text == w->is_text && (w->is_text ? !strcmp(h->text, w->text) : h->number == w->number);
+    if (same) continue;
+    char tw[96], th[96] = "no value";
+    if (w->is_text)
+      snprintf(tw, sizeof tw, "'%s'", w->text);
+    else
+      snprintf(tw, sizeof tw, "%.17g", w->number);
+    if (h && h->is_text)
+      snprintf(th, sizeof th, "'%s'", h->text);
+    else if (h)
+      snprintf(th, sizeof th, "%.17g", h->number);
+    char key[64];
+    snprintf(key, sizeof key, "training.%s", w->key);
+    return DF_FAIL(err, DF_ERR_INVALID, key,
+                   "resume with the settings the run started with, or start a new run in another output_dir",
+                   "cannot resume from %s: contract mismatch on %s: the checkpoint has %s, this run has %s", ckpt_dir,
+                   key, th, tw);
   }
   return DF_OK;
 }

@@ -27,7 +27,7 @@ static df_status load_pieces(const df_recipe *rc, df_run_resources *t, df_error 
                                 .expect_vocab = t->target->vocab_size,
                                 .expect_hidden = t->target->hidden_size};
   DF_TRY(df_target_pieces_load(rc->model.target_model_path, &o, &t->pieces, err));
-  t->frozen = (df_step_frozen){t->pieces.embed, t->pieces.lm_head, t->pieces.vocab, t->pieces.hidden};
+  t->frozen = (df_frozen){t->pieces.embed, t->pieces.lm_head, t->pieces.vocab, t->pieces.hidden};
   if (!t->target->has_logits_mup) return DF_OK;
   // SpecForge divides the frozen head by the target's logits_mup_width_multiplier (reference §1.6).
   int64_t n = t->pieces.vocab * t->pieces.hidden;
@@ -54,15 +54,30 @@ static df_status resolve_mask_token(const df_recipe *rc, const df_run_resources 
   return DF_OK;
 }
 
-// training.strategy names the algorithm the draft config already decides (architectures): they must agree.
+// training.strategy names the strategy the draft config already decides (its projector): they must agree, and no
+// other strategy's key may be set away from its default (it would change nothing, silently).
 static df_status check_strategy(const df_recipe *rc, const df_draft_config *cfg, df_error *err) {
-  bool dspark = cfg->kind == DF_DRAFT_DSPARK;
-  if (dspark == (rc->training.strategy == DF_STRATEGY_DSPARK)) return DF_OK;
-  return DF_FAIL(err, DF_ERR_INVALID, "training.strategy",
-                 dspark ? "set training.strategy: dspark for a DSpark draft config"
-                        : "set training.strategy: dflash for a DFlash draft config",
-                 "%s: training.strategy is %s but %s is a %s draft", rc->path, dspark ? "dflash" : "dspark",
-                 cfg->source, df_draft_kind_name(cfg->kind));
+  const df_strategy *want = df_strategy_find(rc->training.strategy), *is = df_strategy_of(cfg);
+  if (!is)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, cfg->source, "train a draft kind draftforge has a strategy for",
+                   "%s: no strategy trains a %s draft", cfg->source, df_draft_kind_name(cfg->kind));
+  if (want != is) {
+    char hint[96];
+    snprintf(hint, sizeof hint, "set training.strategy: %s for this draft config", is->name);
+    return DF_FAIL(err, DF_ERR_INVALID, "training.strategy", hint, "%s: training.strategy is %s but %s is a %s draft",
+                   rc->path, rc->training.strategy, cfg->source, is->name);
+  }
+  for (int i = 0; df_strategies[i]; i++)
+    for (int k = 0; df_strategies[i] != is && df_strategies[i]->keys[k]; k++) {
+      const char *key = df_strategies[i]->keys[k];
+      if (df_recipe_is_default(rc, "training", key)) continue;
+      char where[96], hint[160];
+      snprintf(where, sizeof where, "training.%s", key);
+      snprintf(hint, sizeof hint, "drop training.%s: it belongs to the %s strategy", key, df_strategies[i]->name);
+      return DF_FAIL(err, DF_ERR_INVALID, where, hint, "%s: training.%s does not apply to a %s draft (%s)", rc->path,
+                     key, is->name, cfg->source);
+    }
+  return DF_OK;
 }
 
 df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_error *err) {

@@ -21,7 +21,7 @@ typedef struct {
   const df_draft_config *draft;
   df_target_pieces pieces;
   float *scaled_head;    // lm_head / logits_mup_width_multiplier (NULL when the target has none)
-  df_step_frozen frozen; // embed and the (scaled) head, as the step reads them (on the device once placed)
+  df_frozen frozen;      // embed and the (scaled) head, as the step reads them (on the device once placed)
   int64_t mask_token_id; // model.mask_token_id, else the draft config's dflash_config.mask_token_id
   // The draft config with the resolved mask id, target layers, block size, heads and RoPE written out
   // (df_draft_config_resolved_json): what every checkpoint writes as config.json.

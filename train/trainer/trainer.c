@@ -7,7 +7,6 @@
 #include <time.h>
 
 #include "base/path.h"
-#include "moe/ffn_moe.h"
 #include "train/eval/evaluate.h"
 #include "train/observe/progress.h"
 #include "train/trainer/trainer_internal.h"
@@ -55,22 +54,18 @@ static double now_s(void) {
 // ---- one accumulation window -------------------------------------------------------------------------------------
 
 // Sums over the window's micro-batches; ratios are taken only at the end (ratio metrics sum first). The host knows
-// loss_den, the token count and the MoE part of loss_num as the window runs; the device sums (the objective's
-// loss_num, accuracy, τ, per-position counts) arrive with the one read at the optimizer boundary.
+// loss_den, the token count and the FFN kind's part of loss_num as the window runs; the device sums (the strategy's
+// loss_num, accuracy, τ, per-position counts; the FFN kind's statistics) arrive with the one read at the optimizer
+// boundary.
 typedef struct {
   double loss_num, loss_den, acc_num, acc_den, accept_len_sum;
-  double host_loss_num; // the part of loss_num not in the objective's sums: Σ aux_loss·loss_den (MoE drafts)
-  int64_t num_blocks, tokens, epoch, bs;
-  double *pos_num, *pos_den; // (bs)
+  double host_loss_num; // the part of loss_num not in the strategy's sums: Σ ffn_loss·loss_den
+  int64_t num_blocks, tokens, epoch;
+  df_strategy_metrics m; // the strategy's metrics of the window (per-position counts)
   double data_wait_s;
   bool numeric_fail; // a micro-step reported NaN/Inf itself (DF_ERR_NUMERIC): the step is skipped
-  // MoE drafts: the moe/* metrics (layer averages, moe/ffn_moe.h) summed over the window's micro-batches
-  int moe_n, moe_micro;
-  df_moe_metric moe[DF_MOE_MAX_METRICS];
-  // MoE: per MoE layer (moe_ids) the experts' shares of routed slots (moe_layers, moe_E), summed likewise
-  int moe_layers;
-  int64_t moe_E, *moe_ids;
-  double *moe_load;
+  int ffn_micro;     // training forwards whose FFN statistics went into the device sums
+  json_t *extra;     // the strategy's and the FFN kind's own keys of the step line (owned)
 } window;
 
 typedef struct {
@@ -87,75 +82,31 @@ static void window_reset(window *w) {
   w->host_loss_num = 0;
   w->num_blocks = w->tokens = 0;
   w->numeric_fail = false;
-  for (int64_t k = 0; k < w->bs; k++) w->pos_num[k] = w->pos_den[k] = 0;
-  w->moe_n = w->moe_micro = 0;
+  w->ffn_micro = 0;
+  df_strategy_metrics_free(&w->m);
+  json_decref(w->extra);
+  w->extra = NULL;
 }
 
-// The moe/* metrics and the per-layer expert load of the window, from the MoE layers' device sums (read with the
-// window's stats block): layer averages over the window's micro-batches.
-static void window_finish_moe(window *w, df_draft_model *m, const double *sums) {
-  int n = 0;
-  df_ffn *const *ffns = df_draft_model_ffns(m, &n);
-  w->moe_n = df_moe_stats_metrics(ffns, n, sums, w->moe_micro, w->moe);
-  if (!w->moe_load || !w->moe_micro) return;
-  const int64_t E = w->moe_E;
-  w->moe_layers = 0;
-  for (int i = 0; i < n; i++) {
-    if (!df_ffn_is_moe(ffns[i])) continue;
-    const double *blk = sums + (int64_t)w->moe_layers * DF_MOE_STATS(E) + DF_MOE_STAT_LOAD;
-    w->moe_ids[w->moe_layers] = ffns[i]->layer;
-    memcpy(w->moe_load + (int64_t)w->moe_layers * E, blk, sizeof(double) * (size_t)E);
-    w->moe_layers++;
-  }
-}
-
-// {"<decoder layer>": [share of expert 0, ...], ...}: the window's mean expert load per MoE layer.
-static json_t *moe_load_json(const window *w) {
-  json_t *o = json_object();
-  for (int j = 0; j < w->moe_layers; j++) {
-    json_t *a = json_array();
-    for (int64_t e = 0; e < w->moe_E; e++)
-      json_array_append_new(a, json_real(w->moe_load[j * w->moe_E + e] / (double)w->moe_micro));
-    char key[32];
-    snprintf(key, sizeof key, "%lld", (long long)w->moe_ids[j]);
-    json_object_set_new(o, key, a);
-  }
-  return o;
-}
-
-// The host-known part of one micro-batch (df_step_micro with device stats: loss_den, and loss_num = aux·loss_den).
-static void window_add(window *w, const df_dflash_metrics *m, const df_batch *b) {
-  w->loss_den += m->loss_den;
-  w->host_loss_num += m->loss_num;
+// The host-known part of one micro-batch.
+static void window_add(window *w, const df_micro_info *info, const df_batch *b) {
+  w->loss_den += info->loss_den;
+  w->host_loss_num += info->ffn_loss * info->loss_den;
   for (int64_t i = 0; i < b->B; i++) w->tokens += b->length[i];
 }
 
-// The device sums, once read back: DFlash's block stats or DSpark's (its loss_num from the α-weighted terms).
-static void window_finish(const df_trainer *t, window *w, const double *st) {
-  const int64_t bs = w->bs;
-  if (t->nstats > t->nobj) { // MoE: the aux loss's part of loss_num and the moe/* metrics, from the device sums
-    int n = 0;
-    df_ffn *const *ffns = df_draft_model_ffns(t->model, &n);
-    w->host_loss_num += df_moe_stats_aux_num(ffns, n, st + t->nobj);
-    window_finish_moe(w, t->model, st + t->nobj);
-  }
-  if (t->draft->kind != DF_DRAFT_DSPARK) {
-    w->loss_num = st[DF_BSTAT_LOSS_NUM] + w->host_loss_num;
-    w->acc_num = st[DF_BSTAT_ACC_NUM], w->acc_den = st[DF_BSTAT_ACC_DEN];
-    w->accept_len_sum = st[DF_BSTAT_ACCEPT_SUM], w->num_blocks = (int64_t)st[DF_BSTAT_BLOCKS];
-    memcpy(w->pos_num, st + DF_BSTAT_POS, sizeof(double) * (size_t)bs);
-    memcpy(w->pos_den, st + DF_BSTAT_POS + bs, sizeof(double) * (size_t)bs);
-    return;
-  }
-  df_dspark_loss_options lo = df_step_dspark_loss(&t->step_opt);
-  const double l1 = lo.l1_alpha > 0 ? st[DF_DSTAT_L1] : 0.0; // SpecForge logs the L1 term only in the loss
-  const bool conf = df_dspark_objective_terms(&lo, df_draft_model_dspark_heads(t->model)).conf;
-  w->loss_num = lo.ce_alpha * st[DF_DSTAT_CE] + lo.l1_alpha * l1 + (conf ? lo.conf_alpha * st[DF_DSTAT_CONF] : 0.0) +
-                w->host_loss_num;
-  w->acc_num = st[DF_DSTAT_ACC_NUM], w->acc_den = st[DF_DSTAT_EVAL_DEN];
-  w->accept_len_sum = st[DF_DSTAT_GREEDY], w->num_blocks = (int64_t)st[DF_DSTAT_BLOCKS];
-  memcpy(w->pos_num, st + DF_DSTAT_POS + bs, sizeof(double) * (size_t)bs);
-  memcpy(w->pos_den, st + DF_DSTAT_POS + 2 * bs, sizeof(double) * (size_t)bs);
+// The device sums, once read back: the strategy's metrics, and the FFN kind's part of loss_num and its metrics.
+static df_status window_finish(const df_trainer *t, window *w, const double *st, df_error *err) {
+  const df_strategy *s = t->strategy->table;
+  w->host_loss_num += df_ffn_set_stats_loss_num(&t->ffn, st + t->stats.nobj);
+  DF_TRY(s->metrics(t->strategy, st, w->loss_den, &w->m, err));
+  w->loss_num = w->m.loss_num + w->host_loss_num;
+  w->acc_num = w->m.acc_num, w->acc_den = w->m.acc_den;
+  w->accept_len_sum = w->m.accept_sum, w->num_blocks = w->m.num_blocks;
+  if (!(w->extra = json_object())) return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
+  s->report(t->strategy, st, w->loss_den, DF_REPORT_TRAIN, w->extra);
+  df_ffn_set_stats_json(&t->ffn, st + t->stats.nobj, w->ffn_micro, w->extra);
+  return DF_OK;
 }
 
 // Test hooks see host memory: on a device that is not host-addressable the buffer is staged down and back up
@@ -196,49 +147,51 @@ static df_status after_micro_hook(df_trainer *t, int64_t step, int64_t k, df_err
 // step `step`.
 static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *err) {
   df_draft_model_zero_grads(t->model);
-  df_draft_model_set_training(t->model, true); // MoE: routing stashes, deferred updates and the aux loss
+  df_draft_model_set_training(t->model, true); // the FFN kind's stashes, deferred updates and loss term
   window_reset(w);
-  df_tensor all = df_f64_on(df_ctx_device(t->ctx), t->stats_buf, t->nstats + DF_NORM_STATS);
+  df_tensor all = df_f64_on(df_ctx_device(t->ctx), t->stats.buf, t->stats.n + DF_NORM_STATS);
   DF_TRY(df_fill(t->ctx, &all, 0.0, err)); // the window's sums, and {norm, coef, ok} = 0 until the norm runs
-  df_step_options opt = t->step_opt;
-  opt.stage = t->stage, opt.stats = &t->obj_stats;
-  opt.moe_stats = t->nstats > t->nobj ? (double *)t->stats_buf + t->nobj : NULL;
-  if (t->world > 1) opt.global = &t->global;
+  const bool ffn_stats = t->stats.n > t->stats.nobj;
+  df_micro_args a = {.anchor_rng = &t->sampler.rng,
+                     .world = t->dp.world,
+                     .rank = t->dp.rank,
+                     .dp_sum = t->dp.world > 1 ? &t->dp.coll : NULL,
+                     .grad_scale = 1.0,
+                     .accumulate = true,
+                     .stats = &t->stats.obj,
+                     .ffn_stats = ffn_stats ? (double *)t->stats.buf + t->stats.nobj : NULL};
   for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
     const df_batch *b;
     double wait = 0;
     DF_TRY(df_feed_next(t->feed, &b, &wait, err));
     w->data_wait_s += wait;
-    if (t->world > 1) DF_TRY(df_trainer_dp_global_batch(t, b, err)); // this rank's share of the global batch
-    df_trainer_note_batch(t, b->index, b->B, k == 0);                // a skipped step names its samples
-    if (df_draft_model_is_moe(t->model)) t->state_dirty = true;     // MoE forwards update router buffers
-    df_dflash_metrics m;
-    int64_t N;
+    if (t->dp.world > 1) DF_TRY(df_trainer_dp_global_batch(t, b, err)); // this rank's share of the global batch
+    a.batch = b, a.global_S = t->dp.global_S, a.global_cmax = t->dp.global_cmax;
+    df_trainer_note_batch(t, b->index, b->B, k == 0);      // a skipped step names its samples
+    if (df_ffn_set_active(&t->ffn)) t->state_dirty = true; // the kind's training forwards update its buffers
+    df_micro_info info;
     df_error micro_err = {0};
-    df_status st = df_step_micro(t->ctx, t->model, t->draft, &t->frozen, b, &t->sampler, &opt, &N, &m, &micro_err);
+    df_status st = t->strategy->table->micro(t->strategy, &a, &info, &micro_err);
     if (st == DF_ERR_NUMERIC) { // finish the window (the data stays aligned), then skip the step
       w->numeric_fail = true;
       continue;
     }
     if (st != DF_OK) return *err = micro_err, st;
-    window_add(w, &m, b);
-    if (df_draft_model_is_moe(t->model)) w->moe_micro++; // its statistics went into the device sums
-    if (t->log && step == t->start_step + 1 && k == 0)    // the arena is sized by the first batch's shape
+    window_add(w, &info, b);
+    w->ffn_micro += ffn_stats;                         // its statistics went into the device sums
+    if (t->log && step == t->start_step + 1 && k == 0) // the arena is sized by the first batch's shape
       fprintf(t->log, "  activations %.1f MiB for a batch of %lld x %lld (grows with longer batches)\n",
               (double)df_draft_model_activation_bytes(t->model) / (1 << 20), (long long)b->B, (long long)b->S);
-    df_dflash_metrics_free(&m);
     DF_TRY(after_micro_hook(t, step, k, err));
   }
   int64_t e, c;
   df_feed_position(t->feed, &e, &c);
   w->epoch = c == 0 ? e - 1 : e; // the epoch of the window's last batch
-  // MoE: the last micro-batch's deferred updates (centering mean, noaux_tc bias) are applied here, at the
-  // boundary, rather than at the start of the next training forward. The next training forward sees the same
-  // state either way; eval and checkpoints see every training forward's update, and no stash is left pending
-  // at a checkpoint, so state.h5's buffers are all a bit-exact resume needs.
-  int nf = 0;
-  df_ffn *const *ffns = df_draft_model_ffns(t->model, &nf);
-  return df_moe_apply_pending(ffns, nf, err);
+  // The FFN kind's last deferred updates (MoE centering mean, noaux_tc bias) are applied here, at the boundary,
+  // rather than at the start of the next training forward. The next training forward sees the same state either
+  // way; eval and checkpoints see every training forward's update, and no stash is left pending at a checkpoint, so
+  // state.h5's buffers are all a bit-exact resume needs.
+  return df_ffn_set_apply_pending(&t->ffn, err);
 }
 
 // before_update sees the gradient as the update reads it: × 1/Σ loss_den, then × the clip coefficient (fp32
@@ -247,7 +200,7 @@ static df_status before_update_hook(df_trainer *t, int64_t step, float scale, st
   const df_train_hooks *hooks = t->opt->hooks;
   if (!hooks || !hooks->before_update) return DF_OK;
   double ns[DF_NORM_STATS];
-  DF_TRY(df_copy(t->ctx, ns, DF_DEV_CPU, t->norm_stats.data, df_ctx_device(t->ctx), sizeof ns, err));
+  DF_TRY(df_copy(t->ctx, ns, DF_DEV_CPU, t->stats.norm.data, df_ctx_device(t->ctx), sizeof ns, err));
   if (ns[DF_NORM_OK] == 0.0) return DF_OK; // the step is skipped: no update to show
   const int64_t n = df_params_numel(t->table);
   host_view v;
@@ -278,53 +231,39 @@ static df_status after_update_hook(df_trainer *t, int64_t step, df_error *err) {
 // reads them, then the ONE device→host read of the step: the window's sums and {norm, coef, ok}. A skipped step
 // leaves the parameters and moments untouched.
 static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_result *r, df_error *err) {
-  const df_recipe *rc = t->recipe;
   r->lr = df_lr_at(&t->sched, step);
   r->grad_norm = NAN, r->clip_coef = NAN;
   t->stop = g_stop_signal != 0;
-  if (t->world > 1) { // the job's window: every rank then takes the same decisions from the same sums
+  if (t->dp.world > 1) { // the job's window: every rank then takes the same decisions from the same sums
     double sc[5] = {w->loss_den, w->host_loss_num, (double)w->tokens, w->numeric_fail, t->stop};
-    DF_TRY(df_trainer_dp_reduce(t, sc, 5, !t->zero, err)); // ZeRO-1 reduce-scatters the gradient below
+    DF_TRY(df_trainer_dp_reduce(t, sc, 5, !t->optim.zero, err)); // ZeRO-1 reduce-scatters the gradient below
     w->loss_den = sc[0], w->host_loss_num = sc[1], w->tokens = (int64_t)sc[2];
     w->numeric_fail = sc[3] > 0, t->stop = sc[4] > 0;
   }
   // Known on the host before anything is queued: a micro-step that failed numerically, an empty window.
   const bool host_skip = w->numeric_fail || !(w->loss_den > 0) || !isfinite(w->host_loss_num);
   const float scale = w->loss_den > 0 ? (float)(1.0 / w->loss_den) : 0.0f;
-  if (!host_skip && t->zero) { // ZeRO-1: the same update, each rank computing its shard of it
-    df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
-    df_adamw_fused_desc ad = {.hp = {.lr = (float)r->lr,
-                                     .beta1 = (float)rc->training.adam_beta1,
-                                     .beta2 = (float)rc->training.adam_beta2,
-                                     .eps = (float)rc->training.adam_eps,
-                                     .weight_decay = (float)rc->training.weight_decay,
-                                     .step = t->prog.adam_step + 1},
-                              .grad_scale = scale};
+  const df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = t->optim.max_grad_norm};
+  df_adamw_fused_desc ad = {.hp = t->optim.hp, .grad_scale = scale};
+  ad.hp.lr = (float)r->lr, ad.hp.step = t->prog.adam_step + 1;
+  if (!host_skip && t->optim.zero) { // ZeRO-1: the same update, each rank computing its shard of it
     DF_TRY(df_trainer_dp_zero_step(t, &ad, &nd, err));
   } else if (!host_skip) {
-    df_grad_norm_desc nd = {.grad_scale = scale, .max_norm = rc->training.max_grad_norm};
     df_tensor g = df_f32_on(df_ctx_device(t->ctx), df_draft_model_grads(t->model), df_params_numel(t->table));
-    df_tensor mk = df_u8_on(df_ctx_device(t->ctx), t->mask, df_params_numel(t->table));
-    DF_TRY(df_grad_norm_clip(t->ctx, &nd, &g, &mk, &t->win_stats, &t->norm_stats, err));
+    df_tensor mk = df_u8_on(df_ctx_device(t->ctx), t->optim.mask, df_params_numel(t->table));
+    DF_TRY(df_grad_norm_clip(t->ctx, &nd, &g, &mk, &t->stats.win, &t->stats.norm, err));
     DF_TRY(before_update_hook(t, step, scale, r, err));
-    df_adamw_fused_desc ad = {.hp = {.lr = (float)r->lr,
-                                     .beta1 = (float)rc->training.adam_beta1,
-                                     .beta2 = (float)rc->training.adam_beta2,
-                                     .eps = (float)rc->training.adam_eps,
-                                     .weight_decay = (float)rc->training.weight_decay,
-                                     .step = t->prog.adam_step + 1},
-                              .grad_scale = scale};
     const df_device dev = df_ctx_device(t->ctx);
     const int64_t n = df_params_numel(t->table);
-    df_tensor p = df_f32_on(dev, df_draft_model_weights(t->model), n), m = df_f32_on(dev, t->exp_avg, n);
-    df_tensor v = df_f32_on(dev, t->exp_avg_sq, n);
+    df_tensor p = df_f32_on(dev, df_draft_model_weights(t->model), n), m = df_f32_on(dev, t->optim.exp_avg, n);
+    df_tensor v = df_f32_on(dev, t->optim.exp_avg_sq, n);
     t->state_dirty = true; // from the update until the progress record follows
-    DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->norm_stats, NULL, err));
+    DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->stats.norm, NULL, err));
   }
-  const size_t bytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
-  DF_TRY(df_copy(t->ctx, t->stats_host, DF_DEV_CPU, t->stats_buf, df_ctx_device(t->ctx), bytes, err));
-  window_finish(t, w, t->stats_host);
-  const double *ns = t->stats_host + t->nstats;
+  const size_t bytes = sizeof(double) * (size_t)(t->stats.n + DF_NORM_STATS);
+  DF_TRY(df_copy(t->ctx, t->stats.host, DF_DEV_CPU, t->stats.buf, df_ctx_device(t->ctx), bytes, err));
+  DF_TRY(window_finish(t, w, t->stats.host, err));
+  const double *ns = t->stats.host + t->stats.n;
   r->loss = w->loss_den > 0 ? w->loss_num / w->loss_den : NAN;
   r->acc = w->acc_den > 0 ? w->acc_num / w->acc_den : 0.0;
   if (w->numeric_fail) {
@@ -367,12 +306,11 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
   json_object_set_new(o, "tokens", json_integer(w->tokens));
   json_object_set_new(o, "num_blocks", json_integer(w->num_blocks));
   json_object_set_new(o, "accept_len", json_real(w->num_blocks ? w->accept_len_sum / (double)w->num_blocks : 0.0));
-  json_object_set_new(o, "per_position_acc", per_position(w->pos_num, w->pos_den, w->bs));
-  // MoE: moe/load_max_ratio, moe/load_min_ratio, moe/experts_unused_frac, moe/aux_loss (+ moe/bias_abs_max for
-  // noaux_tc): layer averages, averaged over the window's micro-batches
-  for (int i = 0; w->moe_micro > 0 && i < w->moe_n; i++)
-    json_object_set_new(o, w->moe[i].name, df_metrics_real(w->moe[i].value)); // already averaged
-  if (w->moe_micro > 0 && w->moe_layers > 0) json_object_set_new(o, "moe/expert_load", moe_load_json(w));
+  json_object_set_new(o, "per_position_acc", per_position(w->m.pos_num, w->m.pos_den, w->m.positions));
+  // the strategy's own keys, and the FFN kind's metrics (MoE: moe/load_max_ratio, moe/load_min_ratio,
+  // moe/experts_unused_frac, moe/aux_loss, moe/bias_abs_max for noaux_tc, moe/expert_load), averaged over the
+  // window's micro-batches
+  if (w->extra) json_object_update(o, w->extra);
   // timing (df_metrics_is_timing_key): differs between identical runs
   json_object_set_new(o, "tokens_per_s", json_real(r->step_time_s > 0 ? (double)w->tokens / r->step_time_s : 0.0));
   json_object_set_new(o, "step_time_s", json_real(r->step_time_s));
@@ -383,11 +321,11 @@ static json_t *step_line(int64_t step, const window *w, const step_result *r, do
 
 static df_status log_step(df_trainer *t, int64_t step, const window *w, const step_result *r, double elapsed,
                           df_error *err) {
-  if (t->rank != 0) return DF_OK; // rank 0 writes the job's (reduced) lines
+  if (t->dp.rank != 0) return DF_OK; // rank 0 writes the job's (reduced) lines
   bool line = step % t->recipe->training.log_interval == 0 || r->skipped;
   if (line) {
     json_t *o = step_line(step, w, r, elapsed);
-    df_status st = df_metrics_append(&t->metrics, o, err);
+    df_status st = df_metrics_append(&t->rundir.metrics, o, err);
     json_decref(o);
     DF_TRY(st);
   }
@@ -420,14 +358,6 @@ static df_status log_step(df_trainer *t, int64_t step, const window *w, const st
 
 // ---- eval and checkpoints ------------------------------------------------------------------------------------------
 
-// DSpark eval metrics (train/eval/evaluate.h; null where the term did not run).
-static void eval_dspark_json(json_t *o, const df_eval_report *r) {
-  json_object_set_new(o, "eval/ce_loss", df_metrics_real(r->ce_loss));
-  json_object_set_new(o, "eval/l1_loss", df_metrics_real(r->l1_loss));
-  json_object_set_new(o, "eval/confidence_loss", df_metrics_real(r->confidence_loss));
-  json_object_set_new(o, "eval/tau_probabilistic", df_metrics_real(r->tau_probabilistic));
-}
-
 // Eval samples with NaN/Inf hidden states: named in the eval line and the log (such an eval never counts as best).
 static void eval_nonfinite(const df_trainer *t, json_t *o, const df_eval_report *rep, int64_t step) {
   const df_hs_scan_report *nf = &rep->nonfinite;
@@ -445,10 +375,10 @@ static void eval_nonfinite(const df_trainer *t, json_t *o, const df_eval_report 
 // Held-out eval (train/eval/evaluate.h): an eval line in metrics.jsonl; *improved when τ beats the best so far.
 static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *improved, df_error *err) {
   const df_recipe *rc = t->recipe;
-  df_eval_options eo = df_eval_options_from_recipe(rc, t->step_opt.mask_token_id); // DSpark alphas included
+  df_eval_options eo = df_eval_options_from_recipe(rc, t->settings.mask_token_id, &t->values);
   df_eval_report rep;
   double t0 = now_s();
-  DF_TRY(df_evaluate_source(t->ctx, t->model, t->draft, &t->frozen, t->eval_src, &eo, &rep, err));
+  DF_TRY(df_evaluate_source(t->ctx, t->model, t->draft, &t->res.frozen, t->eval_src, &eo, &rep, err));
   json_t *o = json_object();
   json_object_set_new(o, "step", json_integer(step));
   json_object_set_new(o, "epoch", json_integer(epoch));
@@ -457,18 +387,15 @@ static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *impr
   json_object_set_new(o, "eval/tau", df_metrics_real(rep.accept_len));
   json_object_set_new(o, "eval/per_position_acc", per_position(rep.pos_acc_num, rep.pos_acc_den, rep.block_size));
   json_object_set_new(o, "eval/samples", json_integer(rep.num_samples));
-  if (rep.dspark) eval_dspark_json(o, &rep);
+  if (rep.line) json_object_update(o, rep.line); // the strategy's own eval/ keys
   eval_nonfinite(t, o, &rep, step);
   json_object_set_new(o, "eval_time_s", json_real(now_s() - t0));
-  df_status st = df_metrics_append(&t->metrics, o, err);
+  df_status st = df_metrics_append(&t->rundir.metrics, o, err);
   json_decref(o);
   double tau = rep.accept_len;
-  if (t->log && rep.dspark)
-    fprintf(
-        t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f | tau_prob %.4f | ce %.4f | l1 %.4f | conf %.4f\n",
-        (long long)step, rep.loss, rep.acc, tau, rep.tau_probabilistic, rep.ce_loss, rep.l1_loss, rep.confidence_loss);
-  else if (t->log)
-    fprintf(t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f\n", (long long)step, rep.loss, rep.acc, tau);
+  if (t->log)
+    fprintf(t->log, "eval @ step %lld: loss %.4f | acc %.4f | tau %.4f%s%s\n", (long long)step, rep.loss, rep.acc, tau,
+            rep.summary[0] ? " | " : "", rep.summary);
   df_eval_report_free(&rep);
   *improved = st == DF_OK && isfinite(tau) && isfinite(rep.loss) && !rep.nonfinite.bad_samples &&
               (!t->prog.has_best || tau > t->prog.best_eval_tau);
@@ -496,7 +423,7 @@ static df_status check_finite(const df_trainer *t, const float *const bufs[3], d
 // The state a checkpoint writes, on the host: the device buffers themselves when they are host memory, else one
 // staged copy of each (a checkpoint is the one place the trainer reads the whole state back).
 static df_status state_to_host(df_trainer *t, float *bufs[3], float **staged, df_error *err) {
-  float *dev[3] = {df_draft_model_weights(t->model), t->exp_avg, t->exp_avg_sq};
+  float *dev[3] = {df_draft_model_weights(t->model), t->optim.exp_avg, t->optim.exp_avg_sq};
   *staged = NULL;
   if (df_ctx_host_addressable(t->ctx)) {
     for (int i = 0; i < 3; i++) bufs[i] = dev[i];
@@ -524,8 +451,8 @@ static df_status zero_state(df_trainer *t, float *bufs[3], float **staged, df_er
 // ZeRO-1: collective (every rank's moment shard is gathered), then rank 0 writes.
 df_status df_trainer_save(df_trainer *t, df_error *err) {
   float *bufs[3], *staged;
-  df_status st = t->zero ? zero_state(t, bufs, &staged, err) : state_to_host(t, bufs, &staged, err);
-  if (st == DF_OK && t->rank != 0) return free(staged), DF_OK;
+  df_status st = t->optim.zero ? zero_state(t, bufs, &staged, err) : state_to_host(t, bufs, &staged, err);
+  if (st == DF_OK && t->dp.rank != 0) return free(staged), DF_OK;
   if (st == DF_OK) st = check_finite(t, (const float *const *)bufs, err); // t->prog is current after every step
   df_ckpt_state s = {.table = t->table,
                      .params = bufs[0],
@@ -534,17 +461,17 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
                      .contract = &t->contract,
                      .progress = &t->prog,
                      .draft_config = t->res.resolved_config,
-                     .recipe_yaml = t->recipe_yaml,
-                     .moe = t->draft->moe};
+                     .recipe_yaml = t->rundir.recipe_yaml,
+                     .ffn = &t->ffn};
   if (st == DF_OK)
-    st = df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->last_ckpt,
-                       sizeof t->last_ckpt, err);
+    st = df_ckpt_write(t->recipe->output_dir, &s, t->recipe->training.max_checkpoints, t->rundir.last_ckpt,
+                       sizeof t->rundir.last_ckpt, err);
   free(staged);
   if (st != DF_OK) return st;
-  t->last_saved_step = t->prog.step, t->last_save_s = now_s();
+  t->rundir.last_saved_step = t->prog.step, t->rundir.last_save_s = now_s();
   if (t->log) {
     char shown[4096];
-    df_path_shown(t->last_ckpt, shown, sizeof shown);
+    df_path_shown(t->rundir.last_ckpt, shown, sizeof shown);
     fprintf(t->log, "checkpoint: %s\n", shown);
   }
   return DF_OK;
@@ -557,7 +484,7 @@ df_status df_trainer_save(df_trainer *t, df_error *err) {
 // saved already, or a data-parallel job (its ranks are no longer in step). A failure to save is added to the original
 // error's message.
 static void save_after_error(df_trainer *t, df_train_summary *sum, df_error *err) {
-  if (t->world > 1 || err->status == DF_ERR_NUMERIC || t->state_dirty || t->prog.step <= t->last_saved_step ||
+  if (t->dp.world > 1 || err->status == DF_ERR_NUMERIC || t->state_dirty || t->prog.step <= t->rundir.last_saved_step ||
       t->prog.step == t->start_step)
     return;
   df_error save_err = {0};
@@ -575,20 +502,21 @@ static void save_after_error(df_trainer *t, df_train_summary *sum, df_error *err
 static df_status after_step(df_trainer *t, int64_t step, const window *w, df_error *err) {
   const df_recipe *rc = t->recipe;
   bool improved = false;
-  if (t->rank != 0 && !t->zero) return DF_OK;
-  if (t->rank == 0 && rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
+  if (t->dp.rank != 0 && !t->optim.zero) return DF_OK;
+  if (t->dp.rank == 0 && rc->training.eval_interval > 0 && step % rc->training.eval_interval == 0)
     DF_TRY(run_eval(t, step, w->epoch, &improved, err));
   double minutes = rc->training.save_interval_minutes; // wall-clock saving (a draftforge extension)
-  bool due = minutes > 0 && now_s() - t->last_save_s >= 60.0 * minutes;
+  bool due = minutes > 0 && now_s() - t->rundir.last_save_s >= 60.0 * minutes;
   bool save = (rc->training.save_interval > 0 && step % rc->training.save_interval == 0) || improved ||
               step == t->stop_step || t->stop || due;
-  if (t->zero) { // rank 0's decision (its eval may have improved): the save gathers every rank's moments
+  if (t->optim.zero) { // rank 0's decision (its eval may have improved): the save gathers every rank's moments
     int32_t f = save;
-    DF_TRY(df_comm_broadcast(t->comm, &f, 1, DF_COMM_I32, 0, err));
+    DF_TRY(df_comm_broadcast(t->dp.comm, &f, 1, DF_COMM_I32, 0, err));
     save = f != 0;
   }
   if (save) DF_TRY(df_trainer_save(t, err));
-  if (t->rank == 0 && improved) DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
+  if (t->dp.rank == 0 && improved)
+    DF_TRY(df_ckpt_mark_best(rc->output_dir, step, "eval/tau", t->prog.best_eval_tau, err));
   return DF_OK;
 }
 
@@ -623,27 +551,12 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
 }
 
 static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err) {
-  window w = {.bs = t->draft->block_size};
-  w.pos_num = calloc((size_t)w.bs, sizeof(double));
-  w.pos_den = calloc((size_t)w.bs, sizeof(double));
-  int nffn = 0;
-  df_ffn *const *ffns = df_draft_model_ffns(t->model, &nffn);
-  w.moe_E = df_moe_num_experts(ffns, nffn);
-  bool moe_ok = true;
-  if (w.moe_E > 0) {
-    w.moe_ids = calloc((size_t)nffn, sizeof(int64_t));
-    w.moe_load = calloc((size_t)(nffn * w.moe_E), sizeof(double));
-    moe_ok = w.moe_ids && w.moe_load;
-  }
-  if (!w.pos_num || !w.pos_den || !moe_ok) {
-    free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load);
-    return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
-  }
+  window w = {0};
   if (t->prog.step >= t->stop_step && t->log)
     fprintf(t->log, "nothing to do: the run is at step %lld and stops at %lld (raise training.max_steps)\n",
             (long long)t->prog.step, (long long)t->stop_step);
   double t_start = now_s();
-  t->last_save_s = t_start;
+  t->rundir.last_save_s = t_start;
   df_status st = DF_OK;
   while (st == DF_OK && t->prog.step < t->stop_step) {
     step_result r;
@@ -655,7 +568,7 @@ static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err)
       break;
     }
   }
-  free(w.pos_num), free(w.pos_den), free(w.moe_ids), free(w.moe_load);
+  window_reset(&w);
   if (st != DF_OK) save_after_error(t, sum, err);
   return st;
 }
@@ -674,7 +587,7 @@ df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error 
     st = train_loop(&t, sum, err);
     signals_restore(&sg);
   }
-  sum->bad_arguments = t.plan.bad_arguments;
+  sum->bad_arguments = t.rundir.plan.bad_arguments;
   sum->last_step = t.prog.step;
   sum->skipped_steps = t.prog.skipped_steps;
   if (t.online) {
@@ -684,7 +597,7 @@ df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error 
       fprintf(t.log, "online: the target prefilled %lld samples (%lld tokens) in %.1f s\n", (long long)os.samples,
               (long long)os.tokens, os.forward_s);
   }
-  snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.last_ckpt);
+  snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.rundir.last_ckpt);
   df_trainer_teardown(&t);
   return st;
 }

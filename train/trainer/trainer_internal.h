@@ -3,8 +3,10 @@
 #ifndef DF_TRAIN_TRAINER_TRAINER_INTERNAL_H
 #define DF_TRAIN_TRAINER_TRAINER_INTERNAL_H
 
+#include "base/collective.h"
 #include "kernels/ops.h"
 #include "modeling/draft_model.h"
+#include "strategies/strategy.h"
 #include "train/data/data_feed.h"
 #include "train/data/online_data.h"
 #include "train/observe/metrics_log.h"
@@ -16,6 +18,56 @@
 #include "train/trainer/lr_schedule.h"
 #include "train/trainer/trainer.h"
 
+// The optimizer's state, on the context's device: the model's fp32 weights are the masters; the AdamW moments and the
+// per-element mask (DF_PARAM_TRAIN | DF_PARAM_DECAY, kernels/ops.h) share the parameter table's layout. The
+// hyper-parameters are built once (the rate is the schedule's, per step). ZeRO-1 (training.fsdp_sharding
+// SHARD_GRAD_OP / FULL_SHARD on several ranks): the flat buffer is cut into world shards of shard_size elements (a
+// multiple of 16; the last ones may be short or empty); exp_avg / exp_avg_sq hold only this rank's [shard_off,
+// shard_off + shard_len); zero_buf (world · shard_size) carries the gradient's reduce-scatter and the parameters'
+// all-gather; zero_full holds the checkpoint's full moments (2n) on resume while they are handed out.
+typedef struct {
+  float *exp_avg, *exp_avg_sq;
+  uint8_t *mask;
+  df_adamw_hparams hp;
+  double max_grad_norm;
+  bool zero;
+  int64_t shard_size, shard_off, shard_len;
+  float *zero_buf, *zero_full;
+} df_trainer_optim;
+
+// One f64 block on the device holding the window's sums — the strategy's (nobj), then the FFN kind's statistics —
+// followed by the optimizer's {norm, coef, ok}: the one block read back per optimizer step. win covers all n sums (the
+// go/no-go guard), obj the strategy's part.
+typedef struct {
+  void *buf;
+  double *host; // page-locked copy
+  df_tensor win, obj, norm;
+  int64_t n, nobj;
+} df_trainer_stats;
+
+// The run directory as the trainer writes it (train/run/): fresh run or resume, the newest checkpoint of this run and
+// when it was written (training.save_interval_minutes), the resolved recipe, metrics.jsonl with its TensorBoard mirror
+// (tracking.report_to: tensorboard), and the tracker process (wandb | swanlab | mlflow, train/observe/tracker.h).
+typedef struct {
+  df_run_plan plan;
+  int64_t last_saved_step; // -1: none
+  double last_save_s;      // monotonic time of the last save (or the start)
+  char last_ckpt[4200];
+  char *recipe_yaml;
+  df_metrics_log metrics;
+  struct df_tracker *tracker;
+} df_trainer_rundir;
+
+// Data parallel (train/trainer/trainer_dp.c): the job's communicator (NULL: one process), this rank, the global batch
+// the current micro-step's anchors replay, and the layers' all-reduce over comm. Only rank 0 writes (metrics,
+// trackers, checkpoints, exports) and logs.
+typedef struct {
+  df_comm *comm;
+  int rank, world;
+  int64_t global_S, global_cmax;
+  df_collective coll;
+} df_trainer_dp;
+
 typedef struct {
   const df_train_options *opt;
   FILE *log;
@@ -24,63 +76,33 @@ typedef struct {
   const df_recipe *recipe;
   df_run_resources res;         // configs, frozen target pieces, mask token
   const df_draft_config *draft; // = res.draft
-  df_step_frozen frozen;        // = res.frozen
   df_ctx *ctx;
   df_draft_model *model;
+  const df_params *table;
+  df_ffn_set ffn;            // the model's FFNs with their kind (hooks: no-ops for a dense draft)
+  df_strategy_values values; // the strategy's own recipe keys
+  df_step_settings settings; // what the strategy run is opened with
+  df_strategy_run *strategy; // the draft's strategy: batch build, forward, objective, backward (stage included)
   df_feed *feed;
   df_online_target *online;  // the target of online data (NULL: offline), shared by the feed's and eval's sources
   df_batch_source *eval_src; // the eval set (captured or online), open when training.eval_interval > 0
-  df_step_options step_opt;
 
-  // optimizer state, all on the context's device: the model's fp32 weights are the masters; the AdamW moments and
-  // the per-element mask (DF_PARAM_TRAIN | DF_PARAM_DECAY, kernels/ops.h) share the parameter table's layout
-  const df_params *table;
-  float *exp_avg, *exp_avg_sq;
-  uint8_t *mask;
-  // device residency: the double-buffered micro-batch stage, and one f64 vector holding the window's metric sums
-  // (nstats: the objective's nobj, then the MoE layers' statistics sums) followed by the optimizer's {norm, coef, ok}
-  // — the one block read back per optimizer step. win_stats covers all nstats (the go/no-go guard), obj_stats the
-  // objective's part.
-  df_stage *stage;
-  void *stats_buf;
-  df_tensor win_stats, obj_stats, norm_stats;
-  int64_t nstats, nobj;
-  double *stats_host; // page-locked copy of stats_buf
+  df_trainer_optim optim;
+  df_trainer_stats stats;
+  df_trainer_rundir rundir;
+  df_trainer_dp dp;
 
   df_lr_schedule sched;
-  df_dflash_sampler sampler;
+  df_dflash_sampler sampler; // the anchor stream (block strategies; a checkpoint saves it)
   df_ckpt_contract contract;
   df_ckpt_progress prog;
   int64_t stop_step;
   int64_t start_step;
 
-  char *recipe_yaml;          // the resolved recipe text
-  df_metrics_log metrics;     // with its TensorBoard mirror (tracking.report_to: tensorboard)
-  struct df_tracker *tracker; // tracking.report_to: wandb | swanlab | mlflow (train/observe/tracker.h)
-  char last_ckpt[4200];
-
-  // data parallel (train/trainer/trainer_dp.c): the job's communicator (NULL: one process), this rank, and the global
-  // batch the current micro-step's anchors replay. Only rank 0 writes (metrics, trackers, checkpoints, exports)
-  // and logs; stop is the stop request reduced over the ranks at the last optimizer step.
-  df_comm *comm;
-  int rank, world;
-  df_dflash_global_batch global;
-  df_moe_collective moe_coll; // MoE drafts: the layers' all-reduce over comm
+  // failure handling (train/trainer/trainer_data.c); stop: the stop request reduced over the ranks at the last step
   bool stop;
-  // ZeRO-1 (training.fsdp_sharding SHARD_GRAD_OP / FULL_SHARD on several ranks): the flat buffer is cut into world
-  // shards of shard_size elements (a multiple of 16; the last ones may be short or empty); exp_avg / exp_avg_sq
-  // hold only this rank's [shard_off, shard_off + shard_len); zero_buf (world · shard_size) carries the gradient's
-  // reduce-scatter and the parameters' all-gather.
-  bool zero;
-  int64_t shard_size, shard_off, shard_len;
-  float *zero_buf;
-  float *zero_full; // resume: the checkpoint's full moments (2n) while they are handed out
-  // resume and failure handling (train/run/run_plan.h, train/trainer/trainer_data.c)
-  df_run_plan plan;
-  int64_t last_saved_step; // the step of the newest checkpoint of this run (-1: none)
-  double last_save_s;      // monotonic time of the last save (or the start), for training.save_interval_minutes
-  bool state_dirty;        // the saved state (weights, moments, MoE buffers) is mid-update: no checkpoint now
-  int64_t *win_samples;    // the global sample numbers of the current window's micro-batches
+  bool state_dirty;     // the saved state (weights, moments, FFN buffers) is mid-update: no checkpoint now
+  int64_t *win_samples; // the global sample numbers of the current window's micro-batches
   int64_t n_win_samples, cap_win_samples;
 } df_trainer;
 

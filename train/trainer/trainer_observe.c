@@ -26,7 +26,7 @@ static df_status tb_recipe_text(df_tb_writer *w, const char *yaml, df_error *err
 }
 
 df_status df_trainer_observe_prepare(df_trainer *t, df_error *err) {
-  return df_tracker_prepare(t->recipe, &t->tracker, err);
+  return df_tracker_prepare(t->recipe, &t->rundir.tracker, err);
 }
 
 df_status df_trainer_observe_open(df_trainer *t, df_error *err) {
@@ -34,21 +34,21 @@ df_status df_trainer_observe_open(df_trainer *t, df_error *err) {
   if (rc->tracking.report_to == DF_REPORT_TENSORBOARD) {
     char dir[4300];
     snprintf(dir, sizeof dir, "%.4200s/tensorboard", rc->output_dir);
-    DF_TRY(df_tb_open(dir, t->prog.step, &t->metrics.tb, err));
-    if (t->recipe_yaml) DF_TRY(tb_recipe_text(t->metrics.tb, t->recipe_yaml, err));
+    DF_TRY(df_tb_open(dir, t->prog.step, &t->rundir.metrics.tb, err));
+    if (t->rundir.recipe_yaml) DF_TRY(tb_recipe_text(t->rundir.metrics.tb, t->rundir.recipe_yaml, err));
     char file[4300], logdir[4300];
-    df_path_shown(df_tb_path(t->metrics.tb), file, sizeof file);
+    df_path_shown(df_tb_path(t->rundir.metrics.tb), file, sizeof file);
     df_path_shown(dir, logdir, sizeof logdir);
     if (t->log) fprintf(t->log, "tensorboard: %s (tensorboard --logdir %s)\n", file, logdir);
     return DF_OK;
   }
-  if (!t->tracker) return DF_OK;
-  df_status st = df_tracker_start(t->tracker, t->prog.step, t->log, err);
-  if (st != DF_OK) t->tracker = NULL; // freed by the failed start
+  if (!t->rundir.tracker) return DF_OK;
+  df_status st = df_tracker_start(t->rundir.tracker, t->prog.step, t->log, err);
+  if (st != DF_OK) t->rundir.tracker = NULL; // freed by the failed start
   return st;
 }
 
 void df_trainer_observe_close(df_trainer *t) {
-  df_tracker_finish(t->tracker, 120.0, t->log);
-  t->tracker = NULL;
+  df_tracker_finish(t->rundir.tracker, 120.0, t->log);
+  t->rundir.tracker = NULL;
 }

@@ -5,7 +5,6 @@
 
 #include "base/fsutil.h"
 #include "base/path.h"
-#include "moe/ffn_moe.h"
 #include "train/recipe/device.h"
 #include "train/run/run_dir.h"
 #include "train/trainer/trainer_internal.h"
@@ -49,32 +48,21 @@ static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **t
 static df_status load_resources(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   DF_TRY(df_run_resources_load(rc, &t->res, err));
-  t->draft = t->res.draft, t->frozen = t->res.frozen;
-  t->step_opt = (df_step_options){.num_anchors = rc->training.num_anchors,
-                                  .loss_decay_gamma = rc->training.loss_decay_gamma,
-                                  .mask_token_id = t->res.mask_token_id,
-                                  .loss = {.type = rc->training.loss_type,
-                                           .dpace_alpha = rc->training.dpace_alpha,
-                                           .chunk_blocks = rc->training.objective_chunk_blocks},
-                                  .grad_scale = 1.0,
-                                  .accumulate = true,
-                                  .dspark = {.set = true,
-                                             .ce_alpha = rc->training.dspark_ce_loss_alpha,
-                                             .l1_alpha = rc->training.dspark_l1_loss_alpha,
-                                             .conf_alpha = rc->training.dspark_confidence_head_alpha}};
-  bool dspark = t->draft->kind == DF_DRAFT_DSPARK;
+  t->draft = t->res.draft;
   if (t->opt->ctx_options) // a caller-chosen backend (tests: the fake device)
     DF_TRY(df_ctx_create(t->opt->ctx_options, &t->ctx, err));
   else
     DF_TRY(df_device_open(t->opt->has_device ? t->opt->device : rc->training.device,
                           df_device_cpu_only_reason(t->draft), t->opt->threads, t->log, &t->ctx, err));
   DF_TRY(df_run_resources_place(&t->res, t->ctx, err));
-  t->frozen = t->res.frozen;
   DF_TRY(df_draft_model_create(t->draft, t->ctx, &t->model, err));
   t->table = df_draft_model_params(t->model);
-  // DSpark's L1 and confidence terms read the teacher from the target's final hidden state
-  const bool need_last =
-      dspark && (rc->training.dspark_l1_loss_alpha > 0 || rc->training.dspark_confidence_head_alpha > 0);
+  t->ffn = df_draft_model_ffn_set(t->model);
+  t->values = df_recipe_strategy_values(rc);
+  t->settings = df_step_settings_of(rc, t->res.mask_token_id, &t->values);
+  DF_TRY(df_step_open(t->ctx, t->model, t->draft, &t->res.frozen, &t->settings, false, &t->strategy, err));
+  // e.g. DSpark's L1 and confidence terms read the teacher from the target's final hidden state
+  const bool need_last = t->strategy->table->needs_last_hidden(t->strategy);
   df_batch_source *train_src = NULL;
   DF_TRY(open_sources(t, need_last, &train_src, err));
   df_feed_options fo = {.path = train_src->label,
@@ -82,8 +70,8 @@ static df_status load_resources(df_trainer *t, df_error *err) {
                         .batch_size = rc->training.batch_size,
                         .max_length = rc->data.max_length,
                         .seed = rc->training.seed,
-                        .rank = t->rank,
-                        .world_size = t->world,
+                        .rank = t->dp.rank,
+                        .world_size = t->dp.world,
                         .prefetch = !t->opt->no_prefetch,
                         .cfg = t->draft,
                         .need_last_hidden = need_last};
@@ -108,16 +96,17 @@ static df_status plan_schedule(df_trainer *t, df_error *err) {
 // The AdamW moments (zero), the element mask and the stats block on the device; the stage for the micro-batches.
 // ZeRO-1: the moments of this rank's shard only, and the reduce-scatter / all-gather buffer.
 static df_status alloc_optimizer(df_trainer *t, df_error *err) {
-  const int64_t numel = df_params_numel(t->table), bs = t->draft->block_size;
+  const df_recipe *rc = t->recipe;
+  const int64_t numel = df_params_numel(t->table);
   const df_device dev = df_ctx_device(t->ctx);
   df_trainer_dp_zero_plan(t);
-  const int64_t nm = t->zero ? (t->shard_len > 0 ? t->shard_len : 1) : numel;
-  if (t->zero && !(t->zero_buf = malloc(sizeof(float) * (size_t)(t->world * t->shard_size))))
+  const int64_t nm = t->optim.zero ? (t->optim.shard_len > 0 ? t->optim.shard_len : 1) : numel;
+  if (t->optim.zero && !(t->optim.zero_buf = malloc(sizeof(float) * (size_t)(t->dp.world * t->optim.shard_size))))
     return DF_FAIL(err, DF_ERR_NOMEM, "training.fsdp_sharding", NULL, "out of memory for the ZeRO-1 buffer");
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->exp_avg, err));
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->exp_avg_sq, err));
-  DF_TRY(df_buffer_alloc(t->ctx, (size_t)numel, (void **)&t->mask, err));
-  df_tensor m = df_f32_on(dev, t->exp_avg, nm), v = df_f32_on(dev, t->exp_avg_sq, nm);
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->optim.exp_avg, err));
+  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->optim.exp_avg_sq, err));
+  DF_TRY(df_buffer_alloc(t->ctx, (size_t)numel, (void **)&t->optim.mask, err));
+  df_tensor m = df_f32_on(dev, t->optim.exp_avg, nm), v = df_f32_on(dev, t->optim.exp_avg_sq, nm);
   DF_TRY(df_fill(t->ctx, &m, 0.0, err));
   DF_TRY(df_fill(t->ctx, &v, 0.0, err));
   uint8_t *mask = calloc((size_t)numel, 1); // padding and buffers stay 0: AdamW never touches them
@@ -127,44 +116,52 @@ static df_status alloc_optimizer(df_trainer *t, df_error *err) {
     if (e->trainable)
       memset(mask + e->offset, DF_PARAM_TRAIN | (e->weight_decay ? DF_PARAM_DECAY : 0), (size_t)e->numel);
   }
-  df_status st = df_copy(t->ctx, t->mask, dev, mask, DF_DEV_CPU, (size_t)numel, err);
+  df_status st = df_copy(t->ctx, t->optim.mask, dev, mask, DF_DEV_CPU, (size_t)numel, err);
   free(mask);
   DF_TRY(st);
-  t->nobj = t->draft->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
-  int nf = 0;
-  df_ffn *const *ffns = df_draft_model_ffns(t->model, &nf);
-  t->nstats = t->nobj + df_moe_stats_elems(ffns, nf);
-  const size_t sbytes = sizeof(double) * (size_t)(t->nstats + DF_NORM_STATS);
-  DF_TRY(df_buffer_alloc(t->ctx, sbytes, &t->stats_buf, err));
-  DF_TRY(df_host_alloc(t->ctx, sbytes, (void **)&t->stats_host, err));
-  t->win_stats = df_f64_on(dev, t->stats_buf, t->nstats);
-  t->obj_stats = df_f64_on(dev, t->stats_buf, t->nobj);
-  t->norm_stats = df_f64_on(dev, (double *)t->stats_buf + t->nstats, DF_NORM_STATS);
-  df_stage_spec spec = df_step_stage_spec(t->draft, &t->frozen, &t->step_opt, df_draft_model_dspark_heads(t->model));
-  return df_stage_create(t->ctx, &spec, &t->stage, err);
+  t->stats.nobj = t->strategy->table->stats_len(t->strategy);
+  t->stats.n = t->stats.nobj + df_ffn_set_stats_elems(&t->ffn);
+  const size_t sbytes = sizeof(double) * (size_t)(t->stats.n + DF_NORM_STATS);
+  DF_TRY(df_buffer_alloc(t->ctx, sbytes, &t->stats.buf, err));
+  DF_TRY(df_host_alloc(t->ctx, sbytes, (void **)&t->stats.host, err));
+  t->stats.win = df_f64_on(dev, t->stats.buf, t->stats.n);
+  t->stats.obj = df_f64_on(dev, t->stats.buf, t->stats.nobj);
+  t->stats.norm = df_f64_on(dev, (double *)t->stats.buf + t->stats.n, DF_NORM_STATS);
+  t->optim.hp = (df_adamw_hparams){.beta1 = (float)rc->training.adam_beta1,
+                                   .beta2 = (float)rc->training.adam_beta2,
+                                   .eps = (float)rc->training.adam_eps,
+                                   .weight_decay = (float)rc->training.weight_decay};
+  t->optim.max_grad_norm = rc->training.max_grad_norm;
+  return DF_OK;
 }
 
 static void fill_contract(df_trainer *t) {
   const df_recipe *rc = t->recipe;
   df_ckpt_contract *c = &t->contract;
   memset(c, 0, sizeof *c);
-  snprintf(c->strategy, sizeof c->strategy, "%s", rc->training.strategy == DF_STRATEGY_DSPARK ? "dspark" : "dflash");
+  snprintf(c->strategy, sizeof c->strategy, "%s", t->strategy->table->name);
   df_ckpt_config_hash(t->draft->json, c->draft_config_hash);
-  snprintf(c->loss_type, sizeof c->loss_type, "%s", df_dflash_loss_type_name(rc->training.loss_type));
   snprintf(c->lr_scheduler, sizeof c->lr_scheduler, "%s",
            rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant");
   c->data_size = df_feed_num_samples(t->feed);
-  c->batch_size = t->world * rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
-  c->world_size = t->world;
+  c->batch_size = t->dp.world * rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
+  c->world_size = t->dp.world;
   c->block_size = t->draft->block_size, c->num_anchors = rc->training.num_anchors;
-  c->max_length = rc->data.max_length, c->mask_token_id = t->step_opt.mask_token_id;
+  c->max_length = rc->data.max_length, c->mask_token_id = t->settings.mask_token_id;
   c->seed = (int64_t)rc->training.seed, c->horizon = t->sched.horizon;
-  c->loss_decay_gamma = rc->training.loss_decay_gamma, c->dpace_alpha = rc->training.dpace_alpha;
+  c->loss_decay_gamma = rc->training.loss_decay_gamma;
   c->learning_rate = rc->training.learning_rate, c->warmup_ratio = rc->training.warmup_ratio;
   c->max_grad_norm = rc->training.max_grad_norm, c->weight_decay = rc->training.weight_decay;
-  c->dspark_ce_alpha = rc->training.dspark_ce_loss_alpha, c->dspark_l1_alpha = rc->training.dspark_l1_loss_alpha;
-  c->dspark_conf_alpha = rc->training.dspark_confidence_head_alpha;
   c->adam_beta1 = rc->training.adam_beta1, c->adam_beta2 = rc->training.adam_beta2, c->adam_eps = rc->training.adam_eps;
+  // the strategy's own keys, each recorded by name (a key the recipe cannot answer is recorded as absent: "")
+  const char *const *keys = t->strategy->table->keys;
+  for (int i = 0; keys[i] && c->nkeys < DF_CKPT_MAX_STRATEGY_KEYS; i++) {
+    df_ckpt_value *v = &c->keys[c->nkeys++];
+    snprintf(v->key, sizeof v->key, "%s", keys[i]);
+    const char *text = df_strategy_text(&t->values, keys[i], NULL);
+    v->is_text = text != NULL || !t->values.number(t->values.self, keys[i], &v->number);
+    if (v->is_text) snprintf(v->text, sizeof v->text, "%s", text ? text : "");
+  }
 }
 
 // ---- outputs -------------------------------------------------------------------------------------------------
@@ -177,7 +174,7 @@ static df_status write_resolved(df_trainer *t, df_error *err) {
   df_status st = df_recipe_write_resolved(t->recipe, mem, err);
   fclose(mem);
   if (st != DF_OK) return free(text), st;
-  t->recipe_yaml = text;
+  t->rundir.recipe_yaml = text;
   char path[4200];
   snprintf(path, sizeof path, "%.4000s/recipe.resolved.yaml", t->recipe->output_dir);
   return df_write_file_atomic(path, text, len, "check the output directory", err);
@@ -190,7 +187,7 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   int64_t *steps = NULL;
   int n = 0;
-  if (t->rank == 0) DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
+  if (t->dp.rank == 0) DF_TRY(df_ckpt_list(rc->output_dir, &steps, &n, err));
   free(steps);
   char shown[4096];
   df_path_shown(rc->output_dir, shown, sizeof shown);
@@ -201,9 +198,9 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   if (rc->model.draft_checkpoint_path) {
     df_path_shown(rc->model.draft_checkpoint_path, shown, sizeof shown);
     if (t->log) fprintf(t->log, "warm start: weights from %s\n", shown);
-    // MoE: the centering buffers are optional in a warm start (a serving export has none); absent ones start
-    // from the init values (mean 0, steps 0).
-    if (df_draft_model_is_moe(t->model)) DF_TRY(df_draft_model_init(t->model, rc->training.seed, err));
+    // The FFN kind's buffers (MoE centering) are optional in a warm start (a serving export has none); absent ones
+    // start from the init values.
+    if (df_ffn_set_active(&t->ffn)) DF_TRY(df_draft_model_init(t->model, rc->training.seed, err));
     DF_TRY(df_draft_model_load_ex(t->model, rc->model.draft_checkpoint_path, true, err));
   } else {
     DF_TRY(df_draft_model_init(t->model, rc->training.seed, err));
@@ -211,17 +208,17 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   df_dflash_sampler_init(&t->sampler, rc->training.seed);
   memset(&t->prog, 0, sizeof t->prog);
   t->prog.last_lr = 0.0;
-  return t->rank == 0 ? df_metrics_open(&t->metrics, rc->output_dir, 0, err) : DF_OK;
+  return t->dp.rank == 0 ? df_metrics_open(&t->rundir.metrics, rc->output_dir, 0, err) : DF_OK;
 }
 
 // state.h5 into the masters and moments: read in place on a host-addressable device, else through host staging.
 static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *have, df_error *err) {
   float *w = df_draft_model_weights(t->model);
   const int64_t numel = df_params_numel(t->table);
-  if (t->zero) // ZeRO-1 (host memory): the full moments, handed out by df_trainer_dp_share_state
-    return df_ckpt_read(dir, t->table, w, t->zero_full, t->zero_full + numel, have, &t->prog, err);
+  if (t->optim.zero) // ZeRO-1 (host memory): the full moments, handed out by df_trainer_dp_share_state
+    return df_ckpt_read(dir, t->table, w, t->optim.zero_full, t->optim.zero_full + numel, have, &t->prog, err);
   if (df_ctx_host_addressable(t->ctx))
-    return df_ckpt_read(dir, t->table, w, t->exp_avg, t->exp_avg_sq, have, &t->prog, err);
+    return df_ckpt_read(dir, t->table, w, t->optim.exp_avg, t->optim.exp_avg_sq, have, &t->prog, err);
   const int64_t n = df_params_numel(t->table);
   const size_t bytes = sizeof(float) * (size_t)n;
   float *host = malloc(3 * bytes);
@@ -229,8 +226,8 @@ static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *ha
   const df_device dev = df_ctx_device(t->ctx);
   df_status st = df_ckpt_read(dir, t->table, host, host + n, host + 2 * n, have, &t->prog, err);
   if (st == DF_OK) st = df_copy(t->ctx, w, dev, host, DF_DEV_CPU, bytes, err);
-  if (st == DF_OK) st = df_copy(t->ctx, t->exp_avg, dev, host + n, DF_DEV_CPU, bytes, err);
-  if (st == DF_OK) st = df_copy(t->ctx, t->exp_avg_sq, dev, host + 2 * n, DF_DEV_CPU, bytes, err);
+  if (st == DF_OK) st = df_copy(t->ctx, t->optim.exp_avg, dev, host + n, DF_DEV_CPU, bytes, err);
+  if (st == DF_OK) st = df_copy(t->ctx, t->optim.exp_avg_sq, dev, host + 2 * n, DF_DEV_CPU, bytes, err);
   free(host);
   return st;
 }
@@ -240,20 +237,21 @@ static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *ha
 static df_status resume(df_trainer *t, const char *dir, df_error *err) {
   const df_recipe *rc = t->recipe;
   const int64_t numel = df_params_numel(t->table);
-  if (t->zero && !(t->zero_full = malloc(2 * sizeof(float) * (size_t)numel)))
+  if (t->optim.zero && !(t->optim.zero_full = malloc(2 * sizeof(float) * (size_t)numel)))
     return DF_FAIL(err, DF_ERR_NOMEM, "resume", NULL, "out of memory for %lld moments", (long long)(2 * numel));
-  if (t->rank == 0) {
+  if (t->dp.rank == 0) {
     df_ckpt_contract have;
     DF_TRY(read_state(t, dir, &have, err));
     DF_TRY(df_ckpt_check_contract(&t->contract, &have, dir, err));
   }
-  if (t->world > 1) DF_TRY(df_trainer_dp_share_state(t, err));
-  free(t->zero_full);
-  t->zero_full = NULL;
+  if (t->dp.world > 1) DF_TRY(df_trainer_dp_share_state(t, err));
+  free(t->optim.zero_full);
+  t->optim.zero_full = NULL;
   DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
   t->sampler.rng = t->prog.anchor_rng;
-  snprintf(t->last_ckpt, sizeof t->last_ckpt, "%s", dir); // the run's newest checkpoint until it writes one
-  t->last_saved_step = t->prog.step;
+  snprintf(t->rundir.last_ckpt, sizeof t->rundir.last_ckpt, "%s",
+           dir); // the run's newest checkpoint until it writes one
+  t->rundir.last_saved_step = t->prog.step;
   if (t->log) {
     char shown[4096];
     df_path_shown(dir, shown, sizeof shown);
@@ -262,7 +260,7 @@ static df_status resume(df_trainer *t, const char *dir, df_error *err) {
     if (rc->model.draft_checkpoint_path)
       fprintf(t->log, "note: model.draft_checkpoint_path is not read on resume (the checkpoint has the weights)\n");
   }
-  return t->rank == 0 ? df_metrics_open(&t->metrics, rc->output_dir, t->prog.step, err) : DF_OK;
+  return t->dp.rank == 0 ? df_metrics_open(&t->rundir.metrics, rc->output_dir, t->prog.step, err) : DF_OK;
 }
 
 static void print_plan(const df_trainer *t) {
@@ -276,33 +274,33 @@ static void print_plan(const df_trainer *t) {
           "%lld, accumulation %lld\n  schedule %s, lr %g, warmup %lld of %lld steps; stop at step %lld\n",
           from, to, (long long)df_params_param_numel(t->table), df_params_count(t->table),
           (long long)df_feed_num_samples(t->feed), (long long)df_feed_batches_per_epoch(t->feed),
-          (long long)(t->world * rc->training.batch_size), (long long)rc->training.accumulation_steps,
+          (long long)(t->dp.world * rc->training.batch_size), (long long)rc->training.accumulation_steps,
           rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
           (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
   fprintf(t->log, "  device %s (%d CPU threads)\n", df_ctx_backend_name(t->ctx), df_ctx_num_threads(t->ctx));
-  if (t->world > 1)
-    fprintf(t->log, "  data parallel: %d ranks x batch %lld = global batch %lld; %s\n", t->world,
-            (long long)rc->training.batch_size, (long long)(t->world * rc->training.batch_size),
-            t->zero ? "ZeRO-1 (AdamW moments and update sharded, training.fsdp_sharding)"
-                    : "replicated AdamW (training.fsdp_sharding: NO_SHARD)");
+  if (t->dp.world > 1)
+    fprintf(t->log, "  data parallel: %d ranks x batch %lld = global batch %lld; %s\n", t->dp.world,
+            (long long)rc->training.batch_size, (long long)(t->dp.world * rc->training.batch_size),
+            t->optim.zero ? "ZeRO-1 (AdamW moments and update sharded, training.fsdp_sharding)"
+                          : "replicated AdamW (training.fsdp_sharding: NO_SHARD)");
 }
 
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err) {
   memset(t, 0, sizeof *t);
   t->opt = opt, t->log = opt->log;
-  t->comm = opt->comm, t->rank = opt->comm ? df_comm_rank(opt->comm) : 0;
-  t->world = opt->comm ? df_comm_size(opt->comm) : 1;
-  if (t->rank != 0) t->log = NULL; // rank 0 speaks for the job
-  t->last_saved_step = -1;
+  t->dp.comm = opt->comm, t->dp.rank = opt->comm ? df_comm_rank(opt->comm) : 0;
+  t->dp.world = opt->comm ? df_comm_size(opt->comm) : 1;
+  if (t->dp.rank != 0) t->log = NULL; // rank 0 speaks for the job
+  t->rundir.last_saved_step = -1;
   df_run_plan_options po = {.recipe_path = opt->recipe_path,
                             .overrides = opt->overrides,
                             .n_overrides = opt->n_overrides,
                             .resume = opt->resume,
                             .overwrite = opt->overwrite,
                             .log = t->log};
-  DF_TRY(df_run_plan_make(&po, &t->recipe, &t->plan, err)); // fresh or resume, and the recipe it runs with
+  DF_TRY(df_run_plan_make(&po, &t->recipe, &t->rundir.plan, err)); // fresh or resume, and the recipe it runs with
   // Every rank has decided from the directory as it was before rank 0 (the only writer) touches it.
-  if (t->world > 1) DF_TRY(df_comm_barrier(t->comm, err));
+  if (t->dp.world > 1) DF_TRY(df_comm_barrier(t->dp.comm, err));
   DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
   DF_TRY(df_trainer_dp_check(t, err));
@@ -310,16 +308,16 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   DF_TRY(plan_schedule(t, err));
   DF_TRY(alloc_optimizer(t, err));
   fill_contract(t);
-  if (t->rank == 0) {
+  if (t->dp.rank == 0) {
     DF_TRY(df_mkdirs(t->recipe->output_dir, "check output_dir and its permissions", err));
-    DF_TRY(df_run_plan_apply(&t->plan, t->recipe, t->log, err)); // --overwrite
+    DF_TRY(df_run_plan_apply(&t->rundir.plan, t->recipe, t->log, err)); // --overwrite
     char ckdir[4200];
     snprintf(ckdir, sizeof ckdir, "%.4000s/" DF_CKPT_DIR, t->recipe->output_dir);
     df_ckpt_remove_stale(ckdir, t->log);
   }
-  DF_TRY(t->plan.resume ? resume(t, t->plan.from.ckpt, err) : fresh_start(t, err));
-  if (t->rank == 0) DF_TRY(write_resolved(t, err));
-  if (t->rank == 0) DF_TRY(df_trainer_observe_open(t, err));
+  DF_TRY(t->rundir.plan.resume ? resume(t, t->rundir.plan.from.ckpt, err) : fresh_start(t, err));
+  if (t->dp.rank == 0) DF_TRY(write_resolved(t, err));
+  if (t->dp.rank == 0) DF_TRY(df_trainer_observe_open(t, err));
   t->start_step = t->prog.step;
   print_plan(t);
   return DF_OK;
@@ -327,21 +325,22 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
 
 void df_trainer_teardown(df_trainer *t) {
   free(t->win_samples);
-  df_metrics_close(&t->metrics);
+  df_metrics_close(&t->rundir.metrics);
   df_trainer_observe_close(t); // after the close: the tracker forwards metrics.jsonl to its end
   df_feed_close(t->feed);
   df_batch_source_close(t->eval_src);
   df_online_target_free(t->online); // after every source on it
-  df_stage_free(t->stage);
+  df_strategy_close(t->strategy);
   if (t->ctx) {
-    df_buffer_free(t->ctx, t->exp_avg), df_buffer_free(t->ctx, t->exp_avg_sq), df_buffer_free(t->ctx, t->mask);
-    df_buffer_free(t->ctx, t->stats_buf), df_host_free(t->ctx, t->stats_host);
+    df_buffer_free(t->ctx, t->optim.exp_avg), df_buffer_free(t->ctx, t->optim.exp_avg_sq),
+        df_buffer_free(t->ctx, t->optim.mask);
+    df_buffer_free(t->ctx, t->stats.buf), df_host_free(t->ctx, t->stats.host);
   }
-  free(t->zero_buf), free(t->zero_full);
+  free(t->optim.zero_buf), free(t->optim.zero_full);
   df_draft_model_free(t->model);
   df_run_resources_free(&t->res);
   df_ctx_destroy(t->ctx);
   df_recipe_free(t->recipe);
-  free(t->recipe_yaml);
+  free(t->rundir.recipe_yaml);
   memset(t, 0, sizeof *t);
 }

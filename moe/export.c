@@ -1,12 +1,13 @@
-// The MoE part of the HF export (train/export/export.h; moe.md §4.5, §6.11, §9): the folded draft config, the serving
-// fields and class names of config.json, and the fold of router centering into an fp32 logit bias gate.bias = b − W·μ.
+// The MoE kind's part of the HF export (moe.md §4.5, §6.11, §9; reached through modeling/ffn.h's export hooks): the
+// folded draft config, the serving fields and class of config.json, and the fold of router centering into an fp32
+// logit bias gate.bias = b − W·μ.
+#include "moe/export.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "moe/config.h"
 #include "moe/params.h"
-#include "train/export/export.h"
 
 // Router centering is folded into the logit bias, so the export routes with a bias and without centering.
 static bool folds(const df_moe_config *m) { return m->router_center != DF_MOE_CENTER_NONE; }
@@ -30,7 +31,7 @@ df_status df_export_moe_draft_json(const json_t *src, const df_moe_config *m, js
   return DF_OK;
 }
 
-df_status df_export_moe_config_updates(json_t *cfg, const df_moe_config *m, bool dspark, df_error *err) {
+df_status df_export_moe_config_updates(json_t *cfg, const df_moe_config *m, const char *serving_class, df_error *err) {
   if (!m) return DF_OK;
   json_t *fields = NULL;
   DF_TRY(df_moe_serving_fields(m, &fields, err)); // the qwen layout refuses what its block cannot run, too
@@ -40,7 +41,7 @@ df_status df_export_moe_config_updates(json_t *cfg, const df_moe_config *m, bool
     drop_centering(cfg);
   else
     json_object_set_new(cfg, "moe_router_bias", json_boolean(m->moe_router_bias));
-  json_object_set_new(cfg, "architectures", json_pack("[s]", dspark ? "Qwen3MoeDSparkModel" : "DFlashMoEDraftModel"));
+  json_object_set_new(cfg, "architectures", json_pack("[s]", serving_class));
   return DF_OK;
 }
 

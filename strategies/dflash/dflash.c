@@ -1,6 +1,6 @@
 // DFlash anchors, block construction and the chunked objective (docs/dflash-step.md §2, §3, §5). D-PACE's
 // detached weights are in dpace.c.
-#include "strategies/dflash.h"
+#include "strategies/dflash/dflash.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,10 +1,10 @@
 // The DSpark training strategy for one micro-batch (docs/dflash-step.md §6; shared/reference/dflash-dspark.md
-// §2.1, §3.3). DSpark shares DFlash's anchors, block inputs, positions and masks (strategies/dflash.h) and
+// §2.1, §3.3). DSpark shares DFlash's anchors, block inputs, positions and masks (strategies/dflash/dflash.h) and
 // differs in its labels (next token, prefix-valid), its heads (modeling/dspark_heads.h) and its objective:
 // CE + L1 against the target's distribution + the confidence BCE, all inside one chunked LM-head pass
 // (df_lmhead_dspark).
-#ifndef DF_STRATEGIES_DSPARK_H
-#define DF_STRATEGIES_DSPARK_H
+#ifndef DF_STRATEGIES_DSPARK_DSPARK_H
+#define DF_STRATEGIES_DSPARK_DSPARK_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -12,7 +12,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "modeling/dspark_heads.h"
-#include "strategies/dflash.h"
+#include "strategies/dflash/dflash.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -88,7 +88,8 @@ typedef struct {
 } df_dspark_terms;
 df_dspark_terms df_dspark_objective_terms(const df_dspark_loss_options *opt, const df_dspark_heads *heads);
 
-// The objective's per-row inputs as views on the context's device (train/step/stage.c uploads them with the batch).
+// The objective's per-row inputs as views on the context's device (strategies/dflash/stage.c uploads them with the
+// batch).
 typedef struct {
   int64_t B, N, bs;      // rows R = B·N·bs, ordered (b, n, k)
   df_tensor labels;      // [R] i32

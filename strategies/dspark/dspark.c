@@ -1,6 +1,6 @@
 // DSpark labels (next token, prefix-valid) and the objective through the heads and the fused LM-head op
 // (docs/dflash-step.md §6; SpecForge's OnlineDSparkModel in specforge/algorithms/common/dflash_family_model.py).
-#include "strategies/dspark.h"
+#include "strategies/dspark/dspark.h"
 
 #include <math.h>
 #include <stdlib.h>

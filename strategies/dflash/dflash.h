@@ -1,7 +1,7 @@
 // The DFlash training strategy for one micro-batch (docs/dflash-step.md §2, §3, §5): anchor sampling, block
 // inputs, positions, labels and weights, and the chunked objective (DFlash CE or D-PACE) with its metrics.
-#ifndef DF_STRATEGIES_DFLASH_H
-#define DF_STRATEGIES_DFLASH_H
+#ifndef DF_STRATEGIES_DFLASH_DFLASH_H
+#define DF_STRATEGIES_DFLASH_DFLASH_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -81,6 +81,7 @@ typedef enum {
 } df_dflash_loss_type;
 
 const char *df_dflash_loss_type_name(df_dflash_loss_type t); // the recipe spelling
+bool df_dflash_loss_type_parse(const char *s, df_dflash_loss_type *out);
 bool df_dflash_loss_type_is_dpace(df_dflash_loss_type t);
 // The df_dpace_weights mode of a loss type (DF_DPACE_ONE for dflash).
 df_dpace_mode df_dflash_dpace_mode(df_dflash_loss_type t);
@@ -118,7 +119,8 @@ df_status df_dflash_objective(df_ctx *ctx, const df_dflash_loss_options *opt, co
 
 // ---- the objective on the device -----------------------------------------------------------------------------
 
-// The objective's per-row inputs, as views on the context's device (train/step/stage.c uploads them with the batch).
+// The objective's per-row inputs, as views on the context's device (strategies/dflash/stage.c uploads them with the
+// batch).
 typedef struct {
   int64_t B, N, bs;   // rows R = B·N·bs, ordered (b, n, k)
   df_tensor labels;   // [R] i32, −1: no target
