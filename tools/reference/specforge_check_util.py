@@ -106,11 +106,11 @@ def report(rows: List[Tuple[str, str, float, float, str]], limits: Dict[str, flo
     """Prints one line per (case, mode) with the worst metric and gradient differences; returns the exit code:
     1 when a mode's difference exceeds its limit."""
     bad = 0
-    print(f"{'case':30s} {'mode':6s} {'metrics rel':>12s} {'grads rel':>12s}  worst gradient")
+    print(f"{'case':40s} {'mode':6s} {'metrics rel':>12s} {'grads rel':>12s}  worst gradient")
     for case, mode, m, g, where in rows:
         flag = "" if max(m, g) <= limits[mode] else "  <-- over the limit"
         bad |= bool(flag)
-        print(f"{case:30s} {mode:6s} {m:12.2e} {g:12.2e}  {where}{flag}")
+        print(f"{case:40s} {mode:6s} {m:12.2e} {g:12.2e}  {where}{flag}")
     for mode, lim in limits.items():
         ms = [max(r[2], r[3]) for r in rows if r[1] == mode]
         if ms:
