@@ -182,7 +182,8 @@ def main() -> int:
         for recipe in sorted(glob.glob(os.path.join(os.path.abspath(a.fixtures), "*", "recipe.yaml"))):
             name = os.path.basename(os.path.dirname(recipe))
             if a.flex:
-                rows.append((name + " (flex, forward)", "as-is") + check_case(recipe, "as-is", backend="flex_attention"))
+                rows.append((name + " (flex, forward)", "as-is")
+                            + check_case(recipe, "as-is", backend="flex_attention"))
                 continue
             for mode in LIMITS:
                 rows.append((name, mode) + check_case(recipe, mode))

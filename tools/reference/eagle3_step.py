@@ -6,8 +6,8 @@
 Runs under /usr/bin/python3 (torch 1.13, numpy, h5py) and under the venv python (torch 2.x).
 
 --dump writes DIR/grads.safetensors (F32 gradient of the step's loss, Σ_i 0.8^i · loss_i over the TTT steps, for
-every trainable parameter), DIR/step.json (the loss and, per TTT step, the KL loss, the step's loss (the LK loss when one is set),
-accuracy counts and the expected acceptance), DIR/batch.json (sample order, lengths, S) and DIR/vocab.safetensors
+every trainable parameter), DIR/step.json (the loss and, per TTT step, the KL loss, the step's loss (the LK loss
+when one is set), accuracy counts and the expected acceptance), DIR/batch.json (sample order, lengths, S) and DIR/vocab.safetensors
 (the d2t / t2d the step used).
 
 What it follows (SpecForge a6b6b023, every fact located in docs/eagle3-step.md): the offline EAGLE-3 path
@@ -87,7 +87,8 @@ def load_recipe(path: str) -> Eagle3Recipe:
     aux = model.get("aux_hidden_state_layer_ids")
     r = Eagle3Recipe(
         path=os.path.abspath(path), target_model_path=rel(model["target_model_path"]),
-        draft_model_config=rel(model["draft_model_config"]), draft_checkpoint_path=rel(model.get("draft_checkpoint_path")),
+        draft_model_config=rel(model["draft_model_config"]),
+        draft_checkpoint_path=rel(model.get("draft_checkpoint_path")),
         embedding_key=str(model.get("embedding_key") or "model.embed_tokens.weight"),
         lm_head_key=str(model.get("lm_head_key") or "lm_head.weight"),
         load_target_embedding=bool(model.get("load_target_embedding", True)),
@@ -145,7 +146,8 @@ def load_draft_config(path: str) -> Eagle3Config:
         num_kv_heads=int(c.get("num_key_value_heads") or nh), head_dim=int(c.get("head_dim") or H // nh),
         intermediate_size=int(c["intermediate_size"]), rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
         rope_theta=dio._rope_theta(c), initializer_range=float(c.get("initializer_range", 0.02)),
-        vocab_size=int(c["vocab_size"]), draft_vocab_size=int(c["draft_vocab_size"]), fc_norm=bool(c.get("fc_norm", False)),
+        vocab_size=int(c["vocab_size"]), draft_vocab_size=int(c["draft_vocab_size"]),
+        fc_norm=bool(c.get("fc_norm", False)),
         norm_output=bool(c.get("norm_output", True)), aux_layer_ids=None if aux is None else [int(i) for i in aux])
     if cfg.num_heads % cfg.num_kv_heads or cfg.head_dim % 2 or not 0 < cfg.draft_vocab_size <= cfg.vocab_size:
         raise ValueError(f"{path}: heads must divide by KV heads, head_dim be even, 0 < draft_vocab_size <= vocab_size")
@@ -336,8 +338,8 @@ def midlayer(P: Params, cfg: Eagle3Config, emb: torch.Tensor, h_in: torch.Tensor
     out = F.linear(out.transpose(1, 2).reshape(B, S, -1), P["midlayer.self_attn.o_proj.weight"])
     h = h_in + out
     y = rms_norm(h, P["midlayer.post_attention_layernorm.weight"], eps)
-    mlp = F.linear(F.silu(F.linear(y, P["midlayer.mlp.gate_proj.weight"])) * F.linear(y, P["midlayer.mlp.up_proj.weight"]),
-                   P["midlayer.mlp.down_proj.weight"])
+    gate, up = F.linear(y, P["midlayer.mlp.gate_proj.weight"]), F.linear(y, P["midlayer.mlp.up_proj.weight"])
+    mlp = F.linear(F.silu(gate) * up, P["midlayer.mlp.down_proj.weight"])
     return h + mlp
 
 
@@ -380,8 +382,8 @@ def prepare(recipe: Eagle3Recipe) -> Prepared:
     ids = resolve_aux_layer_ids(recipe, cfg)
     ds = hidden_states.Dataset(recipe.hidden_states_path)
     if list(ds.target_layer_ids) != ids or ds.hidden_size != cfg.target_hidden_size:
-        raise ValueError(f"{recipe.hidden_states_path}: layers {list(ds.target_layer_ids)} / hidden {ds.hidden_size} do "
-                         f"not match the EAGLE-3 aux layers {ids} / target_hidden_size {cfg.target_hidden_size}")
+        raise ValueError(f"{recipe.hidden_states_path}: layers {list(ds.target_layer_ids)} / hidden {ds.hidden_size} "
+                         f"do not match the EAGLE-3 aux layers {ids} / target_hidden_size {cfg.target_hidden_size}")
     embed, head = dio.load_target_pieces(recipe.target_model_path, recipe.embedding_key, recipe.lm_head_key)
     if embed.shape[0] != cfg.vocab_size:
         raise ValueError(f"target vocabulary {embed.shape[0]} != the draft's vocab_size {cfg.vocab_size}")

@@ -204,7 +204,8 @@ def write_generate(out: str) -> List[Dict[str, Any]]:
         tensors[g["name"] + ".context"] = ctx
         tensors[g["name"] + ".draft_hidden"] = hidden[0].numpy().astype(np.float32)
         rows.append({"name": g["name"], "draft_model_config": sf.fixture(NAME, g["config"]),
-                     "draft_checkpoint_path": sf.fixture(NAME, g["warm"]), "target_model_path": sf.fixture(NAME, "target"),
+                     "draft_checkpoint_path": sf.fixture(NAME, g["warm"]),
+                     "target_model_path": sf.fixture(NAME, "target"),
                      "context_tensor": g["name"] + ".context", "context_length": g["context"], "first_token": first,
                      "block_positions": [g["context"], g["context"] + cfg.block_size - 1],
                      "proposal": domino_ids, "dflash_argmax_proposal": dflash_ids,
@@ -274,15 +275,16 @@ hand:
 - `data/shard_000.h5`: 6 float32 samples (K = 2 layers [1, 2], H = 64) with the DFlash fixtures' lengths and
   loss masks; half the tokens are f, so accuracy and acceptance runs are not all zero.
 - Draft configs (`configs/tiny-dflash.json` made a `DominoDraftModel`: `dflash_config` adds `projector_type`,
-  `pure_draft_prefix_len`, `emb_dim` 16, `gru_hidden_dim` 24, `shift_label`): `domino-shift.json` (2 layers, layer 0
-  sliding, block 4, shift_label true, pure_draft_prefix_len 1 as SpecForge's Qwen3 configs; intermediate 64 in all), `domino-shift-full.json`
-  (1 full layer, block 6), `domino-noshift.json` (1 full layer, block 5, shift_label false), `domino-pdpl0.json`
+  `pure_draft_prefix_len`, `emb_dim` 16, `gru_hidden_dim` 24, `shift_label`; intermediate 64 in all):
+  `domino-shift.json` (2 layers, layer 0 sliding, block 4, shift_label true, pure_draft_prefix_len 1 as SpecForge's
+  Qwen3 configs), `domino-shift-full.json` (1 full layer, block 6), `domino-noshift.json` (1 full layer, block 5, shift_label false), `domino-pdpl0.json`
   (1 full layer, pure_draft_prefix_len 0, initializer_range 0.2).
 - Warm starts `ckpt_shift/`, `ckpt_shift_full/`, `ckpt_noshift_legacy/` (head saved as SpecForge's legacy
   `logit_head.prefix_gru.*` / `logit_head.embed_proj.*`): backbone N(0, 0.05), norms 1 + N(0, 0.1), GRU and
   `embed_proj.0` N(0, 0.2), `embed_proj.2` N(0, 0.5) (`ckpt_shift`) or N(0, 2) (the other two, whose
   correction often overrides the base argmax). Head keys: `prefix_gru.weight_ih_l0` [3G, H],
-  `prefix_gru.weight_hh_l0` [3G, G] (row blocks r, z, n), `embed_proj.0.weight` [E, H + G], `embed_proj.2.weight` [V, E].
+  `prefix_gru.weight_hh_l0` [3G, G] (row blocks r, z, n), `embed_proj.0.weight` [E, H + G],
+  `embed_proj.2.weight` [V, E].
 
 ## Cases
 
@@ -303,8 +305,8 @@ README_GENERATE = """
 and the expected greedy proposals; `generate/context.safetensors` holds each case's context features `NAME.context`
 [1, P, K·H] (the target features of positions 0 .. P−1) and the draft's final-normed block states `NAME.draft_hidden`
 [bs, H] (for debugging). The block [first_token, MASK × (bs − 1)] sits at positions P .. P+bs−1 and sees the whole
-context and itself; `proposal` fills slots 1 .. bs−1 one at a time as SpecForge's `DominoDraftModel._sample_draft_tokens`
-(greedy, the GRU reading the block as filled so far); `dflash_argmax_proposal` is the one-shot argmax of the base
+context and itself; `proposal` fills slots 1 .. bs−1 one at a time as SpecForge's
+`DominoDraftModel._sample_draft_tokens` (greedy, the GRU reading the block as filled so far); `dflash_argmax_proposal` is the one-shot argmax of the base
 logits of slots 1 .. bs−1 (what a DFlash draft with these weights would propose), for contrast.
 
 | case | P | first token | proposal | base-only argmax |

@@ -307,8 +307,8 @@ in the last ulp); the committed tree comes from /usr/bin/python3, the CI's torch
 
 Each `CASE/` holds `recipe.yaml` and `expected/`: `grads.safetensors` (F32 gradient of the step loss Σ_i 0.8^i · loss_i
 for every trainable parameter: the embedding is frozen), `step.json` (the loss; per TTT step `kl_loss`, `step_loss`
-(the LK loss when one is set, else the KL), `acc_correct` / `acc_denom` / `acc`, `acceptance_rate`, `log_acceptance_rate`,
-`position_mask_sum`; the settings), `vocab.safetensors` (the d2t I64 / t2d U8 the step used) and `batch.json` (sample
+(the LK loss when one is set, else the KL), `acc_correct` / `acc_denom` / `acc`, `acceptance_rate`,
+`log_acceptance_rate`, `position_mask_sum`; the settings), `vocab.safetensors` (the d2t I64 / t2d U8 the step used) and `batch.json` (sample
 order, lengths, S, vocabulary padding tokens).
 
 | case | loss | kl per step | acc per step | acceptance per step | covers |

@@ -69,7 +69,8 @@ def test_set_order_emulation_equals_python_sets():
         D = rng.choice([1, 4, 8, 10, 16, 33, 64, 100, 257, 1000])
         if rng.random() < 0.5:  # most of range(D) present, a few missing, plus ids >= D
             miss = set(rng.sample(range(D), rng.randint(1, min(D, 12))))
-            counted = [t for t in range(D) if t not in miss] + [D + rng.randrange(3 * D) for _ in range(rng.randint(0, 9))]
+            extra = [D + rng.randrange(3 * D) for _ in range(rng.randint(0, 9))]
+            counted = [t for t in range(D) if t not in miss] + extra
         else:
             counted = [rng.randrange(3 * D) for _ in range(rng.randint(0, D))]
         assert vocab.missing_fill_order(counted, D) == list(set(range(D)) - set(counted)), (D, sorted(set(counted)))
