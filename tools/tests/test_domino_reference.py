@@ -310,3 +310,14 @@ def test_generator_reproduces_the_committed_tree(tmp_path):
     out = str(tmp_path / "domino_step")
     make_domino_fixtures.generate(out)
     assert_tree_close(out, FIXTURES)
+
+
+def test_specforge_cross_check():
+    """SpecForge's own Domino modules on every case (venv only: needs transformers and SpecForge installed)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("specforge")
+    import subprocess
+
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "reference", "domino_specforge_check.py")],
+                       capture_output=True, text=True, env=dict(os.environ, TORCH_COMPILE_DISABLE="1"))
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -320,3 +320,15 @@ def test_generator_reproduces_the_committed_tree(tmp_path):
     out = str(tmp_path / "eagle3_step")
     make_eagle3_fixtures.generate(out)
     assert_tree_close(out, FIXTURES)
+
+
+def test_specforge_cross_check():
+    """SpecForge's own EAGLE-3 modules and vocabulary functions on every case (venv only: needs transformers, triton
+    and SpecForge installed)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("specforge")
+    import subprocess
+
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "reference", "eagle3_specforge_check.py")],
+                       capture_output=True, text=True, env=dict(os.environ, TORCH_COMPILE_DISABLE="1"))
+    assert p.returncode == 0, p.stdout + p.stderr
