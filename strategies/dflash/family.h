@@ -40,6 +40,8 @@ void df_block_close(df_block_run *b);
 df_status df_block_micro(df_block_run *b, const df_micro_args *args, df_micro_info *info, df_error *err);
 // The frozen LM head as a tensor on the run's device.
 df_tensor df_block_head(const df_block_run *b);
+// The first index of a row's largest logit (torch.argmax's tie rule): a greedy proposal.
+int32_t df_block_argmax(const float *z, int64_t V);
 
 #ifdef __cplusplus
 }
