@@ -194,8 +194,14 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "objective_chunk_blocks", DF_RT_INT, .def = "128", GE(0), USED),
     K("training", "loss_type", DF_RT_ENUM, .def = "dflash", .choices = LOSS_TYPES, USED),
     K("training", "dpace_alpha", DF_RT_FLOAT, .def = "0.5", GE(0), LE(1), USED),
-    K("training", "lambda_base_start", DF_RT_FLOAT, .def = "1.0", INERT(OTHER_ALGO)),
-    K("training", "lambda_base_decay_ratio", DF_RT_FLOAT, .def = "0.5", INERT(OTHER_ALGO)),
+    K("training", "lambda_base_start", DF_RT_FLOAT, .def = "1.0", USED,
+      .note = "Domino: the base-CE weight lambda_base at step 0 (clamped to [0, 1]); other strategies do not read it"),
+    K("training", "lambda_base_decay_ratio", DF_RT_FLOAT, .def = "0.5", GE(0), USED,
+      .note = "Domino: lambda_base falls linearly to 0 over the first int(horizon x ratio) optimizer steps (horizon: "
+              "total_steps, else max_steps, else what the data gives)"),
+    K("training", "global_step", DF_RT_INT, .def = "0", GE(0), USED,
+      .note = EXT ", draftforge step only: optimizer steps already taken when the dumped micro-step runs (sets a "
+                  "step-dependent objective such as Domino's lambda_base); train and eval count the run's own steps"),
     K("training", "dspark_ce_loss_alpha", DF_RT_FLOAT, .def = "0.1", GE(0), USED),
     K("training", "dspark_l1_loss_alpha", DF_RT_FLOAT, .def = "0.9", GE(0), USED),
     K("training", "dspark_confidence_head_alpha", DF_RT_FLOAT, .def = "1.0", GE(0), USED),
