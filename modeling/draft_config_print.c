@@ -87,7 +87,7 @@ static void print_dflash(const df_draft_config *cfg, FILE *fp) {
     fprintf(fp, ROW "%lld\n", "dflash.gru_hidden_dim", (long long)d->gru_hidden_dim);
     fprintf(fp, ROW "%lld\n", "dflash.pure_draft_prefix_len", (long long)d->pure_draft_prefix_len);
     fprintf(fp, ROW "%s\n", "dflash.shift_label", d->shift_label ? "true (next-token labels)" : "false");
-    fprintf(fp, ROW "%lld\n", "dflash.suffix_start (first corrected slot)",
+    fprintf(fp, ROW "%lld (the first corrected slot)\n", "dflash.suffix_start",
             (long long)(d->shift_label ? d->pure_draft_prefix_len : 1 + d->pure_draft_prefix_len));
   }
   if (cfg->kind != DF_DRAFT_DSPARK) return;
