@@ -2,7 +2,7 @@
 // dflash-dspark.md §6.1) as one table: every key SpecForge accepts, with whether draftforge uses it, accepts it
 // without effect (inert: listed once at start-up), or refuses it (only its default passes). Growing draftforge
 // means flipping rows from DEFAULT_ONLY to USED and adding rows for new keys; the parser itself does not change.
-// Whole features a recipe may ask for (online capture, EAGLE-3, Domino, disaggregated deployment) are refused
+// Whole features a recipe may ask for (EAGLE-3, P-EAGLE, a disaggregated deployment) are refused
 // earlier, with one line each, by train/recipe/recipe_features.c.
 #include "train/recipe/recipe_schema.h"
 
