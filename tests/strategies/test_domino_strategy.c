@@ -1,7 +1,8 @@
 // Domino strategy: labels, head tokens, corrected slots and decayed weights on hand-built blocks for both label
 // alignments (no prefix product); lambda_base against SpecForge's linear_lambda_base on the fixtures' schedules; the
 // proposals of the propose hook against SpecForge's _sample_draft_tokens (tests/fixtures/domino_step/generate/, via
-// the float64 reference); loss_type refused; the export name; and the registry row.
+// the float64 reference); loss_type refused; the export name; the registry row; strict loading of the head (a
+// checkpoint of another width or without the head is refused naming the tensor).
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
@@ -230,4 +231,31 @@ Test(domino_strategy, registry_row_export_name_and_loss_type) {
   df_draft_model_free(m);
   df_ctx_destroy(ctx);
   df_draft_config_free(cfg);
+}
+
+// ---- strict loading of the head ------------------------------------------------------------------------------------
+
+Test(domino_strategy, a_checkpoint_of_another_head_is_refused_naming_the_tensor) {
+  df_error err = {0};
+  json_t *c = json_load_file(DOMINO_DIR "/domino-shift.json", 0, NULL);
+  cr_assert_not_null(c);
+  json_object_set_new(json_object_get(c, "dflash_config"), "gru_hidden_dim", json_integer(32)); // the ckpt has 24
+  char *text = json_dumps(c, JSON_COMPACT);
+  const df_draft_config *cfg;
+  DF_ASSERT_OK(df_draft_config_from_json(text, strlen(text), "g32.json", &cfg, &err), &err);
+  free(text), json_decref(c);
+  df_ctx *ctx = df_test_cpu_ctx(1);
+  df_draft_model *m;
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
+  cr_expect_neq(df_draft_model_load(m, DOMINO_DIR "/ckpt_shift", &err), DF_OK);
+  cr_expect(strstr(err.where, "prefix_gru.") || strstr(err.msg, "prefix_gru."), "%s [%s]", err.msg, err.where);
+  df_draft_model_free(m);
+  df_draft_config_free(cfg);
+  // a DFlash draft's checkpoint has no head: a Domino draft refuses it
+  DF_ASSERT_OK(df_draft_config_from_file(DOMINO_DIR "/domino-shift.json", &cfg, &err), &err);
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
+  cr_expect_neq(df_draft_model_load(m, DF_FIXTURE_DIR "/dflash_step/draft_ckpt", &err), DF_OK);
+  df_draft_model_free(m);
+  df_draft_config_free(cfg);
+  df_ctx_destroy(ctx);
 }
