@@ -58,7 +58,13 @@
   OP(MOE_CENTER_EMA, moe_center_ema)                                                                                   \
   OP(MOE_NOAUX_UPDATE, moe_noaux_update)                                                                               \
   OP(MOE_GROUPED_FORWARD, moe_grouped_forward)                                                                         \
-  OP(MOE_GROUPED_BACKWARD, moe_grouped_backward)
+  OP(MOE_GROUPED_BACKWARD, moe_grouped_backward)                                                                       \
+  OP(GRU_FORWARD, gru_forward)                                                                                         \
+  OP(GRU_BACKWARD, gru_backward)                                                                                       \
+  OP(MASKED_SILU_FORWARD, masked_silu_forward)                                                                         \
+  OP(MASKED_SILU_BACKWARD, masked_silu_backward)                                                                       \
+  OP(LMHEAD_DOMINO, lmhead_domino)                                                                                     \
+  OP(DOMINO_BLOCK_METRICS, domino_block_metrics)
 
 #define OP_NAME(id, field) [DF_OP_##id] = #field,
 static const char *const op_names[DF_OP_COUNT] = {DF_OPS(OP_NAME)};

@@ -24,7 +24,7 @@ typedef struct {
 } feature_row;
 
 static const char EAGLE_INSTEAD[] = "train it with SpecForge (specforge train), or train a DFlash or DSpark draft "
-                                    "here (training.strategy: dflash | dspark)";
+                                    "here (training.strategy: dflash | dspark | domino)";
 static const char OFFLINE_INSTEAD[] = "capture the target's hidden states first (draftforge capture, or SpecForge's "
                                       "offline capture converted with tools/import_specforge.py) and set "
                                       "data.hidden_states_path";
