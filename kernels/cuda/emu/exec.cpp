@@ -1,0 +1,615 @@
+// The block executor of the CUDA emulator. A launch runs its whole grid; blocks are spread over the OpenMP threads
+// (each block on one CPU thread from start to end, so results never depend on the thread count). Inside a block,
+// every CUDA thread is a coroutine, run lazily: threads run one after another on the current stack, and only a
+// thread that blocks (at __syncthreads or a warp collective) keeps that stack as its own fiber while the block goes
+// on on a fresh pooled stack, so kernels that never block cost no switch at all. A barrier or collective completes
+// when every thread (lane) it names has arrived; the checks say which kernel, launch, block and thread broke which
+// rule: threads that exit before a barrier others wait at, threads at different barriers, lanes at different warp
+// operations, masks naming exited, absent or missing lanes, WMMA by part of a warp, shared memory over the limits.
+#include <cuda_bf16.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <vector>
+
+#include "kernels/cuda/emu/fiber.h"
+#include "kernels/cuda/emu/internal.h"
+
+namespace df_emu {
+
+__thread thread_coords tls;
+
+namespace {
+
+enum : uint8_t { T_RUNNING = 1, T_RUNNABLE, T_WAITING, T_DONE };
+enum : uint8_t { W_BARRIER = 1, W_WARP };
+enum { K_SYNCWARP = 20, K_MMA = 21 };
+
+const size_t kStack = 256 * 1024, kPage = 4096, kArena = 64 * 1024;
+const unsigned kFull = 0xffffffffu;
+
+struct ethread {
+  fiber_ctx ctx;
+  uint8_t state, wait;
+  int wkind;
+  const char *wfile;
+  int wline;
+  uint32_t wmma_ops; // WMMA steps made (all lanes of a warp must make the same ones)
+  const char *wmma_file;
+  int wmma_line;
+  uint64_t wres; // this lane's result of the last warp collective
+};
+
+struct ewarp {
+  unsigned arrived, mask, exited, valid;
+  int kind;
+  const char *file;
+  int line;
+  uint32_t wmma_ref;
+  uint64_t val[32];
+  int arg[32], width[32];
+  void *mma[32][4];
+};
+
+struct shared_site {
+  uint64_t key;
+  void *p;
+  size_t bytes;
+};
+
+struct block_exec {
+  const launch_rec *L;
+  uint3 bid, bdim;
+  int n, nwarps;
+  ethread th[1024];
+  ewarp warps[32];
+  int next_fresh, ndone, running;
+  int rq[1024], rq_head, rq_count; // runnable threads, oldest first
+  int bar_arrived;
+  const char *bar_file;
+  int bar_line;
+  fiber_ctx *idle[1100]; // suspended scheduler loops on spare stacks
+  int nidle;
+  fiber_ctx *root_ctx; // the loop on the worker's own stack, when suspended
+  bool root_idle;
+  std::vector<char *> stacks_free, stacks_used;
+  char *dyn_region, *dyn; // dynamic shared memory, ending at a guard page
+  char *arena;            // static shared memory
+  size_t stat_used;
+  shared_site sites[64];
+  int nsites;
+  uint64_t switches;
+};
+
+__thread block_exec *g_exec; // this CPU thread's executor
+__thread block_exec *g_cur;  // set while it runs a block
+
+const char *kind_name(int k) {
+  switch (k) {
+  case SHFL_IDX: return "__shfl_sync";
+  case SHFL_UP: return "__shfl_up_sync";
+  case SHFL_DOWN: return "__shfl_down_sync";
+  case SHFL_XOR: return "__shfl_xor_sync";
+  case VOTE_BALLOT: return "__ballot_sync";
+  case VOTE_ANY: return "__any_sync";
+  case VOTE_ALL: return "__all_sync";
+  case K_SYNCWARP: return "__syncwarp";
+  case K_MMA: return "wmma::mma_sync";
+  default: return "warp operation";
+  }
+}
+
+bool same_site(const char *fa, int la, const char *fb, int lb) {
+  return la == lb && (fa == fb || (fa && fb && !strcmp(fa, fb)));
+}
+
+void tid_of(const block_exec *b, int i, unsigned *x, unsigned *y, unsigned *z) {
+  *x = i % b->bdim.x, *y = i / b->bdim.x % b->bdim.y, *z = i / (b->bdim.x * b->bdim.y);
+}
+
+// "kernel K launched at F:L, block (x, y, z), thread (x, y, z)".
+void where(const block_exec *b, int i, char *out, size_t n) {
+  unsigned x, y, z;
+  tid_of(b, i, &x, &y, &z);
+  snprintf(out, n,
+           "kernel %s launched at %s:%d, block (%u, %u, %u) of (%u, %u, %u), thread (%u, %u, %u) (warp %d, lane "
+           "%d)",
+           b->L->k.name, b->L->k.file, b->L->k.line, b->bid.x, b->bid.y, b->bid.z, b->L->grid.x, b->L->grid.y,
+           b->L->grid.z, x, y, z, i / 32, i % 32);
+}
+
+[[noreturn]] __attribute__((format(printf, 3, 4))) void kfatal(const block_exec *b, const char *hint, const char *fmt,
+                                                               ...) {
+  char w[700], msg[2000];
+  where(b, b->running, w, sizeof w);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fatal(hint, "%s:\n  %s", w, msg);
+}
+
+block_exec *cur(const char *what) {
+  block_exec *b = g_cur;
+  if (!b) fatal(NULL, "%s outside a kernel (no block is running on this thread)", what);
+  return b;
+}
+
+void set_coords(block_exec *b, int i) {
+  if (b->bdim.y == 1 && b->bdim.z == 1)
+    tls.tid.x = (unsigned)i, tls.tid.y = 0, tls.tid.z = 0;
+  else
+    tid_of(b, i, &tls.tid.x, &tls.tid.y, &tls.tid.z);
+  b->running = i;
+}
+
+// ---- stacks ------------------------------------------------------------------------------------------------------
+
+char *get_stack(block_exec *b) {
+  char *s;
+  if (!b->stacks_free.empty()) {
+    s = b->stacks_free.back();
+    b->stacks_free.pop_back();
+  } else {
+    s = (char *)mmap(NULL, kStack + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (s == MAP_FAILED) fatal(NULL, "cannot map a fiber stack");
+    mprotect(s, kPage, PROT_NONE); // the guard below the stack
+  }
+  b->stacks_used.push_back(s);
+  return s;
+}
+
+// ---- scheduling ----------------------------------------------------------------------------------------------------
+
+void rq_push(block_exec *b, int i) { b->rq[(b->rq_head + b->rq_count++) % 1024] = i; }
+
+int rq_pop(block_exec *b) {
+  const int i = b->rq[b->rq_head];
+  b->rq_head = (b->rq_head + 1) % 1024, b->rq_count--;
+  return i;
+}
+
+void switch_to_thread(block_exec *b, fiber_ctx *from, int i) {
+  b->th[i].state = T_RUNNING;
+  set_coords(b, i);
+  b->switches++;
+  df_emu_switch(from, &b->th[i].ctx);
+}
+
+void sched_loop(block_exec *b, bool root);
+void fiber_entry(void *arg) { sched_loop((block_exec *)arg, false); }
+
+[[noreturn]] void deadlock(block_exec *b) {
+  char msg[3000];
+  int len = snprintf(msg, sizeof msg, "the block cannot go on: ");
+  int waiting = 0;
+  for (int i = 0; i < b->next_fresh && len < (int)sizeof msg - 200; i++) {
+    const ethread *t = &b->th[i];
+    if (t->state != T_WAITING) continue;
+    if (waiting++ < 6) {
+      unsigned x, y, z;
+      tid_of(b, i, &x, &y, &z);
+      len += snprintf(msg + len, sizeof msg - len, "thread (%u, %u, %u) waits at %s at %s:%d; ", x, y, z,
+                      t->wait == W_BARRIER ? "__syncthreads" : kind_name(t->wkind), t->wfile, t->wline);
+    }
+  }
+  snprintf(msg + len, sizeof msg - len, "%d threads wait, %d have exited, %d never started", waiting, b->ndone,
+           b->n - b->next_fresh);
+  kfatal(b,
+         "every thread of the block must reach each __syncthreads, and every lane a mask names each warp "
+         "operation, at the same place",
+         "%s", msg);
+}
+
+// The running thread waits: hand the CPU to a runnable thread, an idle scheduler loop, or a new loop on a fresh stack.
+void block_wait(block_exec *b, ethread *t) {
+  t->state = T_WAITING;
+  if (b->rq_count) return switch_to_thread(b, &t->ctx, rq_pop(b));
+  fiber_ctx *to = NULL;
+  if (b->nidle)
+    to = b->idle[--b->nidle];
+  else if (b->root_idle)
+    to = b->root_ctx, b->root_idle = false;
+  if (to) {
+    b->switches++;
+    return df_emu_switch(&t->ctx, to);
+  }
+  if (b->next_fresh < b->n) {
+    fiber_ctx fresh = {NULL};
+    fiber_init(&fresh, get_stack(b) + kPage, kStack, fiber_entry, b);
+    b->switches++;
+    return df_emu_switch(&t->ctx, &fresh);
+  }
+  deadlock(b);
+}
+
+void thread_exit(block_exec *b, int i) {
+  ethread *t = &b->th[i];
+  t->state = T_DONE;
+  b->ndone++;
+  const int lane = i & 31;
+  ewarp *w = &b->warps[i >> 5];
+  w->exited |= 1u << lane;
+  if (w->arrived && (w->mask >> lane & 1))
+    kfatal(b, "every lane a warp operation's mask names must reach it",
+           "the thread exited while lanes 0x%08x of its "
+           "warp wait for it at %s at %s:%d (mask 0x%08x)",
+           w->arrived, kind_name(w->kind), w->file, w->line, w->mask);
+  if (b->bar_arrived)
+    kfatal(b, "every thread of the block must reach each __syncthreads (return only after the last one)",
+           "the thread exited while %d threads of the block wait at __syncthreads at %s:%d", b->bar_arrived,
+           b->bar_file, b->bar_line);
+}
+
+void run_body(block_exec *b, int i) {
+  ethread *t = &b->th[i];
+  t->state = T_RUNNING, t->wait = 0, t->wmma_ops = 0, t->wmma_file = NULL;
+  set_coords(b, i);
+  b->L->run(b->L->closure);
+  thread_exit(b, i);
+}
+
+// A scheduler loop (on the worker's stack: root; on a pooled stack otherwise). Runnable threads first, so a warp
+// finishes before the next starts and few stacks are live.
+void sched_loop(block_exec *b, bool root) {
+  fiber_ctx self = {NULL};
+  for (;;) {
+    if (b->rq_count) {
+      const int i = rq_pop(b);
+      if (root)
+        b->root_ctx = &self, b->root_idle = true;
+      else
+        b->idle[b->nidle++] = &self;
+      switch_to_thread(b, &self, i);
+      continue;
+    }
+    if (b->next_fresh < b->n) {
+      run_body(b, b->next_fresh++);
+      continue;
+    }
+    if (b->ndone == b->n) {
+      if (root) return;
+      if (!b->root_idle) fatal(NULL, "internal error: the block finished away from its root loop");
+      b->root_idle = false, b->switches++;
+      fiber_ctx gone = {NULL};
+      df_emu_switch(&gone, b->root_ctx); // this stack is abandoned (it goes back to the pool)
+      __builtin_unreachable();
+    }
+    deadlock(b);
+  }
+}
+
+block_exec *executor() {
+  if (g_exec) return g_exec;
+  block_exec *b = new block_exec();
+  // Dynamic shared memory ends at a guard page: a kernel writing past its bytes faults, named.
+  const size_t dyn = (kSmemOptinMax + kPage - 1) / kPage * kPage + kPage;
+  b->dyn_region = (char *)mmap(NULL, dyn + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (b->dyn_region == MAP_FAILED) fatal(NULL, "cannot map shared memory");
+  mprotect(b->dyn_region + dyn, kPage, PROT_NONE);
+  b->arena = (char *)aligned_alloc(1024, kArena);
+  ensure_signal_stack();
+  g_exec = b;
+  return b;
+}
+
+void check_wmma_counts(block_exec *b) {
+  for (int w = 0; w < b->nwarps; w++) {
+    const int lo = w * 32, hi = lo + 32 < b->n ? lo + 32 : b->n;
+    for (int i = lo + 1; i < hi; i++)
+      if (b->th[i].wmma_ops != b->th[lo].wmma_ops) {
+        b->running = i;
+        kfatal(b, "all 32 lanes of a warp must make the same WMMA calls (load, store, fill, mma)",
+               "lane %d made %u WMMA steps (the last at %s:%d), lane 0 made %u (the last at %s:%d)", i % 32,
+               b->th[i].wmma_ops, b->th[i].wmma_file ? b->th[i].wmma_file : "-", b->th[i].wmma_line, b->th[lo].wmma_ops,
+               b->th[lo].wmma_file ? b->th[lo].wmma_file : "-", b->th[lo].wmma_line);
+      }
+  }
+}
+
+void run_block(block_exec *b, const launch_rec *L, uint64_t blk) {
+  b->L = L;
+  b->bid.x = (unsigned)(blk % L->grid.x), b->bid.y = (unsigned)(blk / L->grid.x % L->grid.y);
+  b->bid.z = (unsigned)(blk / ((uint64_t)L->grid.x * L->grid.y));
+  b->bdim.x = L->block.x, b->bdim.y = L->block.y, b->bdim.z = L->block.z;
+  b->n = (int)(L->block.x * L->block.y * L->block.z), b->nwarps = (b->n + 31) / 32;
+  for (int w = 0; w < b->nwarps; w++) {
+    ewarp *e = &b->warps[w];
+    e->arrived = e->exited = 0;
+    const int lanes = b->n - 32 * w < 32 ? b->n - 32 * w : 32;
+    e->valid = lanes == 32 ? kFull : (1u << lanes) - 1;
+  }
+  b->next_fresh = b->ndone = b->rq_head = b->rq_count = b->bar_arrived = b->nidle = b->nsites = 0;
+  b->root_idle = false, b->stat_used = 0, b->switches = 0;
+  const size_t dyn_end = (kSmemOptinMax + kPage - 1) / kPage * kPage + kPage;
+  b->dyn = b->dyn_region + ((dyn_end - L->smem) & ~(size_t)255);
+  memset(b->dyn, 0xFF, L->smem); // NaN bytes until the kernel writes them
+  tls.bid = b->bid, tls.bdim = b->bdim;
+  tls.gdim.x = L->grid.x, tls.gdim.y = L->grid.y, tls.gdim.z = L->grid.z;
+  g_cur = b;
+  sched_loop(b, true);
+  check_wmma_counts(b);
+  g_cur = NULL;
+  for (char *s : b->stacks_used) b->stacks_free.push_back(s);
+  b->stacks_used.clear();
+  count_stat(&df_emu_stats::switches, b->switches);
+}
+
+// ---- warp collectives
+// ------------------------------------------------------------------------------------------------
+
+bool pow2_width(int w) { return w >= 1 && w <= 32 && (w & (w - 1)) == 0; }
+
+// Shuffle source lane of `lane`, or lane itself where CUDA returns the caller's own value.
+int shfl_src(int kind, int lane, int arg, int width) {
+  const int seg = lane & ~(width - 1);
+  switch (kind) {
+  case SHFL_IDX: return seg + (arg & (width - 1));
+  case SHFL_UP: return (lane - seg) >= arg ? lane - arg : lane;
+  case SHFL_DOWN: return (lane - seg) + arg < width ? lane + arg : lane;
+  default: { // xor: later segments are out of reach
+    const int s = lane ^ arg;
+    return (s & ~(width - 1)) > seg ? lane : s;
+  }
+  }
+}
+
+float bf16f(const __nv_bfloat16 &h) {
+  uint32_t u = (uint32_t)h.__x << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+void mma_product(ewarp *w) {
+  float A[16][16], B[16][16], C[16][16];
+  for (int l = 0; l < 32; l++)
+    for (int e = 0; e < 8; e++) {
+      const int i = l * 8 + e, r = i / 16, c = i % 16;
+      A[r][c] = bf16f(((const __nv_bfloat16 *)w->mma[l][1])[e]);
+      B[r][c] = bf16f(((const __nv_bfloat16 *)w->mma[l][2])[e]);
+      C[r][c] = ((const float *)w->mma[l][3])[e];
+    }
+  for (int m = 0; m < 16; m++)
+    for (int n = 0; n < 16; n++) {
+      float s = C[m][n];
+      for (int k = 0; k < 16; k++) s += A[m][k] * B[k][n];
+      C[m][n] = s;
+    }
+  for (int l = 0; l < 32; l++)
+    for (int e = 0; e < 8; e++) ((float *)w->mma[l][0])[e] = C[(l * 8 + e) / 16][(l * 8 + e) % 16];
+}
+
+// Every lane of the mask has arrived: compute each lane's result, then make the others runnable.
+void complete(block_exec *b, ewarp *w, int warp, int self) {
+  const int base = warp * 32;
+  if (w->kind == K_MMA) mma_product(w);
+  unsigned ballot = 0;
+  if (w->kind == VOTE_BALLOT || w->kind == VOTE_ANY || w->kind == VOTE_ALL)
+    for (int l = 0; l < 32; l++)
+      if ((w->mask >> l & 1) && w->val[l]) ballot |= 1u << l;
+  for (int l = 0; l < 32; l++) {
+    if (!(w->mask >> l & 1)) continue;
+    ethread *t = &b->th[base + l];
+    if (w->kind <= SHFL_XOR) {
+      if (!pow2_width(w->width[l])) {
+        b->running = base + l;
+        kfatal(b, "width must be a power of 2 from 1 to 32", "%s at %s:%d with width %d", kind_name(w->kind), w->file,
+               w->line, w->width[l]);
+      }
+      const int s = shfl_src(w->kind, l, w->arg[l], w->width[l]);
+      if (!(w->mask >> s & 1)) {
+        b->running = base + l;
+        kfatal(b, "a shuffle may only read lanes its mask names (and that have not exited)",
+               "%s at %s:%d reads lane %d, which is outside the mask 0x%08x", kind_name(w->kind), w->file, w->line, s,
+               w->mask);
+      }
+      t->wres = w->val[s];
+    } else if (w->kind == VOTE_BALLOT) {
+      t->wres = ballot;
+    } else if (w->kind == VOTE_ANY) {
+      t->wres = ballot != 0;
+    } else if (w->kind == VOTE_ALL) {
+      t->wres = ballot == w->mask;
+    }
+    if (l != self) t->state = T_RUNNABLE, rq_push(b, base + l);
+  }
+  w->arrived = 0;
+}
+
+uint64_t warp_collective(int kind, unsigned mask, const char *file, int line, uint64_t val, int arg, int width) {
+  block_exec *b = cur(kind_name(kind));
+  const int i = b->running, lane = i & 31, warp = i >> 5;
+  ewarp *w = &b->warps[warp];
+  ethread *t = &b->th[i];
+  const char *hint = "every lane a warp operation's mask names must reach that same operation";
+  if (!(mask >> lane & 1))
+    kfatal(b, "a lane must name itself in the mask of the warp operations it calls",
+           "%s at %s:%d with mask 0x%08x, which leaves out the calling lane %d", kind_name(kind), file, line, mask,
+           lane);
+  if (mask & ~w->valid)
+    kfatal(b, "name only lanes that exist: the block's size is not a multiple of 32 here",
+           "%s at %s:%d with mask 0x%08x names lanes 0x%08x, absent from this warp of the %d-thread block",
+           kind_name(kind), file, line, mask, mask & ~w->valid, b->n);
+  if (mask & w->exited)
+    kfatal(b, hint, "%s at %s:%d with mask 0x%08x names lanes 0x%08x that have exited", kind_name(kind), file, line,
+           mask, mask & w->exited);
+  if (!w->arrived) {
+    w->kind = kind, w->mask = mask, w->file = file, w->line = line, w->wmma_ref = t->wmma_ops;
+  } else if (w->kind != kind || w->mask != mask || !same_site(w->file, w->line, file, line)) {
+    kfatal(b, hint,
+           "lanes of one warp reach different warp operations: this lane %s at %s:%d (mask 0x%08x), lanes "
+           "0x%08x %s at %s:%d (mask 0x%08x)",
+           kind_name(kind), file, line, mask, w->arrived, kind_name(w->kind), w->file, w->line, w->mask);
+  } else if (t->wmma_ops != w->wmma_ref) {
+    kfatal(b, "all 32 lanes of a warp must make the same WMMA calls",
+           "at %s at %s:%d this lane has made %u WMMA steps, the lanes before it %u", kind_name(kind), file, line,
+           t->wmma_ops, w->wmma_ref);
+  }
+  w->val[lane] = val, w->arg[lane] = arg, w->width[lane] = width;
+  w->arrived |= 1u << lane;
+  if (w->arrived == mask) {
+    complete(b, w, warp, lane);
+    return t->wres;
+  }
+  t->wait = W_WARP, t->wkind = kind, t->wfile = file, t->wline = line;
+  block_wait(b, t);
+  return t->wres;
+}
+
+} // namespace
+
+// ---- the device-side entry points (kernels/cuda/emu/device.h, mma.h) -----------------------------------------------
+
+void syncthreads(const char *file, int line) {
+  block_exec *b = cur("__syncthreads");
+  const int i = b->running;
+  if (b->ndone) {
+    int first = 0;
+    while (first < b->n && b->th[first].state != T_DONE) first++;
+    unsigned x, y, z;
+    tid_of(b, first, &x, &y, &z);
+    kfatal(b, "every thread of the block must reach each __syncthreads (no early return before it)",
+           "__syncthreads at %s:%d, but %d threads of the block have already exited without reaching it (the first: "
+           "thread (%u, %u, %u))",
+           file, line, b->ndone, x, y, z);
+  }
+  if (b->n == 1) return;
+  const ewarp *w = &b->warps[i >> 5];
+  if (w->arrived && (w->mask >> (i & 31) & 1))
+    kfatal(b, "every lane a warp operation's mask names must reach it before anything else",
+           "__syncthreads at %s:%d while lanes 0x%08x of its warp wait for this lane at %s at %s:%d", file, line,
+           w->arrived, kind_name(w->kind), w->file, w->line);
+  if (b->bar_arrived == 0) {
+    b->bar_file = file, b->bar_line = line;
+  } else if (!same_site(b->bar_file, b->bar_line, file, line)) {
+    kfatal(b, "threads of a block must meet at the same __syncthreads (not one in each branch)",
+           "__syncthreads at %s:%d while %d threads of the block wait at the __syncthreads at %s:%d", file, line,
+           b->bar_arrived, b->bar_file, b->bar_line);
+  }
+  if (++b->bar_arrived == b->n) {
+    b->bar_arrived = 0;
+    for (int j = 0; j < b->n; j++)
+      if (j != i) b->th[j].state = T_RUNNABLE, rq_push(b, j);
+    return;
+  }
+  ethread *t = &b->th[i];
+  t->wait = W_BARRIER, t->wfile = file, t->wline = line;
+  block_wait(b, t);
+}
+
+void syncwarp(const char *file, int line, unsigned mask) { warp_collective(K_SYNCWARP, mask, file, line, 0, 0, 32); }
+
+uint64_t shfl(const char *file, int line, int kind, unsigned mask, uint64_t v, int arg, int width) {
+  return warp_collective(kind, mask, file, line, v, arg, width);
+}
+
+unsigned vote(const char *file, int line, int kind, unsigned mask, int pred) {
+  return (unsigned)warp_collective(kind, mask, file, line, pred != 0, 0, 32);
+}
+
+int wmma_step(const char *what, const char *file, int line, const void *ptr, unsigned ldm, size_t elem_bytes) {
+  block_exec *b = cur(what);
+  const int i = b->running;
+  const ewarp *w = &b->warps[i >> 5];
+  ethread *t = &b->th[i];
+  if (w->valid != kFull)
+    kfatal(b, "WMMA needs whole warps: make the block a multiple of 32 threads", "%s at %s:%d in a warp of %d lanes",
+           what, file, line, __builtin_popcount(w->valid));
+  if (w->exited)
+    kfatal(b, "all 32 lanes must make every WMMA call", "%s at %s:%d after lanes 0x%08x of the warp exited", what, file,
+           line, w->exited);
+  if (ptr && (uintptr_t)ptr % 32)
+    kfatal(b, "WMMA loads and stores need 256-bit (32-byte) aligned pointers", "%s at %s:%d: pointer %p", what, file,
+           line, ptr);
+  if (ptr && ((size_t)ldm * elem_bytes) % 16)
+    kfatal(b, "ldm must be a multiple of 16 bytes (8 bf16 or 4 float elements)", "%s at %s:%d: ldm %u", what, file,
+           line, ldm);
+  t->wmma_ops++, t->wmma_file = file, t->wmma_line = line;
+  return i & 31;
+}
+
+void wmma_mma_bf16(const char *file, int line, float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *bm,
+                   const float *c) {
+  block_exec *b = cur("wmma::mma_sync");
+  const int i = b->running;
+  wmma_step("wmma::mma_sync", file, line, NULL, 0, 0);
+  ewarp *w = &b->warps[i >> 5];
+  void **slot = w->mma[i & 31];
+  slot[0] = d, slot[1] = (void *)a, slot[2] = (void *)bm, slot[3] = (void *)c;
+  warp_collective(K_MMA, kFull, file, line, 0, 0, 32);
+}
+
+void *shared_var(uint64_t key, size_t bytes, size_t align, const char *name) {
+  block_exec *b = cur("a __shared__ variable");
+  for (int k = 0; k < b->nsites; k++)
+    if (b->sites[k].key == key) return b->sites[k].p;
+  const size_t off = (b->stat_used + align - 1) / align * align;
+  if (off + bytes > kSmemDefault)
+    kfatal(b, "static shared memory is limited to 48 KiB per block (use dynamic shared memory beyond)",
+           "__shared__ %s (%zu bytes) brings the block's static shared memory to %zu bytes", name, bytes, off + bytes);
+  const size_t limit = b->L->smem_optin ? kSmemOptinMax : kSmemDefault;
+  const size_t dyn = b->L->smem_optin > b->L->smem ? b->L->smem_optin : b->L->smem;
+  if (off + bytes + dyn > limit)
+    kfatal(b, "static plus dynamic shared memory must fit the block's limit (48 KiB, 227 KiB with the opt-in)",
+           "__shared__ %s brings static shared memory to %zu bytes, with %zu dynamic: more than %zu", name, off + bytes,
+           dyn, limit);
+  if (b->nsites == 64) kfatal(b, NULL, "more than 64 __shared__ variables in one kernel");
+  void *p = b->arena + off;
+  memset(p, 0xFF, bytes); // NaN bytes until written
+  b->stat_used = off + bytes;
+  b->sites[b->nsites++] = shared_site{key, p, bytes};
+  return p;
+}
+
+void *dyn_smem(size_t align) {
+  block_exec *b = cur("extern __shared__ memory");
+  if (align > 256) kfatal(b, NULL, "dynamic shared memory aligned to %zu bytes (the emulator gives 256)", align);
+  return b->dyn;
+}
+
+// For the fault handler: the kernel running on this CPU thread, and what the address is to it.
+bool exec_describe_fault(uintptr_t addr, char *out, size_t n) {
+  block_exec *b = g_cur;
+  if (!b) return false;
+  char w[700];
+  where(b, b->running, w, sizeof w);
+  const size_t dyn_end = (kSmemOptinMax + kPage - 1) / kPage * kPage + kPage;
+  const uintptr_t guard = (uintptr_t)b->dyn_region + dyn_end;
+  if (addr >= guard && addr < guard + kPage) {
+    snprintf(out, n, "%s ran past the end of its %zu bytes of dynamic shared memory", w, b->L->smem);
+    return true;
+  }
+  for (char *s : b->stacks_used)
+    if (addr >= (uintptr_t)s && addr < (uintptr_t)s + kPage) {
+      snprintf(out, n, "%s overflowed its %zu KiB fiber stack (large local arrays?)", w, kStack / 1024);
+      return true;
+    }
+  snprintf(out, n, "%s faulted", w);
+  return true;
+}
+
+void run_launch(launch_rec *L) {
+  const uint64_t nblocks = (uint64_t)L->grid.x * L->grid.y * L->grid.z;
+  const int nt = omp_get_max_threads();
+  count_stat(&df_emu_stats::launches, 1);
+  count_stat(&df_emu_stats::blocks, nblocks);
+  count_stat(&df_emu_stats::threads, nblocks * L->block.x * L->block.y * L->block.z);
+  if (nblocks == 1 || nt == 1) {
+    block_exec *b = executor();
+    for (uint64_t blk = 0; blk < nblocks; blk++) run_block(b, L, blk);
+    return;
+  }
+  const int64_t chunk = (int64_t)(nblocks / ((uint64_t)nt * 16)) + 1;
+#pragma omp parallel num_threads((int)(nblocks < (uint64_t)nt ? nblocks : (uint64_t)nt))
+  {
+    block_exec *b = executor();
+#pragma omp for schedule(dynamic, chunk)
+    for (int64_t blk = 0; blk < (int64_t)nblocks; blk++) run_block(b, L, (uint64_t)blk);
+  }
+}
+
+} // namespace df_emu
