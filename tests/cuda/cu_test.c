@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,25 @@
     cudaError_t e_ = (call);                                                                                           \
     cr_assert_eq(e_, cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                                            \
   } while (0)
+
+// The suite's count of what ran and what was skipped, each skip with its reason (a CUDA test skips only for a
+// missing cuDNN or a shape marked GPU-only, and on machines without a device). Tests left out by --filter are
+// "skipped" without a message for Criterion: they are not counted.
+ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
+  size_t ran = 0, skipped = 0;
+  for (struct criterion_suite_stats *s = stats->suites; s; s = s->next)
+    for (struct criterion_test_stats *t = s->tests; t; t = t->next) {
+      if (t->test_status == CR_STATUS_SKIPPED) {
+        if (!t->message || !*t->message) continue;
+        skipped++;
+        printf("[SKIP] %s::%s: %s\n", t->test->category, t->test->name, t->message ? t->message : "");
+      } else {
+        ran++;
+      }
+    }
+  printf("tests/cuda: %zu ran, %zu skipped\n", ran, skipped);
+  fflush(stdout);
+}
 
 bool cu_gpu_visible(void) {
   int n = 0;

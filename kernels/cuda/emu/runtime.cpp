@@ -17,6 +17,24 @@ std::recursive_mutex g_lock;
 
 std::recursive_mutex &lock() { return g_lock; }
 
+// DF_EMU_STATS=1: one line of counters when the last stream goes and at exit (what a run cost the emulator).
+void print_stats() {
+  const char *e = getenv("DF_EMU_STATS");
+  if (!e || !*e || *e == '0') return;
+  const df_emu_stats &s = g_stats;
+  fprintf(stderr,
+          "df-emu: %llu launches, %llu blocks, %llu threads, %llu switches; %llu drains (%llu mprotect calls); %llu "
+          "GEMMs, %llu copies\n",
+          (unsigned long long)s.launches, (unsigned long long)s.blocks, (unsigned long long)s.threads,
+          (unsigned long long)s.switches, (unsigned long long)s.drains, (unsigned long long)s.protect_calls,
+          (unsigned long long)s.gemms, (unsigned long long)s.copies);
+}
+namespace {
+struct stats_at_exit {
+  stats_at_exit() { atexit(print_stats); }
+} g_stats_at_exit;
+} // namespace
+
 void fatal(const char *hint, const char *fmt, ...) {
   char msg[4096];
   va_list ap;

@@ -322,6 +322,7 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
   drain_all(r); // CUDA finishes a destroyed stream's work; the emulator does it now
   g_streams.erase(r);
   r->live = false; // kept (never freed), so a later use of the handle is reported, not undefined
+  if (g_streams.empty()) print_stats();
   return cudaSuccess;
 }
 
