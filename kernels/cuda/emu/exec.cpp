@@ -516,12 +516,11 @@ int wmma_step(const char *what, const char *file, int line, const void *ptr, uns
   const int i = b->running;
   const ewarp *w = &b->warps[i >> 5];
   ethread *t = &b->th[i];
+  // (Lanes run one after another between collectives, so a lane may well have exited before another makes its last
+  // store: the lanes' counts of steps are compared at the next collective and when the block ends.)
   if (w->valid != kFull)
     kfatal(b, "WMMA needs whole warps: make the block a multiple of 32 threads", "%s at %s:%d in a warp of %d lanes",
            what, file, line, __builtin_popcount(w->valid));
-  if (w->exited)
-    kfatal(b, "all 32 lanes must make every WMMA call", "%s at %s:%d after lanes 0x%08x of the warp exited", what, file,
-           line, w->exited);
   if (ptr && (uintptr_t)ptr % 32)
     kfatal(b, "WMMA loads and stores need 256-bit (32-byte) aligned pointers", "%s at %s:%d: pointer %p", what, file,
            line, ptr);
