@@ -6,6 +6,7 @@
 // when every thread (lane) it names has arrived; the checks say which kernel, launch, block and thread broke which
 // rule: threads that exit before a barrier others wait at, threads at different barriers, lanes at different warp
 // operations, masks naming exited, absent or missing lanes, WMMA by part of a warp, shared memory over the limits.
+#include <algorithm>
 #include <cuda_bf16.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <vector>
 
 #include "kernels/cuda/emu/fiber.h"
@@ -49,6 +51,8 @@ struct ewarp {
   const char *file;
   int line;
   uint32_t wmma_ref;
+  bool uniform; // every lane so far passed the same argument and width (arg0, width0: the first lane's)
+  int arg0, width0;
   uint64_t val[32];
   int arg[32], width[32];
   void *mma[32][4];
@@ -84,6 +88,7 @@ struct block_exec {
   uint64_t switches;
 };
 
+uint64_t g_launch_switches;  // switches of the launch running now (all CPU threads)
 __thread block_exec *g_exec; // this CPU thread's executor
 __thread block_exec *g_cur;  // set while it runs a block
 
@@ -139,8 +144,8 @@ block_exec *cur(const char *what) {
 }
 
 void set_coords(block_exec *b, int i) {
-  if (b->bdim.y == 1 && b->bdim.z == 1)
-    tls.tid.x = (unsigned)i, tls.tid.y = 0, tls.tid.z = 0;
+  if (b->bdim.y == 1 && b->bdim.z == 1) // y and z were zeroed at block start
+    tls.tid.x = (unsigned)i;
   else
     tid_of(b, i, &tls.tid.x, &tls.tid.y, &tls.tid.z);
   b->running = i;
@@ -164,11 +169,11 @@ char *get_stack(block_exec *b) {
 
 // ---- scheduling ----------------------------------------------------------------------------------------------------
 
-void rq_push(block_exec *b, int i) { b->rq[(b->rq_head + b->rq_count++) % 1024] = i; }
+void rq_push(block_exec *b, int i) { b->rq[(b->rq_head + b->rq_count++) & 1023] = i; }
 
 int rq_pop(block_exec *b) {
   const int i = b->rq[b->rq_head];
-  b->rq_head = (b->rq_head + 1) % 1024, b->rq_count--;
+  b->rq_head = (b->rq_head + 1) & 1023, b->rq_count--;
   return i;
 }
 
@@ -327,7 +332,7 @@ void run_block(block_exec *b, const launch_rec *L, uint64_t blk) {
   const size_t dyn_end = (kSmemOptinMax + kPage - 1) / kPage * kPage + kPage;
   b->dyn = b->dyn_region + ((dyn_end - L->smem) & ~(size_t)255);
   memset(b->dyn, 0xFF, L->smem); // NaN bytes until the kernel writes them
-  tls.bid = b->bid, tls.bdim = b->bdim;
+  tls.bid = b->bid, tls.bdim = b->bdim, tls.tid.y = tls.tid.z = 0;
   tls.gdim.x = L->grid.x, tls.gdim.y = L->grid.y, tls.gdim.z = L->grid.z;
   g_cur = b;
   sched_loop(b, true);
@@ -336,6 +341,7 @@ void run_block(block_exec *b, const launch_rec *L, uint64_t blk) {
   for (char *s : b->stacks_used) b->stacks_free.push_back(s);
   b->stacks_used.clear();
   count_stat(&df_emu_stats::switches, b->switches);
+  __atomic_fetch_add(&g_launch_switches, b->switches, __ATOMIC_RELAXED);
 }
 
 // ---- warp collectives
@@ -364,7 +370,7 @@ float bf16f(const __nv_bfloat16 &h) {
   return f;
 }
 
-void mma_product(ewarp *w) {
+__attribute__((noinline)) void mma_product(ewarp *w) {
   float A[16][16], B[16][16], C[16][16];
   for (int l = 0; l < 32; l++)
     for (int e = 0; e < 8; e++) {
@@ -384,7 +390,23 @@ void mma_product(ewarp *w) {
 }
 
 // Every lane of the mask has arrived: compute each lane's result, then make the others runnable.
+__attribute__((noinline)) void complete_general(block_exec *b, ewarp *w, int warp, int self);
+
 void complete(block_exec *b, ewarp *w, int warp, int self) {
+  const int base = warp * 32;
+  if (w->uniform && w->mask == kFull && w->kind == SHFL_XOR && w->width0 == 32) {
+    // The common case (a butterfly step of a warp reduction): lane l reads lane l ^ arg.
+    const int arg = w->arg0;
+    for (int l = 0; l < 32; l++) b->th[base + l].wres = w->val[l ^ arg];
+    for (int l = 0; l < 32; l++)
+      if (l != self) b->th[base + l].state = T_RUNNABLE, rq_push(b, base + l);
+    w->arrived = 0;
+    return;
+  }
+  complete_general(b, w, warp, self);
+}
+
+void complete_general(block_exec *b, ewarp *w, int warp, int self) {
   const int base = warp * 32;
   if (w->kind == K_MMA) mma_product(w);
   unsigned ballot = 0;
@@ -420,11 +442,12 @@ void complete(block_exec *b, ewarp *w, int warp, int self) {
   w->arrived = 0;
 }
 
-uint64_t warp_collective(int kind, unsigned mask, const char *file, int line, uint64_t val, int arg, int width) {
-  block_exec *b = cur(kind_name(kind));
-  const int i = b->running, lane = i & 31, warp = i >> 5;
-  ewarp *w = &b->warps[warp];
-  ethread *t = &b->th[i];
+// A warp operation called against its rules: say which rule (never returns).
+[[noreturn]] __attribute__((noinline, cold)) void collective_misuse(block_exec *b, int kind, unsigned mask,
+                                                                    const char *file, int line) {
+  const int i = b->running, lane = i & 31;
+  const ewarp *w = &b->warps[i >> 5];
+  const ethread *t = &b->th[i];
   const char *hint = "every lane a warp operation's mask names must reach that same operation";
   if (!(mask >> lane & 1))
     kfatal(b, "a lane must name itself in the mask of the warp operations it calls",
@@ -437,17 +460,33 @@ uint64_t warp_collective(int kind, unsigned mask, const char *file, int line, ui
   if (mask & w->exited)
     kfatal(b, hint, "%s at %s:%d with mask 0x%08x names lanes 0x%08x that have exited", kind_name(kind), file, line,
            mask, mask & w->exited);
-  if (!w->arrived) {
-    w->kind = kind, w->mask = mask, w->file = file, w->line = line, w->wmma_ref = t->wmma_ops;
-  } else if (w->kind != kind || w->mask != mask || !same_site(w->file, w->line, file, line)) {
+  if (w->kind != kind || w->mask != mask || !same_site(w->file, w->line, file, line))
     kfatal(b, hint,
            "lanes of one warp reach different warp operations: this lane %s at %s:%d (mask 0x%08x), lanes "
            "0x%08x %s at %s:%d (mask 0x%08x)",
            kind_name(kind), file, line, mask, w->arrived, kind_name(w->kind), w->file, w->line, w->mask);
-  } else if (t->wmma_ops != w->wmma_ref) {
-    kfatal(b, "all 32 lanes of a warp must make the same WMMA calls",
-           "at %s at %s:%d this lane has made %u WMMA steps, the lanes before it %u", kind_name(kind), file, line,
-           t->wmma_ops, w->wmma_ref);
+  kfatal(b, "all 32 lanes of a warp must make the same WMMA calls",
+         "at %s at %s:%d this lane has made %u WMMA steps, the lanes before it %u", kind_name(kind), file, line,
+         t->wmma_ops, w->wmma_ref);
+}
+
+// The lane arrives; the last lane of the mask to arrive computes every lane's result and goes on, the others wait.
+uint64_t warp_collective(int kind, unsigned mask, const char *file, int line, uint64_t val, int arg, int width) {
+  block_exec *b = g_cur;
+  if (__builtin_expect(!b, 0)) cur(kind_name(kind));
+  const int i = b->running, lane = i & 31, warp = i >> 5;
+  ewarp *w = &b->warps[warp];
+  ethread *t = &b->th[i];
+  if (__builtin_expect(!(mask >> lane & 1) || (mask & ~w->valid) || (mask & w->exited), 0))
+    collective_misuse(b, kind, mask, file, line);
+  if (!w->arrived) {
+    w->kind = kind, w->mask = mask, w->file = file, w->line = line, w->wmma_ref = t->wmma_ops, w->uniform = true;
+    w->arg0 = arg, w->width0 = width;
+  } else {
+    if (__builtin_expect(w->kind != kind || w->mask != mask || w->line != line || t->wmma_ops != w->wmma_ref, 0))
+      collective_misuse(b, kind, mask, file, line);
+    if (__builtin_expect(w->file != file, 0) && strcmp(w->file, file)) collective_misuse(b, kind, mask, file, line);
+    if (arg != w->arg0 || width != w->width0) w->uniform = false;
   }
   w->val[lane] = val, w->arg[lane] = arg, w->width[lane] = width;
   w->arrived |= 1u << lane;
@@ -591,7 +630,61 @@ bool exec_describe_fault(uintptr_t addr, char *out, size_t n) {
   return true;
 }
 
+static void run_grid(launch_rec *L);
+
+namespace {
+
+// DF_EMU_PROFILE=1: per kernel (as written at its launches), launches, blocks, threads, switches and time, at exit.
+struct kernel_profile {
+  const char *name;
+  uint64_t launches, blocks, threads, switches;
+  double seconds;
+};
+std::vector<kernel_profile> *g_profile;
+
+double now_s() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void print_profile() {
+  std::vector<kernel_profile> &p = *g_profile;
+  std::sort(p.begin(), p.end(), [](const kernel_profile &a, const kernel_profile &b) { return a.seconds > b.seconds; });
+  fprintf(stderr, "df-emu profile: %-48s %8s %10s %12s %14s %9s\n", "kernel", "launches", "blocks", "threads",
+          "switches", "seconds");
+  for (const kernel_profile &k : p)
+    fprintf(stderr, "df-emu profile: %-48.48s %8llu %10llu %12llu %14llu %9.3f\n", k.name,
+            (unsigned long long)k.launches, (unsigned long long)k.blocks, (unsigned long long)k.threads,
+            (unsigned long long)k.switches, k.seconds);
+}
+
+void profile_add(const launch_rec *L, uint64_t blocks, uint64_t threads, uint64_t switches, double seconds) {
+  if (!g_profile) {
+    const char *e = getenv("DF_EMU_PROFILE");
+    if (!e || !*e || *e == '0') return;
+    g_profile = new std::vector<kernel_profile>();
+    atexit(print_profile);
+  }
+  for (kernel_profile &k : *g_profile)
+    if (!strcmp(k.name, L->k.name)) {
+      k.launches++, k.blocks += blocks, k.threads += threads, k.switches += switches, k.seconds += seconds;
+      return;
+    }
+  g_profile->push_back(kernel_profile{L->k.name, 1, blocks, threads, switches, seconds});
+}
+
+} // namespace
+
 void run_launch(launch_rec *L) {
+  const double t0 = now_s();
+  g_launch_switches = 0;
+  run_grid(L);
+  const uint64_t nblocks = (uint64_t)L->grid.x * L->grid.y * L->grid.z;
+  profile_add(L, nblocks, nblocks * L->block.x * L->block.y * L->block.z, g_launch_switches, now_s() - t0);
+}
+
+static void run_grid(launch_rec *L) {
   const uint64_t nblocks = (uint64_t)L->grid.x * L->grid.y * L->grid.z;
   const int nt = omp_get_max_threads();
   count_stat(&df_emu_stats::launches, 1);

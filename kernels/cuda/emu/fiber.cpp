@@ -1,6 +1,7 @@
-// The coroutine switch of the CUDA emulator: on x86-64 a hand-written swap of the callee-saved registers, the stack
-// pointer and the MXCSR / x87 control words (no system call, unlike glibc's swapcontext, which sets the signal mask
-// at every switch); elsewhere ucontext.
+// The coroutine switch of the CUDA emulator: on x86-64 a hand-written swap of the callee-saved registers and the stack
+// pointer (no system call, unlike glibc's swapcontext, which sets the signal mask at every switch); elsewhere
+// ucontext. The floating-point control words (MXCSR, x87) are not switched: every coroutine of a CPU thread runs
+// with that thread's, and kernels never change them (fldcw alone would cost as much as the rest of a switch).
 #include "kernels/cuda/emu/fiber.h"
 
 #include <stdint.h>
@@ -23,14 +24,8 @@ df_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq (%rsi), %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -60,20 +55,15 @@ namespace df_emu {
 
 void fiber_init(fiber_ctx *c, void *stack, size_t bytes, void (*entry)(void *), void *arg) {
   uintptr_t top = ((uintptr_t)stack + bytes) & ~(uintptr_t)15;
-  uint64_t *sp = (uint64_t *)(top - 64 - 16); // 16-aligned: after the 6 pops and ret, rsp is 16-aligned for the call
-  uint32_t mx;
-  uint16_t cw;
-  asm volatile("stmxcsr %0" : "=m"(mx));
-  asm volatile("fnstcw %0" : "=m"(cw));
-  memset(sp, 0, 64);
-  memcpy(sp, &mx, 4), memcpy((char *)sp + 4, &cw, 2);
-  sp[1] = 0;                       // r15
-  sp[2] = 0;                       // r14
-  sp[3] = (uint64_t)(void *)entry; // r13
-  sp[4] = (uint64_t)arg;           // r12
-  sp[5] = 0;                       // rbx
-  sp[6] = 0;                       // rbp
-  sp[7] = (uint64_t)(void *)df_emu_fiber_start;
+  uint64_t *sp = (uint64_t *)(top - 72); // after the 6 pops and the ret, rsp = top - 16: aligned for the call
+  sp[0] = 0;                             // r15
+  sp[1] = 0;                             // r14
+  sp[2] = (uint64_t)(void *)entry;       // r13
+  sp[3] = (uint64_t)arg;                 // r12
+  sp[4] = 0;                             // rbx
+  sp[5] = 0;                             // rbp
+  sp[6] = (uint64_t)(void *)df_emu_fiber_start;
+  sp[7] = 0;
   c->sp = sp;
 }
 
