@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/emu/fiber.h"
@@ -630,7 +631,7 @@ bool exec_describe_fault(uintptr_t addr, char *out, size_t n) {
   return true;
 }
 
-static void run_grid(launch_rec *L);
+static void run_grid(launch_rec *L, bool parallel);
 
 namespace {
 
@@ -674,23 +675,38 @@ void profile_add(const launch_rec *L, uint64_t blocks, uint64_t threads, uint64_
   g_profile->push_back(kernel_profile{L->k.name, 1, blocks, threads, switches, seconds});
 }
 
+// Seconds per block of each kernel so far: a launch goes to the OpenMP team only when it is worth waking it (on a
+// busy machine a wake-up can cost a scheduler tick); the choice never changes results.
+std::unordered_map<const void *, std::pair<double, uint64_t>> g_block_cost;
+
+bool worth_parallel(const launch_rec *L, uint64_t nblocks) {
+  if (nblocks < 2 || omp_get_max_threads() < 2) return false;
+  auto it = g_block_cost.find(L->k.fn);
+  if (it == g_block_cost.end() || it->second.second == 0)
+    return nblocks * L->block.x * L->block.y * L->block.z >= 32768;
+  return it->second.first / (double)it->second.second * (double)nblocks > 300e-6;
+}
+
 } // namespace
 
 void run_launch(launch_rec *L) {
   const double t0 = now_s();
   g_launch_switches = 0;
-  run_grid(L);
   const uint64_t nblocks = (uint64_t)L->grid.x * L->grid.y * L->grid.z;
-  profile_add(L, nblocks, nblocks * L->block.x * L->block.y * L->block.z, g_launch_switches, now_s() - t0);
+  run_grid(L, worth_parallel(L, nblocks));
+  const double dt = now_s() - t0;
+  std::pair<double, uint64_t> &c = g_block_cost[L->k.fn];
+  c.first += dt, c.second += nblocks;
+  profile_add(L, nblocks, nblocks * L->block.x * L->block.y * L->block.z, g_launch_switches, dt);
 }
 
-static void run_grid(launch_rec *L) {
+static void run_grid(launch_rec *L, bool parallel) {
   const uint64_t nblocks = (uint64_t)L->grid.x * L->grid.y * L->grid.z;
   const int nt = omp_get_max_threads();
   count_stat(&df_emu_stats::launches, 1);
   count_stat(&df_emu_stats::blocks, nblocks);
   count_stat(&df_emu_stats::threads, nblocks * L->block.x * L->block.y * L->block.z);
-  if (nblocks == 1 || nt == 1) {
+  if (!parallel) {
     block_exec *b = executor();
     for (uint64_t blk = 0; blk < nblocks; blk++) run_block(b, L, blk);
     return;

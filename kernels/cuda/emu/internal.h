@@ -33,6 +33,7 @@ struct allocation {
   int line;
   void *frames[8]; // the host stack at the call
   int nframes;
+  bool template_mapped; // its NaN bytes come from the copy-on-write template (memory.cpp)
 };
 
 enum ptr_kind { PTR_HOST, PTR_PINNED, PTR_DEVICE, PTR_DEVICE_DEAD };

@@ -3,7 +3,13 @@
 // alignment), so a kernel running past the end faults at once. The pages are readable and writable only while a
 // drain runs queued work (kernels, copies, library calls); a host access at any other time faults, and the handler
 // names the allocation and the cudaMalloc call that made it. Fresh memory is NaN bytes (0xFF), as cu_test poisons it.
+// Where the kernel has lightweight guard regions (MADV_GUARD_INSTALL, Linux 6.13), guard pages and freed memory
+// carry guard markers that survive mprotect, so a drain opens the whole used region with one mprotect and closes it
+// with another; elsewhere each live allocation is opened and closed on its own (two calls per allocation). Big
+// allocations (workspaces and caches sized for the worst case) take their NaN bytes from a copy-on-write mapping of
+// a 0xFF template, so the poison costs neither memory nor page-table work until a page is written.
 #include <execinfo.h>
+#include <fcntl.h>
 #include <map>
 #include <signal.h>
 #include <stdio.h>
@@ -11,6 +17,11 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+
+#ifndef MADV_GUARD_INSTALL // Linux 6.13
+#define MADV_GUARD_INSTALL 102
+#define MADV_GUARD_REMOVE  103
+#endif
 #include <unistd.h>
 
 #include "kernels/cuda/emu/internal.h"
@@ -24,7 +35,8 @@ namespace {
 const size_t kPage = 4096;
 const size_t kRegion = (size_t)256 << 30; // address space reserved for device memory (never committed up front)
 
-uintptr_t g_base, g_top;                           // the region, and its first never-used byte
+uintptr_t g_base, g_top; // the region, and its first never-used byte
+bool g_guards;           // lightweight guard regions available: guard pages and holes carry markers
 std::map<uintptr_t, allocation *> g_dev, g_pinned; // by base
 std::map<uintptr_t, size_t> g_holes;               // freed spans (data + guard), coalesced, by start
 size_t g_live_bytes;
@@ -49,9 +61,42 @@ void reserve() {
   if (p == MAP_FAILED) fatal("raise the address-space limit (ulimit -v)", "cannot reserve the emulated device memory");
   g_base = (uintptr_t)p;
   g_top = g_base + kPage; // the region's first page stays a guard
+  const char *e = getenv("DF_EMU_GUARD_REGIONS");
+  g_guards = !(e && *e == '0') && madvise(p, kPage, MADV_GUARD_INSTALL) == 0;
   install_fault_handler();
 }
 
+// The 0xFF template (a memfd of kTemplate bytes), mapped copy-on-write over big allocations.
+const size_t kTemplate = (size_t)32 << 20;
+int g_template = -1;
+
+void map_fixed(uintptr_t p, size_t n, int prot, int flags, int fd) {
+  if (mmap((void *)p, n, prot, flags | MAP_FIXED, fd, 0) == MAP_FAILED)
+    fatal(NULL, "cannot map emulated device memory: %s", strerror(errno));
+}
+
+// The data pages [p, p + n) read as NaN bytes (0xFF) without being written.
+void map_poison(uintptr_t p, size_t n, int prot) {
+  if (g_template < 0) {
+    g_template = memfd_create("df-emu-nan", MFD_CLOEXEC);
+    if (g_template < 0 || ftruncate(g_template, (off_t)kTemplate) != 0) fatal(NULL, "cannot create the NaN template");
+    void *t = mmap(NULL, kTemplate, PROT_READ | PROT_WRITE, MAP_SHARED, g_template, 0);
+    if (t == MAP_FAILED) fatal(NULL, "cannot map the NaN template");
+    memset(t, 0xFF, kTemplate);
+    munmap(t, kTemplate);
+  }
+  for (size_t o = 0; o < n; o += kTemplate)
+    map_fixed(p + o, n - o < kTemplate ? n - o : kTemplate, prot, MAP_PRIVATE, g_template);
+}
+
+void guard(uintptr_t p, size_t n, bool on) {
+  if (madvise((void *)p, n, on ? MADV_GUARD_INSTALL : MADV_GUARD_REMOVE) != 0)
+    fatal(NULL, "madvise(%s) of emulated device memory failed: %s", on ? "MADV_GUARD_INSTALL" : "MADV_GUARD_REMOVE",
+          strerror(errno));
+}
+
+// A span of total bytes (data pages and the guard page after them); with guard regions, the data pages come
+// without markers and the guard page with one.
 uintptr_t take_span(size_t total) {
   for (auto it = g_holes.begin(); it != g_holes.end(); ++it)
     if (it->second >= total) {
@@ -59,11 +104,13 @@ uintptr_t take_span(size_t total) {
       const size_t len = it->second;
       g_holes.erase(it);
       if (len > total) g_holes[s + total] = len - total;
+      if (g_guards) guard(s, total - kPage, false); // the guard page keeps its marker
       return s;
     }
   if (g_top + total > g_base + kRegion) return 0;
   const uintptr_t s = g_top;
   g_top += total;
+  if (g_guards) guard(s + total - kPage, kPage, true);
   return s;
 }
 
@@ -154,12 +201,23 @@ cudaError_t device_malloc(void **p, size_t bytes, const char *file, int line) {
   a->span = span, a->span_bytes = data, a->base = span + data - need, a->size = bytes;
   a->device = current_device(), a->file = file, a->line = line;
   a->nframes = backtrace(a->frames, 8);
-  if (!g_open) protect(span, data, PROT_READ | PROT_WRITE);
-  memset((void *)a->base, 0xFF, need); // NaN bytes: an element a kernel forgets to write fails every comparison
-  if (!g_open) protect(span, data, PROT_NONE);
+  // NaN bytes: an element a kernel forgets to write fails every comparison.
+  if (data >= kTemplate) {
+    a->template_mapped = true;
+    map_poison(span, data, g_open ? PROT_READ | PROT_WRITE : PROT_NONE);
+  } else {
+    if (!g_open) protect(span, data, PROT_READ | PROT_WRITE);
+    memset((void *)a->base, 0xFF, need);
+    if (!g_open) protect(span, data, PROT_NONE);
+  }
   g_dev[a->base] = a;
   g_live_bytes += bytes;
   *p = (void *)a->base;
+  const char *e = getenv("DF_EMU_STATS");
+  if (e && *e && *e != '0' && bytes >= ((size_t)256 << 20)) { // big allocations, and who made them
+    fprintf(stderr, "df-emu: cudaMalloc of %zu MiB at %s:%d from:\n", bytes >> 20, file ? file : "?", line);
+    backtrace_symbols_fd(a->frames, a->nframes, 2);
+  }
   return cudaSuccess;
 }
 
@@ -177,8 +235,15 @@ cudaError_t device_free(void *p, const char *file, int line) {
   allocation *a = it->second;
   g_dev.erase(it);
   g_live_bytes -= a->size;
-  if (g_open) protect(a->span, a->span_bytes, PROT_NONE);
-  madvise((void *)a->span, a->span_bytes, MADV_DONTNEED);
+  if (a->template_mapped) // back to plain anonymous memory
+    map_fixed(a->span, a->span_bytes, g_open && !g_guards ? PROT_READ | PROT_WRITE : PROT_NONE,
+              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1);
+  if (g_guards) {
+    guard(a->span, a->span_bytes, true); // drops the pages, and the memory faults until it is allocated again
+  } else {
+    if (g_open) protect(a->span, a->span_bytes, PROT_NONE);
+    madvise((void *)a->span, a->span_bytes, MADV_DONTNEED);
+  }
   give_span(a->span, a->span_bytes + kPage);
   const int k = g_nfreed++ % kFreed;
   g_freed[k] = *a, g_freed_file[k] = file, g_freed_line[k] = line;
@@ -220,13 +285,19 @@ cudaError_t pinned_free(void *p, const char *file, int line) {
 size_t live_device_bytes() { return g_live_bytes; }
 
 void memory_open() {
-  if (g_open++) return;
-  for (auto &kv : g_dev) protect(kv.second->span, kv.second->span_bytes, PROT_READ | PROT_WRITE);
+  if (g_open++ || !g_base) return;
+  if (g_guards)
+    protect(g_base, g_top - g_base, PROT_READ | PROT_WRITE); // guard markers keep guards and holes faulting
+  else
+    for (auto &kv : g_dev) protect(kv.second->span, kv.second->span_bytes, PROT_READ | PROT_WRITE);
 }
 
 void memory_close() {
-  if (--g_open) return;
-  for (auto &kv : g_dev) protect(kv.second->span, kv.second->span_bytes, PROT_NONE);
+  if (--g_open || !g_base) return;
+  if (g_guards)
+    protect(g_base, g_top - g_base, PROT_NONE);
+  else
+    for (auto &kv : g_dev) protect(kv.second->span, kv.second->span_bytes, PROT_NONE);
 }
 
 bool memory_is_open() { return g_open > 0; }
