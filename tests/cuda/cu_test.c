@@ -58,6 +58,20 @@ cu_env cu_env_open(void) {
   return e;
 }
 
+// In the CUDA emulator: device memory still allocated once a test's stream or contexts are gone is reported (a test
+// frees what it allocates).
+static void report_live(const char *what) {
+#ifdef DF_CUDA_EMU
+  const size_t live = df_emu_live_device_bytes();
+  if (live == 0) return;
+  cr_log_warn("%s: %zu bytes of device memory in %d allocations still allocated", what, live,
+              df_emu_live_device_allocations());
+  df_emu_print_live(stderr);
+#else
+  (void)what;
+#endif
+}
+
 void cu_env_close(cu_env *e) {
   cudaStreamSynchronize((cudaStream_t)e->s);
   df_cu_gemm_ctx_destroy(e->g);
@@ -65,6 +79,7 @@ void cu_env_close(cu_env *e) {
   cublasDestroy((cublasHandle_t)e->blas);
   cublasLtDestroy((cublasLtHandle_t)e->lt);
   cudaStreamDestroy((cudaStream_t)e->s);
+  report_live("cu_env_close");
 }
 
 void *cu_alloc(size_t bytes) {
@@ -152,7 +167,10 @@ cu_pair cu_pair_open(void) {
   return p;
 }
 
-void cu_pair_close(cu_pair *p) { df_ctx_destroy(p->gpu), df_ctx_destroy(p->cpu); }
+void cu_pair_close(cu_pair *p) {
+  df_ctx_destroy(p->gpu), df_ctx_destroy(p->cpu);
+  report_live("cu_pair_close");
+}
 
 df_tensor cu_pair_dev(cu_pair *p, const df_tensor *h) {
   df_error err = {0};

@@ -99,6 +99,7 @@ void gemm_run(const gemm_problem &p);
 
 void count_stat(uint64_t df_emu_stats::*field, uint64_t n);
 void print_stats(); // with DF_EMU_STATS set
+void count_drain_seconds(double s);
 
 enum : size_t {
   kSmemDefault = 48 * 1024, // dynamic shared memory without opt-in, and the static limit

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "kernels/cuda/emu/internal.h"
 
@@ -23,11 +24,11 @@ void print_stats() {
   if (!e || !*e || *e == '0') return;
   const df_emu_stats &s = g_stats;
   fprintf(stderr,
-          "df-emu: %llu launches, %llu blocks, %llu threads, %llu switches; %llu drains (%llu mprotect calls); %llu "
-          "GEMMs, %llu copies\n",
-          (unsigned long long)s.launches, (unsigned long long)s.blocks, (unsigned long long)s.threads,
+          "df-emu [pid %d]: %llu launches, %llu blocks, %llu threads, %llu switches; %llu drains (%llu mprotect calls, "
+          "%.3f s); %llu GEMMs, %llu copies\n",
+          (int)getpid(), (unsigned long long)s.launches, (unsigned long long)s.blocks, (unsigned long long)s.threads,
           (unsigned long long)s.switches, (unsigned long long)s.drains, (unsigned long long)s.protect_calls,
-          (unsigned long long)s.gemms, (unsigned long long)s.copies);
+          s.drain_seconds, (unsigned long long)s.gemms, (unsigned long long)s.copies);
 }
 namespace {
 struct stats_at_exit {
@@ -59,6 +60,8 @@ void warn(const char *fmt, ...) {
 void count_stat(uint64_t df_emu_stats::*field, uint64_t n) {
   __atomic_fetch_add(&(g_stats.*field), n, __ATOMIC_RELAXED);
 }
+
+void count_drain_seconds(double s) { g_stats.drain_seconds += s; }
 
 int device_count() {
   static int n = -1;

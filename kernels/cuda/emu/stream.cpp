@@ -69,17 +69,24 @@ stream_rec *legacy_of(int device) {
 
 const char *site(const char *file) { return file ? file : "?"; }
 
+double g_drain_t0;
+
 // Opens device memory for the outermost drain, once it has work to run.
 struct drain_scope {
   drain_scope() { g_depth++; }
   ~drain_scope() {
-    if (--g_depth == 0 && g_opened) g_opened = false, memory_close();
+    if (--g_depth == 0 && g_opened) {
+      g_opened = false;
+      memory_close();
+      count_drain_seconds(now_ms() * 1e-3 - g_drain_t0);
+    }
   }
 };
 
 void run_item(item *it) {
   if (!g_opened) {
     g_opened = true;
+    g_drain_t0 = now_ms() * 1e-3;
     memory_open();
     count_stat(&df_emu_stats::drains, 1);
   }

@@ -22,6 +22,7 @@ typedef struct {
   uint64_t launches, blocks, threads, switches; // kernels run, their blocks and threads, fiber context switches
   uint64_t drains, protect_calls;               // queue drains, and the mprotect calls that opened / closed memory
   uint64_t gemms, copies;                       // cuBLAS(Lt) products and memcpy / memset items executed
+  double drain_seconds;                         // wall time spent running queued work
 } df_emu_stats;
 
 void df_emu_get_stats(df_emu_stats *out);
