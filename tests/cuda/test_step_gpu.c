@@ -199,10 +199,18 @@ static void curves_agree(const char *recipe) {
   remove_tree(root);
 }
 
-Test(cuda_step, demo_loss_curves_gpu_vs_cpu, .timeout = 600) {
+Test(cuda_step, demo_loss_curve_dflash_gpu_vs_cpu, .timeout = 300) {
   CU_REQUIRE_GPU();
   curves_agree("recipes/demo-dflash-synthetic.yaml");
+}
+
+Test(cuda_step, demo_loss_curve_dspark_gpu_vs_cpu, .timeout = 300) {
+  CU_REQUIRE_GPU();
   curves_agree("recipes/demo-dspark.yaml");
+}
+
+Test(cuda_step, demo_loss_curve_moe_gpu_vs_cpu, .timeout = 300) {
+  CU_REQUIRE_GPU();
   curves_agree("recipes/demo-dflash-moe.yaml");
 }
 

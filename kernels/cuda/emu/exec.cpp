@@ -87,6 +87,7 @@ struct block_exec {
   shared_site sites[64];
   int nsites;
   uint64_t switches;
+  unsigned fibers_started;
 };
 
 uint64_t g_launch_switches;  // switches of the launch running now (all CPU threads)
@@ -224,8 +225,11 @@ void block_wait(block_exec *b, ethread *t) {
     return df_emu_switch(&t->ctx, to);
   }
   if (b->next_fresh < b->n) {
+    // Each new fiber starts at another cache-line offset in its page: stacks are page-aligned, and the suspended
+    // frames of a warp's 32 fibers would otherwise all fall into the same few L1 sets and evict one another.
+    const size_t color = (size_t)(b->fibers_started++ * 7 % 64) * 64;
     fiber_ctx fresh = {NULL};
-    fiber_init(&fresh, get_stack(b) + kPage, kStack, fiber_entry, b);
+    fiber_init(&fresh, get_stack(b) + kPage, kStack - color, fiber_entry, b);
     b->switches++;
     return df_emu_switch(&t->ctx, &fresh);
   }
