@@ -5,8 +5,8 @@
 //   kernel<T, U><<<grid, block, smem, stream>>>(args)
 //     → ::df_emu::launch(kernel<T, U>, "kernel<T, U>", "SHOWN_PATH", LINE).cfg(grid, block, smem, stream)(args)
 //     (the kernel expression may span lines; the launch may sit inside a macro argument);
-//   __shared__ [__align__(N)] T name[D]...;  → auto &name = ::df_emu::shared<T[D]...>(KEY, "name", N);
-//   extern __shared__ [__align__(N)] T name[]; → T *name = (T *)::df_emu::dyn_smem(N);
+//   __shared__ [__align__(N)] T name[D]...;  → auto &name = ::df_emu::shared<T[D]...>(KEY, __PRETTY_FUNCTION__, "name",
+//   N); extern __shared__ [__align__(N)] T name[]; → T *name = (T *)::df_emu::dyn_smem(N);
 // Whatever it does not understand stops the build with FILE:LINE: a launch whose kernel is not a (qualified,
 // templated) name, a __shared__ line declaring several variables or with an initializer, __shared__ outside a
 // function, inline assembly. Comments, string and character literals are left alone.
@@ -302,8 +302,9 @@ static void rewrite_shared(size_t at) {
   } else {
     char keyname[700];
     snprintf(keyname, sizeof keyname, "%s:%d:%s", g_shown, line_of(at), name);
-    add_edit(start, semi + 1 - start, "auto &%s = ::df_emu::shared<%s%s>(0x%016llxull, \"%s\", %u);%s", name, type,
-             dims, (unsigned long long)fnv(keyname), name, align, nl);
+    add_edit(start, semi + 1 - start,
+             "auto &%s = ::df_emu::shared<%s%s>(0x%016llxull, __PRETTY_FUNCTION__, \"%s\", %u);%s", name, type, dims,
+             (unsigned long long)fnv(keyname), name, align, nl);
   }
 }
 

@@ -44,13 +44,14 @@ inline T shfl_at(const char *file, int line, unsigned mask, T v, int arg, int wi
 
 // ---- shared memory -----------------------------------------------------------------------------------------------
 
-// A `__shared__` variable of the current block (allocated, NaN-poisoned, on its first use in the block).
-void *shared_var(uint64_t key, size_t bytes, size_t align, const char *name);
+// A `__shared__` variable of the current block (allocated, NaN-poisoned, on its first use in the block); one per
+// declaration (key) and function instantiation (fn: its __PRETTY_FUNCTION__), as CUDA has one per template instance.
+void *shared_var(uint64_t key, const char *fn, size_t bytes, size_t align, const char *name);
 // The block's dynamic shared memory (`extern __shared__`), NaN-poisoned at block start.
 void *dyn_smem(size_t align);
 
-template <typename T> inline T &shared(uint64_t key, const char *name, size_t align) {
-  return *static_cast<T *>(shared_var(key, sizeof(T), align > alignof(T) ? align : alignof(T), name));
+template <typename T> inline T &shared(uint64_t key, const char *fn, const char *name, size_t align) {
+  return *static_cast<T *>(shared_var(key, fn, sizeof(T), align > alignof(T) ? align : alignof(T), name));
 }
 
 // ---- launches ------------------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ struct ewarp {
 
 struct shared_site {
   uint64_t key;
+  const char *fn;
   void *p;
   size_t bytes;
 };
@@ -586,10 +587,10 @@ void wmma_mma_bf16(const char *file, int line, float *d, const __nv_bfloat16 *a,
   warp_collective(K_MMA, kFull, file, line, 0, 0, 32);
 }
 
-void *shared_var(uint64_t key, size_t bytes, size_t align, const char *name) {
+void *shared_var(uint64_t key, const char *fn, size_t bytes, size_t align, const char *name) {
   block_exec *b = cur("a __shared__ variable");
   for (int k = 0; k < b->nsites; k++)
-    if (b->sites[k].key == key) return b->sites[k].p;
+    if (b->sites[k].key == key && b->sites[k].fn == fn) return b->sites[k].p;
   const size_t off = (b->stat_used + align - 1) / align * align;
   if (off + bytes > kSmemDefault)
     kfatal(b, "static shared memory is limited to 48 KiB per block (use dynamic shared memory beyond)",
@@ -604,7 +605,7 @@ void *shared_var(uint64_t key, size_t bytes, size_t align, const char *name) {
   void *p = b->arena + off;
   memset(p, 0xFF, bytes); // NaN bytes until written
   b->stat_used = off + bytes;
-  b->sites[b->nsites++] = shared_site{key, p, bytes};
+  b->sites[b->nsites++] = shared_site{key, fn, p, bytes};
   return p;
 }
 

@@ -122,6 +122,23 @@ __global__ void tree_sums(const float *x, double *sums) {
 
 __global__ void count(int *c) { atomicAdd(c, 1); }
 
+// One __shared__ array per instantiation of a device function template, as CUDA has.
+template <typename T> __device__ T *slot_of() {
+  __shared__ T slot[32];
+  return slot;
+}
+
+__global__ void two_instances(float *out) {
+  float *f = slot_of<float>();
+  int *i = slot_of<int>();
+  f[threadIdx.x] = 1.5f * threadIdx.x;
+  i[threadIdx.x] = 7 * (int)threadIdx.x;
+  __syncthreads();
+  out[threadIdx.x] = f[threadIdx.x] + (float)i[threadIdx.x];
+}
+
+extern "C" void shared_per_instance(float *out) { two_instances<<<1, 32>>>(out); }
+
 extern "C" void bad_exit_before_barrier(float *x) { exit_before_barrier<<<1, 64>>>(x); }
 extern "C" void bad_barriers_in_branches(float *x) { barriers_in_branches<<<1, 64>>>(x); }
 extern "C" void bad_shuffle_after_exit(float *x) { shuffle_after_exit<<<1, 32>>>(x); }

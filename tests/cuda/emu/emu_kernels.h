@@ -26,6 +26,7 @@ void bad_write_past_end(float *x, int n); // x has n floats: writes x[n + 64 ...
 void bad_wmma_half_warp(float *out);      // lanes 0..15 load a fragment, 16..31 do not
 void bad_static_smem_too_large(float *x); // 40 KiB static + 16 KiB dynamic
 void read_fresh_shared(float *out);       // out[i] = a never-written __shared__ element
+void shared_per_instance(float *out);     // a template's __shared__ array, instantiated for float and int
 void write_value(float *x, int n, float v, cudaStream_t s);
 void shuffle_table(int *out); // 32 lanes × 8 results: idx, up, down, xor, width 8 variants, ballot
 void wmma_product(const void *a_bf16, const void *b_bf16, const float *c, float *d); // one 16×16×16 tile, row / col

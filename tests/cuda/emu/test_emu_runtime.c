@@ -29,6 +29,15 @@ Test(emu_runtime, fresh_shared_memory_is_nan) {
   cudaFree(d);
 }
 
+Test(emu_runtime, shared_arrays_are_per_template_instance) {
+  float *d = NULL, h[32];
+  cr_assert_eq(cudaMalloc(&d, sizeof h), cudaSuccess);
+  shared_per_instance(d);
+  cr_assert_eq(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int i = 0; i < 32; i++) cr_expect_eq(h[i], 1.5f * i + 7 * i, "element %d: %g", i, h[i]);
+  cudaFree(d);
+}
+
 // A kernel writing pinned host memory: the host sees nothing until it synchronises.
 Test(emu_runtime, launches_run_when_the_host_synchronises) {
   float *h = NULL;
