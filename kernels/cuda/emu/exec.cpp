@@ -636,8 +636,6 @@ bool exec_describe_fault(uintptr_t addr, char *out, size_t n) {
   return true;
 }
 
-static void run_grid(launch_rec *L, bool parallel);
-
 namespace {
 
 // DF_EMU_PROFILE=1: per kernel (as written at its launches), launches, blocks, threads, switches and time, at exit.
@@ -680,48 +678,54 @@ void profile_add(const launch_rec *L, uint64_t blocks, uint64_t threads, uint64_
   g_profile->push_back(kernel_profile{L->k.name, 1, blocks, threads, switches, seconds});
 }
 
-// Seconds per block of each kernel so far: a launch goes to the OpenMP team only when it is worth waking it (on a
-// busy machine a wake-up can cost a scheduler tick); the choice never changes results.
+// Seconds per block of each kernel so far. The OpenMP team is woken only for a launch whose remaining blocks are worth
+// it (on a busy machine a wake-up can cost a scheduler tick); a kernel seen for the first time runs its first block
+// alone to be timed. The choice never changes results.
 std::unordered_map<const void *, std::pair<double, uint64_t>> g_block_cost;
-
-bool worth_parallel(const launch_rec *L, uint64_t nblocks) {
-  if (nblocks < 2 || omp_get_max_threads() < 2) return false;
-  auto it = g_block_cost.find(L->k.fn);
-  if (it == g_block_cost.end() || it->second.second == 0)
-    return nblocks * L->block.x * L->block.y * L->block.z >= 32768;
-  return it->second.first / (double)it->second.second * (double)nblocks > 300e-6;
-}
+const double kParallelSeconds = 300e-6;
 
 } // namespace
+
+static void run_grid(launch_rec *L, uint64_t nblocks);
 
 void run_launch(launch_rec *L) {
   const double t0 = now_s();
   g_launch_switches = 0;
   const uint64_t nblocks = (uint64_t)L->grid.x * L->grid.y * L->grid.z;
-  run_grid(L, worth_parallel(L, nblocks));
+  count_stat(&df_emu_stats::launches, 1);
+  count_stat(&df_emu_stats::blocks, nblocks);
+  count_stat(&df_emu_stats::threads, nblocks * L->block.x * L->block.y * L->block.z);
+  run_grid(L, nblocks);
   const double dt = now_s() - t0;
   std::pair<double, uint64_t> &c = g_block_cost[L->k.fn];
   c.first += dt, c.second += nblocks;
   profile_add(L, nblocks, nblocks * L->block.x * L->block.y * L->block.z, g_launch_switches, dt);
 }
 
-static void run_grid(launch_rec *L, bool parallel) {
-  const uint64_t nblocks = (uint64_t)L->grid.x * L->grid.y * L->grid.z;
+static void run_grid(launch_rec *L, uint64_t nblocks) {
   const int nt = omp_get_max_threads();
-  count_stat(&df_emu_stats::launches, 1);
-  count_stat(&df_emu_stats::blocks, nblocks);
-  count_stat(&df_emu_stats::threads, nblocks * L->block.x * L->block.y * L->block.z);
-  if (!parallel) {
-    block_exec *b = executor();
-    for (uint64_t blk = 0; blk < nblocks; blk++) run_block(b, L, blk);
+  block_exec *b = executor();
+  uint64_t first = 0;
+  double per_block = 0.0;
+  auto it = g_block_cost.find(L->k.fn);
+  if (it != g_block_cost.end() && it->second.second > 0) {
+    per_block = it->second.first / (double)it->second.second;
+  } else { // never seen: time its first block
+    const double t0 = now_s();
+    run_block(b, L, 0);
+    per_block = now_s() - t0, first = 1;
+  }
+  const uint64_t rest = nblocks - first;
+  if (nt < 2 || rest < 2 || per_block * (double)rest < kParallelSeconds) {
+    for (uint64_t blk = first; blk < nblocks; blk++) run_block(b, L, blk);
     return;
   }
-  const int64_t chunk = (int64_t)(nblocks / ((uint64_t)nt * 16)) + 1;
-#pragma omp parallel num_threads((int)(nblocks < (uint64_t)nt ? nblocks : (uint64_t)nt))
+  const int64_t chunk = (int64_t)(rest / ((uint64_t)nt * 16)) + 1;
+#pragma omp parallel num_threads((int)(rest < (uint64_t)nt ? rest : (uint64_t)nt))
   {
-    block_exec *b = executor();
+    block_exec *e = executor();
 #pragma omp for schedule(dynamic, chunk)
-    for (int64_t blk = 0; blk < (int64_t)nblocks; blk++) run_block(b, L, (uint64_t)blk);
+    for (int64_t blk = (int64_t)first; blk < (int64_t)nblocks; blk++) run_block(e, L, (uint64_t)blk);
   }
 }
 
