@@ -6,8 +6,8 @@
 //     curve, and the last 10 steps' mean loss within 3e-2 (recipes/demo-dflash.yaml needs captured data);
 //   - resume on the GPU: 25 steps, resume to 50, against 50 straight (one LR horizon, training.total_steps, for all
 //     three runs): every logged loss bit for bit.
-// In the CUDA emulator (DF_CUDA=EMU), where a demo step costs two to three hundred times the CPU backend's, the demo
-// runs take 20 steps of batch 2 with 4 anchors (the last 5 steps as the tail), under the same checks.
+// In the CUDA emulator (DF_CUDA=EMU), where a demo step costs about a hundred times the CPU backend's, the demo runs
+// take 20 steps of batch 2 with 4 anchors (the last 5 steps as the tail), under the same checks.
 // These need the CUDA backend wired into the op table (training.device: cuda / --device cuda); on a machine without
 // a GPU they skip. On a GPU machine where the device option is still missing they fail and say so.
 #include <dirent.h>

@@ -39,9 +39,7 @@ __global__ void lanes_at_different_shuffles(float *x) {
   x[threadIdx.x] = v;
 }
 
-__global__ void mask_without_self(float *x) {
-  x[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, (float)threadIdx.x, 1);
-}
+__global__ void mask_without_self(float *x) { x[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, (float)threadIdx.x, 1); }
 
 __global__ void noop(float *x) {}
 
@@ -156,7 +154,9 @@ extern "C" void bad_write_past_end(float *x, int n) { write_past_end<<<1, 32>>>(
 extern "C" void bad_wmma_half_warp(float *out) { wmma_half_warp<<<1, 32>>>(out); }
 extern "C" void bad_static_smem_too_large(float *x) { big_static_smem<<<1, 32, 16384>>>(x); }
 extern "C" void read_fresh_shared(float *out) { fresh_shared<<<1, 64>>>(out); }
-extern "C" void write_value(float *x, int n, float v, cudaStream_t s) { fill_value<<<(n + 127) / 128, 128, 0, s>>>(x, n, v); }
+extern "C" void write_value(float *x, int n, float v, cudaStream_t s) {
+  fill_value<<<(n + 127) / 128, 128, 0, s>>>(x, n, v);
+}
 extern "C" void shuffle_table(int *out) { shuffles<<<1, 32>>>(out); }
 extern "C" void wmma_product(const void *a, const void *b, const float *c, float *d) {
   wmma_tile<<<1, 32>>>((const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b, c, d);
