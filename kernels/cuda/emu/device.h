@@ -21,7 +21,7 @@ struct thread_coords {
 };
 extern __thread thread_coords tls;
 
-// ---- barriers and warp collectives (kernels/cuda/emu/exec.cpp) ------------------------------------------------
+// ---- barriers (kernels/cuda/emu/exec.cpp) and warp collectives (warp.cpp) ----------------------------------------
 
 enum { SHFL_IDX = 0, SHFL_UP, SHFL_DOWN, SHFL_XOR, VOTE_BALLOT, VOTE_ANY, VOTE_ALL };
 
@@ -64,7 +64,7 @@ struct kernel_info {
 
 typedef void (*closure_fn)(void *closure);
 
-// Queues a launch (never runs it here); pointer arguments are checked now (kernels/cuda/emu/exec.cpp).
+// Queues a launch (never runs it here); pointer arguments are checked now (kernels/cuda/emu/stream.cpp).
 void enqueue_kernel(const kernel_info &k, dim3 grid, dim3 block, size_t smem, cudaStream_t s, void *closure,
                     closure_fn run, closure_fn destroy, const uintptr_t *ptrs, const int *ptr_index, int nptr);
 

@@ -1,13 +1,13 @@
 // The block executor of the CUDA emulator. A launch runs its whole grid; blocks are spread over the OpenMP threads
 // (each block on one CPU thread from start to end, so results never depend on the thread count). Inside a block,
 // every CUDA thread is a coroutine, run lazily: threads run one after another on the current stack, and only a
-// thread that blocks (at __syncthreads or a warp collective) keeps that stack as its own fiber while the block goes
-// on on a fresh pooled stack, so kernels that never block cost no switch at all. A barrier or collective completes
-// when every thread (lane) it names has arrived; the checks say which kernel, launch, block and thread broke which
-// rule: threads that exit before a barrier others wait at, threads at different barriers, lanes at different warp
-// operations, masks naming exited, absent or missing lanes, WMMA by part of a warp, shared memory over the limits.
+// thread that blocks (at __syncthreads or a warp collective, warp.cpp) keeps that stack as its own fiber while the
+// block goes on on a fresh pooled stack, so kernels that never block cost no switch at all. The checks here say which
+// kernel, launch, block and thread broke which rule: threads that exit before a barrier others wait at, threads at
+// different barriers, a block that cannot go on, WMMA calls that differ between lanes, shared memory over the limits.
+#include "kernels/cuda/emu/exec.h"
+
 #include <algorithm>
-#include <cuda_bf16.h>
 #include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,97 +18,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/cuda/emu/fiber.h"
-#include "kernels/cuda/emu/internal.h"
-
 namespace df_emu {
 
 __thread thread_coords tls;
 
-namespace {
-
-enum : uint8_t { T_RUNNING = 1, T_RUNNABLE, T_WAITING, T_DONE };
-enum : uint8_t { W_BARRIER = 1, W_WARP };
-enum { K_SYNCWARP = 20, K_MMA = 21 };
-
-const size_t kStack = 256 * 1024, kPage = 4096, kArena = 64 * 1024;
-const unsigned kFull = 0xffffffffu;
-
-struct ethread {
-  fiber_ctx ctx;
-  uint8_t state, wait;
-  int wkind;
-  const char *wfile;
-  int wline;
-  uint32_t wmma_ops; // WMMA steps made (all lanes of a warp must make the same ones)
-  const char *wmma_file;
-  int wmma_line;
-  uint64_t wres; // this lane's result of the last warp collective
-};
-
-struct ewarp {
-  unsigned arrived, mask, exited, valid;
-  int kind;
-  const char *file;
-  int line;
-  uint32_t wmma_ref;
-  bool uniform; // every lane so far passed the same argument and width (arg0, width0: the first lane's)
-  int arg0, width0;
-  uint64_t val[32];
-  int arg[32], width[32];
-  void *mma[32][4];
-};
-
-struct shared_site {
-  uint64_t key;
-  const char *fn;
-  void *p;
-  size_t bytes;
-};
-
-struct block_exec {
-  const launch_rec *L;
-  uint3 bid, bdim;
-  int n, nwarps;
-  ethread th[1024];
-  ewarp warps[32];
-  int next_fresh, ndone, running;
-  int rq[1024], rq_head, rq_count; // runnable threads, oldest first
-  int bar_arrived;
-  const char *bar_file;
-  int bar_line;
-  fiber_ctx *idle[1100]; // suspended scheduler loops on spare stacks
-  int nidle;
-  fiber_ctx *root_ctx; // the loop on the worker's own stack, when suspended
-  bool root_idle;
-  std::vector<char *> stacks_free, stacks_used;
-  char *dyn_region, *dyn; // dynamic shared memory, ending at a guard page
-  char *arena;            // static shared memory
-  size_t stat_used;
-  shared_site sites[64];
-  int nsites;
-  uint64_t switches;
-  unsigned fibers_started;
-};
-
-uint64_t g_launch_switches;  // switches of the launch running now (all CPU threads)
-__thread block_exec *g_exec; // this CPU thread's executor
-__thread block_exec *g_cur;  // set while it runs a block
-
-const char *kind_name(int k) {
-  switch (k) {
-  case SHFL_IDX: return "__shfl_sync";
-  case SHFL_UP: return "__shfl_up_sync";
-  case SHFL_DOWN: return "__shfl_down_sync";
-  case SHFL_XOR: return "__shfl_xor_sync";
-  case VOTE_BALLOT: return "__ballot_sync";
-  case VOTE_ANY: return "__any_sync";
-  case VOTE_ALL: return "__all_sync";
-  case K_SYNCWARP: return "__syncwarp";
-  case K_MMA: return "wmma::mma_sync";
-  default: return "warp operation";
-  }
-}
+static uint64_t g_launch_switches;  // switches of the launch running now (all CPU threads)
+static __thread block_exec *g_exec; // this CPU thread's executor
+__thread block_exec *g_cur;         // set while it runs a block
 
 bool same_site(const char *fa, int la, const char *fb, int lb) {
   return la == lb && (fa == fb || (fa && fb && !strcmp(fa, fb)));
@@ -119,7 +35,7 @@ void tid_of(const block_exec *b, int i, unsigned *x, unsigned *y, unsigned *z) {
 }
 
 // "kernel K launched at F:L, block (x, y, z), thread (x, y, z)".
-void where(const block_exec *b, int i, char *out, size_t n) {
+static void where(const block_exec *b, int i, char *out, size_t n) {
   unsigned x, y, z;
   tid_of(b, i, &x, &y, &z);
   snprintf(out, n,
@@ -146,7 +62,7 @@ block_exec *cur(const char *what) {
   return b;
 }
 
-void set_coords(block_exec *b, int i) {
+static void set_coords(block_exec *b, int i) {
   if (b->bdim.y == 1 && b->bdim.z == 1) // y and z were zeroed at block start
     tls.tid.x = (unsigned)i;
   else
@@ -156,7 +72,7 @@ void set_coords(block_exec *b, int i) {
 
 // ---- stacks ------------------------------------------------------------------------------------------------------
 
-char *get_stack(block_exec *b) {
+static char *get_stack(block_exec *b) {
   char *s;
   if (!b->stacks_free.empty()) {
     s = b->stacks_free.back();
@@ -172,25 +88,23 @@ char *get_stack(block_exec *b) {
 
 // ---- scheduling ----------------------------------------------------------------------------------------------------
 
-void rq_push(block_exec *b, int i) { b->rq[(b->rq_head + b->rq_count++) & 1023] = i; }
-
-int rq_pop(block_exec *b) {
+static int rq_pop(block_exec *b) {
   const int i = b->rq[b->rq_head];
   b->rq_head = (b->rq_head + 1) & 1023, b->rq_count--;
   return i;
 }
 
-void switch_to_thread(block_exec *b, fiber_ctx *from, int i) {
+static void switch_to_thread(block_exec *b, fiber_ctx *from, int i) {
   b->th[i].state = T_RUNNING;
   set_coords(b, i);
   b->switches++;
   df_emu_switch(from, &b->th[i].ctx);
 }
 
-void sched_loop(block_exec *b, bool root);
-void fiber_entry(void *arg) { sched_loop((block_exec *)arg, false); }
+static void sched_loop(block_exec *b, bool root);
+static void fiber_entry(void *arg) { sched_loop((block_exec *)arg, false); }
 
-[[noreturn]] void deadlock(block_exec *b) {
+[[noreturn]] static void deadlock(block_exec *b) {
   char msg[3000];
   int len = snprintf(msg, sizeof msg, "the block cannot go on: ");
   int waiting = 0;
@@ -237,7 +151,7 @@ void block_wait(block_exec *b, ethread *t) {
   deadlock(b);
 }
 
-void thread_exit(block_exec *b, int i) {
+static void thread_exit(block_exec *b, int i) {
   ethread *t = &b->th[i];
   t->state = T_DONE;
   b->ndone++;
@@ -255,7 +169,7 @@ void thread_exit(block_exec *b, int i) {
            b->bar_file, b->bar_line);
 }
 
-void run_body(block_exec *b, int i) {
+static void run_body(block_exec *b, int i) {
   ethread *t = &b->th[i];
   t->state = T_RUNNING, t->wait = 0, t->wmma_ops = 0, t->wmma_file = NULL;
   set_coords(b, i);
@@ -265,7 +179,7 @@ void run_body(block_exec *b, int i) {
 
 // A scheduler loop (on the worker's stack: root; on a pooled stack otherwise). Runnable threads first, so a warp
 // finishes before the next starts and few stacks are live.
-void sched_loop(block_exec *b, bool root) {
+static void sched_loop(block_exec *b, bool root) {
   fiber_ctx self = {NULL};
   for (;;) {
     if (b->rq_count) {
@@ -293,7 +207,7 @@ void sched_loop(block_exec *b, bool root) {
   }
 }
 
-block_exec *executor() {
+static block_exec *executor() {
   if (g_exec) return g_exec;
   block_exec *b = new block_exec();
   // Dynamic shared memory ends at a guard page: a kernel writing past its bytes faults, named.
@@ -307,7 +221,7 @@ block_exec *executor() {
   return b;
 }
 
-void check_wmma_counts(block_exec *b) {
+static void check_wmma_counts(block_exec *b) {
   for (int w = 0; w < b->nwarps; w++) {
     const int lo = w * 32, hi = lo + 32 < b->n ? lo + 32 : b->n;
     for (int i = lo + 1; i < hi; i++)
@@ -321,7 +235,7 @@ void check_wmma_counts(block_exec *b) {
   }
 }
 
-void run_block(block_exec *b, const launch_rec *L, uint64_t blk) {
+static void run_block(block_exec *b, const launch_rec *L, uint64_t blk) {
   b->L = L;
   b->bid.x = (unsigned)(blk % L->grid.x), b->bid.y = (unsigned)(blk / L->grid.x % L->grid.y);
   b->bid.z = (unsigned)(blk / ((uint64_t)L->grid.x * L->grid.y));
@@ -349,163 +263,6 @@ void run_block(block_exec *b, const launch_rec *L, uint64_t blk) {
   count_stat(&df_emu_stats::switches, b->switches);
   __atomic_fetch_add(&g_launch_switches, b->switches, __ATOMIC_RELAXED);
 }
-
-// ---- warp collectives
-// ------------------------------------------------------------------------------------------------
-
-bool pow2_width(int w) { return w >= 1 && w <= 32 && (w & (w - 1)) == 0; }
-
-// Shuffle source lane of `lane`, or lane itself where CUDA returns the caller's own value.
-int shfl_src(int kind, int lane, int arg, int width) {
-  const int seg = lane & ~(width - 1);
-  switch (kind) {
-  case SHFL_IDX: return seg + (arg & (width - 1));
-  case SHFL_UP: return (lane - seg) >= arg ? lane - arg : lane;
-  case SHFL_DOWN: return (lane - seg) + arg < width ? lane + arg : lane;
-  default: { // xor: later segments are out of reach
-    const int s = lane ^ arg;
-    return (s & ~(width - 1)) > seg ? lane : s;
-  }
-  }
-}
-
-float bf16f(const __nv_bfloat16 &h) {
-  uint32_t u = (uint32_t)h.__x << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-__attribute__((noinline)) void mma_product(ewarp *w) {
-  float A[16][16], B[16][16], C[16][16];
-  for (int l = 0; l < 32; l++)
-    for (int e = 0; e < 8; e++) {
-      const int i = l * 8 + e, r = i / 16, c = i % 16;
-      A[r][c] = bf16f(((const __nv_bfloat16 *)w->mma[l][1])[e]);
-      B[r][c] = bf16f(((const __nv_bfloat16 *)w->mma[l][2])[e]);
-      C[r][c] = ((const float *)w->mma[l][3])[e];
-    }
-  for (int m = 0; m < 16; m++)
-    for (int n = 0; n < 16; n++) {
-      float s = C[m][n];
-      for (int k = 0; k < 16; k++) s += A[m][k] * B[k][n];
-      C[m][n] = s;
-    }
-  for (int l = 0; l < 32; l++)
-    for (int e = 0; e < 8; e++) ((float *)w->mma[l][0])[e] = C[(l * 8 + e) / 16][(l * 8 + e) % 16];
-}
-
-// Every lane of the mask has arrived: compute each lane's result, then make the others runnable.
-__attribute__((noinline)) void complete_general(block_exec *b, ewarp *w, int warp, int self);
-
-void complete(block_exec *b, ewarp *w, int warp, int self) {
-  const int base = warp * 32;
-  if (w->uniform && w->mask == kFull && w->kind == SHFL_XOR && w->width0 == 32) {
-    // The common case (a butterfly step of a warp reduction): lane l reads lane l ^ arg.
-    const int arg = w->arg0;
-    for (int l = 0; l < 32; l++) b->th[base + l].wres = w->val[l ^ arg];
-    for (int l = 0; l < 32; l++)
-      if (l != self) b->th[base + l].state = T_RUNNABLE, rq_push(b, base + l);
-    w->arrived = 0;
-    return;
-  }
-  complete_general(b, w, warp, self);
-}
-
-void complete_general(block_exec *b, ewarp *w, int warp, int self) {
-  const int base = warp * 32;
-  if (w->kind == K_MMA) mma_product(w);
-  unsigned ballot = 0;
-  if (w->kind == VOTE_BALLOT || w->kind == VOTE_ANY || w->kind == VOTE_ALL)
-    for (int l = 0; l < 32; l++)
-      if ((w->mask >> l & 1) && w->val[l]) ballot |= 1u << l;
-  for (int l = 0; l < 32; l++) {
-    if (!(w->mask >> l & 1)) continue;
-    ethread *t = &b->th[base + l];
-    if (w->kind <= SHFL_XOR) {
-      if (!pow2_width(w->width[l])) {
-        b->running = base + l;
-        kfatal(b, "width must be a power of 2 from 1 to 32", "%s at %s:%d with width %d", kind_name(w->kind), w->file,
-               w->line, w->width[l]);
-      }
-      const int s = shfl_src(w->kind, l, w->arg[l], w->width[l]);
-      if (!(w->mask >> s & 1)) {
-        b->running = base + l;
-        kfatal(b, "a shuffle may only read lanes its mask names (and that have not exited)",
-               "%s at %s:%d reads lane %d, which is outside the mask 0x%08x", kind_name(w->kind), w->file, w->line, s,
-               w->mask);
-      }
-      t->wres = w->val[s];
-    } else if (w->kind == VOTE_BALLOT) {
-      t->wres = ballot;
-    } else if (w->kind == VOTE_ANY) {
-      t->wres = ballot != 0;
-    } else if (w->kind == VOTE_ALL) {
-      t->wres = ballot == w->mask;
-    }
-    if (l != self) t->state = T_RUNNABLE, rq_push(b, base + l);
-  }
-  w->arrived = 0;
-}
-
-// A warp operation called against its rules: say which rule (never returns).
-[[noreturn]] __attribute__((noinline, cold)) void collective_misuse(block_exec *b, int kind, unsigned mask,
-                                                                    const char *file, int line) {
-  const int i = b->running, lane = i & 31;
-  const ewarp *w = &b->warps[i >> 5];
-  const ethread *t = &b->th[i];
-  const char *hint = "every lane a warp operation's mask names must reach that same operation";
-  if (!(mask >> lane & 1))
-    kfatal(b, "a lane must name itself in the mask of the warp operations it calls",
-           "%s at %s:%d with mask 0x%08x, which leaves out the calling lane %d", kind_name(kind), file, line, mask,
-           lane);
-  if (mask & ~w->valid)
-    kfatal(b, "name only lanes that exist: the block's size is not a multiple of 32 here",
-           "%s at %s:%d with mask 0x%08x names lanes 0x%08x, absent from this warp of the %d-thread block",
-           kind_name(kind), file, line, mask, mask & ~w->valid, b->n);
-  if (mask & w->exited)
-    kfatal(b, hint, "%s at %s:%d with mask 0x%08x names lanes 0x%08x that have exited", kind_name(kind), file, line,
-           mask, mask & w->exited);
-  if (w->kind != kind || w->mask != mask || !same_site(w->file, w->line, file, line))
-    kfatal(b, hint,
-           "lanes of one warp reach different warp operations: this lane %s at %s:%d (mask 0x%08x), lanes "
-           "0x%08x %s at %s:%d (mask 0x%08x)",
-           kind_name(kind), file, line, mask, w->arrived, kind_name(w->kind), w->file, w->line, w->mask);
-  kfatal(b, "all 32 lanes of a warp must make the same WMMA calls",
-         "at %s at %s:%d this lane has made %u WMMA steps, the lanes before it %u", kind_name(kind), file, line,
-         t->wmma_ops, w->wmma_ref);
-}
-
-// The lane arrives; the last lane of the mask to arrive computes every lane's result and goes on, the others wait.
-uint64_t warp_collective(int kind, unsigned mask, const char *file, int line, uint64_t val, int arg, int width) {
-  block_exec *b = g_cur;
-  if (__builtin_expect(!b, 0)) cur(kind_name(kind));
-  const int i = b->running, lane = i & 31, warp = i >> 5;
-  ewarp *w = &b->warps[warp];
-  ethread *t = &b->th[i];
-  if (__builtin_expect(!(mask >> lane & 1) || (mask & ~w->valid) || (mask & w->exited), 0))
-    collective_misuse(b, kind, mask, file, line);
-  if (!w->arrived) {
-    w->kind = kind, w->mask = mask, w->file = file, w->line = line, w->wmma_ref = t->wmma_ops, w->uniform = true;
-    w->arg0 = arg, w->width0 = width;
-  } else {
-    if (__builtin_expect(w->kind != kind || w->mask != mask || w->line != line || t->wmma_ops != w->wmma_ref, 0))
-      collective_misuse(b, kind, mask, file, line);
-    if (__builtin_expect(w->file != file, 0) && strcmp(w->file, file)) collective_misuse(b, kind, mask, file, line);
-    if (arg != w->arg0 || width != w->width0) w->uniform = false;
-  }
-  w->val[lane] = val, w->arg[lane] = arg, w->width[lane] = width;
-  w->arrived |= 1u << lane;
-  if (w->arrived == mask) {
-    complete(b, w, warp, lane);
-    return t->wres;
-  }
-  t->wait = W_WARP, t->wkind = kind, t->wfile = file, t->wline = line;
-  block_wait(b, t);
-  return t->wres;
-}
-
-} // namespace
 
 // ---- the device-side entry points (kernels/cuda/emu/device.h, mma.h) -----------------------------------------------
 
@@ -544,47 +301,6 @@ void syncthreads(const char *file, int line) {
   ethread *t = &b->th[i];
   t->wait = W_BARRIER, t->wfile = file, t->wline = line;
   block_wait(b, t);
-}
-
-void syncwarp(const char *file, int line, unsigned mask) { warp_collective(K_SYNCWARP, mask, file, line, 0, 0, 32); }
-
-uint64_t shfl(const char *file, int line, int kind, unsigned mask, uint64_t v, int arg, int width) {
-  return warp_collective(kind, mask, file, line, v, arg, width);
-}
-
-unsigned vote(const char *file, int line, int kind, unsigned mask, int pred) {
-  return (unsigned)warp_collective(kind, mask, file, line, pred != 0, 0, 32);
-}
-
-int wmma_step(const char *what, const char *file, int line, const void *ptr, unsigned ldm, size_t elem_bytes) {
-  block_exec *b = cur(what);
-  const int i = b->running;
-  const ewarp *w = &b->warps[i >> 5];
-  ethread *t = &b->th[i];
-  // (Lanes run one after another between collectives, so a lane may well have exited before another makes its last
-  // store: the lanes' counts of steps are compared at the next collective and when the block ends.)
-  if (w->valid != kFull)
-    kfatal(b, "WMMA needs whole warps: make the block a multiple of 32 threads", "%s at %s:%d in a warp of %d lanes",
-           what, file, line, __builtin_popcount(w->valid));
-  if (ptr && (uintptr_t)ptr % 32)
-    kfatal(b, "WMMA loads and stores need 256-bit (32-byte) aligned pointers", "%s at %s:%d: pointer %p", what, file,
-           line, ptr);
-  if (ptr && ((size_t)ldm * elem_bytes) % 16)
-    kfatal(b, "ldm must be a multiple of 16 bytes (8 bf16 or 4 float elements)", "%s at %s:%d: ldm %u", what, file,
-           line, ldm);
-  t->wmma_ops++, t->wmma_file = file, t->wmma_line = line;
-  return i & 31;
-}
-
-void wmma_mma_bf16(const char *file, int line, float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *bm,
-                   const float *c) {
-  block_exec *b = cur("wmma::mma_sync");
-  const int i = b->running;
-  wmma_step("wmma::mma_sync", file, line, NULL, 0, 0);
-  ewarp *w = &b->warps[i >> 5];
-  void **slot = w->mma[i & 31];
-  slot[0] = d, slot[1] = (void *)a, slot[2] = (void *)bm, slot[3] = (void *)c;
-  warp_collective(K_MMA, kFull, file, line, 0, 0, 32);
 }
 
 void *shared_var(uint64_t key, const char *fn, size_t bytes, size_t align, const char *name) {
