@@ -20,6 +20,13 @@
 
 bool cu_gpu_visible(void);
 
+// A shape labelled GPU-only: skipped in the CUDA emulator (DF_CUDA=EMU), where it would take minutes, with the reason.
+#ifdef DF_CUDA_EMU
+#define CU_GPU_ONLY_SHAPE(why) cr_skip_test("GPU-only shape (too slow in the CUDA emulator): %s", why)
+#else
+#define CU_GPU_ONLY_SHAPE(why) ((void)0)
+#endif
+
 typedef struct {
   df_cu_stream s;
   void *lt, *blas; // cublasLtHandle_t, cublasHandle_t

@@ -203,10 +203,23 @@ static df_status write_dump(const step_run *run, const df_step_result *r, const 
   DF_TRY(df_mkdirs(dir, "check the --dump directory", err));
   char path[4096];
   snprintf(path, sizeof path, "%s/grads.safetensors", dir);
-  // Every trainable parameter (no buffers), FFN-kind tensors named by the config's checkpoint layout.
+  // Every trainable parameter (no buffers), FFN-kind tensors named by the config's checkpoint layout. Gradients on a
+  // device are read through a host copy: the file writer reads host memory only.
+  const float *grads = df_draft_model_grads(run->model);
+  float *host = NULL;
+  if (!df_ctx_host_addressable(run->ctx)) {
+    const size_t bytes = sizeof(float) * (size_t)df_params_numel(df_draft_model_params(run->model));
+    host = malloc(bytes ? bytes : 1);
+    if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "grads", NULL, "cannot stage %zu bytes of gradients", bytes);
+    df_status st = df_copy(run->ctx, host, DF_DEV_CPU, grads, df_ctx_device(run->ctx), bytes, err);
+    if (st != DF_OK) return free(host), st;
+    grads = host;
+  }
   df_save_options so = {.dtype = DF_ST_F32, .trainable_only = true};
   const df_ffn_set fs = df_draft_model_ffn_set(run->model);
-  DF_TRY(df_ffn_set_save(&fs, df_draft_model_params(run->model), df_draft_model_grads(run->model), path, &so, err));
+  df_status st = df_ffn_set_save(&fs, df_draft_model_params(run->model), grads, path, &so, err);
+  free(host);
+  DF_TRY(st);
   return df_step_write_json(r, dir, err);
 }
 
