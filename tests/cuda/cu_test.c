@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define CU_CHECK(call)                                                                                                 \
   do {                                                                                                                 \
@@ -181,4 +183,41 @@ df_tensor cu_pair_dev(cu_pair *p, const df_tensor *h) {
   df_tensor t = *h;
   t.data = d, t.device = DF_DEV_CUDA;
   return t;
+}
+
+// ---- the program -------------------------------------------------------------------------------------------------
+
+const char *cu_env_or(const char *name, const char *fallback) {
+  const char *v = getenv(name);
+  return v && *v ? v : fallback;
+}
+
+void cu_tmpdir(char *buf, size_t n, const char *tag) {
+  snprintf(buf, n, "/tmp/df_gpu_%s_XXXXXX", tag);
+  cr_assert_not_null(mkdtemp(buf), "mkdtemp");
+}
+
+void cu_rmtree(const char *dir) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_expect_eq(system(cmd), 0, "cleanup of %s", dir);
+}
+
+int cu_run_cli(const char *args, const char *log) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>&1", CU_BIN_PATH, args, log);
+  int rc = system(cmd);
+  rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  if (rc != 0) {
+    char tail[2048] = "";
+    FILE *f = fopen(log, "r");
+    if (f) {
+      size_t n = fread(tail, 1, sizeof tail - 1, f);
+      tail[n] = 0;
+      fclose(f);
+    }
+    cr_log_error("draftforge %s exited %d:\n%s", args, rc, tail);
+  }
+  cr_assert_neq(rc, 2, "draftforge rejected the device option: the CUDA backend is not wired into the op table yet");
+  return rc;
 }

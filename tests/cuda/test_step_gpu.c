@@ -23,47 +23,6 @@
 #include "modeling/safetensors.h"
 #include "tests/cuda/cu_test.h"
 
-// The program, sources and fixtures: the environment's DF_DRAFTFORGE_BIN / DF_SOURCE_DIR / DF_FIXTURE_DIR first (a
-// prebuilt suite run from another checkout, scripts/gpu-check.sh --packed), else the build's paths.
-static const char *env_or(const char *name, const char *fallback) {
-  const char *v = getenv(name);
-  return v && *v ? v : fallback;
-}
-#define BIN_PATH     env_or("DF_DRAFTFORGE_BIN", DF_DRAFTFORGE_BIN)
-#define SOURCE_PATH  env_or("DF_SOURCE_DIR", DF_SOURCE_DIR)
-#define FIXTURE_PATH env_or("DF_FIXTURE_DIR", DF_FIXTURE_DIR)
-
-static void make_tmp(char *buf, size_t n, const char *tag) {
-  snprintf(buf, n, "/tmp/df_gpu_%s_XXXXXX", tag);
-  cr_assert_not_null(mkdtemp(buf), "mkdtemp");
-}
-
-static void remove_tree(const char *dir) {
-  char cmd[1200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  cr_expect_eq(system(cmd), 0, "cleanup of %s", dir);
-}
-
-// Runs the CLI; a usage error (exit 2) means this build has no --device / training.device yet.
-static int run_cli(const char *args, const char *log) {
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>&1", BIN_PATH, args, log);
-  int rc = system(cmd);
-  rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-  if (rc != 0) {
-    char tail[2048] = "";
-    FILE *f = fopen(log, "r");
-    if (f) {
-      size_t n = fread(tail, 1, sizeof tail - 1, f);
-      tail[n] = 0;
-      fclose(f);
-    }
-    cr_log_error("draftforge %s exited %d:\n%s", args, rc, tail);
-  }
-  cr_assert_neq(rc, 2, "draftforge rejected the device option: the CUDA backend is not wired into the op table yet");
-  return rc;
-}
-
 static double json_num(json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
 
 #ifdef DF_CUDA_EMU
@@ -101,7 +60,7 @@ static void expect_grads_close(const char *name, const char *want_path, const ch
 
 static void step_cases(const char *sub) {
   char dir[600];
-  snprintf(dir, sizeof dir, "%s/%s", FIXTURE_PATH, sub);
+  snprintf(dir, sizeof dir, "%s/%s", CU_FIXTURE_PATH, sub);
   DIR *d = opendir(dir);
   cr_assert_not_null(d, "%s", dir);
   struct dirent *ent;
@@ -113,10 +72,10 @@ static void step_cases(const char *sub) {
     if (access(recipe, R_OK) != 0) continue;
     snprintf(want, sizeof want, "%s/%s/expected/step.json", dir, ent->d_name);
     snprintf(wantg, sizeof wantg, "%s/%s/expected/grads.safetensors", dir, ent->d_name);
-    make_tmp(out, sizeof out, "step");
+    cu_tmpdir(out, sizeof out, "step");
     snprintf(log, sizeof log, "%s/log.txt", out);
     snprintf(args, sizeof args, "step '%s' --dump '%s' --device cuda", recipe, out);
-    cr_expect_eq(run_cli(args, log), 0, "%s/%s: draftforge step on the GPU failed", sub, ent->d_name);
+    cr_expect_eq(cu_run_cli(args, log), 0, "%s/%s: draftforge step on the GPU failed", sub, ent->d_name);
     snprintf(got, sizeof got, "%s/step.json", out);
     snprintf(gotg, sizeof gotg, "%s/grads.safetensors", out);
     json_error_t je;
@@ -128,7 +87,7 @@ static void step_cases(const char *sub) {
       expect_grads_close(ent->d_name, wantg, gotg);
     }
     json_decref(w), json_decref(g);
-    remove_tree(out);
+    cu_rmtree(out);
     ran++;
   }
   closedir(d);
@@ -182,13 +141,13 @@ static void train_run(const char *recipe, const char *out, const char *device, c
   snprintf(args, sizeof args,
            "train '%s/%s' --set output_dir='%s' --set training.device=%s --set training.max_steps=%d "
            "--set training.eval_interval=0 --set training.log_interval=1 %s %s",
-           SOURCE_PATH, recipe, out, device, STEPS, DEMO_SHAPE, extra ? extra : "");
-  cr_assert_eq(run_cli(args, log), 0, "training %s on %s failed", recipe, device);
+           CU_SOURCE_PATH, recipe, out, device, STEPS, DEMO_SHAPE, extra ? extra : "");
+  cr_assert_eq(cu_run_cli(args, log), 0, "training %s on %s failed", recipe, device);
 }
 
 static void curves_agree(const char *recipe) {
   char root[128], cpu[300], gpu[300];
-  make_tmp(root, sizeof root, "curve");
+  cu_tmpdir(root, sizeof root, "curve");
   snprintf(cpu, sizeof cpu, "%s/cpu", root), snprintf(gpu, sizeof gpu, "%s/gpu", root);
   train_run(recipe, cpu, "cpu", NULL);
   train_run(recipe, gpu, "cuda", NULL);
@@ -204,7 +163,7 @@ static void curves_agree(const char *recipe) {
   cr_expect_leq(mean_rel, 2e-2, "%s: mean relative loss gap GPU vs CPU %.3g", recipe, mean_rel);
   cr_expect_leq(fabs(tail_g - tail_c) / tail_c, 3e-2, "%s: last-%d mean loss GPU %.6g vs CPU %.6g", recipe, TAIL,
                 tail_g, tail_c);
-  remove_tree(root);
+  cu_rmtree(root);
 }
 
 Test(cuda_step, demo_loss_curve_dflash_gpu_vs_cpu, .timeout = 300) {
@@ -222,10 +181,15 @@ Test(cuda_step, demo_loss_curve_moe_gpu_vs_cpu, .timeout = 300) {
   curves_agree("recipes/demo-dflash-moe.yaml");
 }
 
+Test(cuda_step, demo_loss_curve_dspark_moe_gpu_vs_cpu, .timeout = 300) {
+  CU_REQUIRE_GPU();
+  curves_agree("recipes/demo-dspark-moe.yaml");
+}
+
 Test(cuda_step, resume_on_gpu_is_bit_exact, .timeout = 600) {
   CU_REQUIRE_GPU();
   char root[128], straight[300], split[300], extra[700];
-  make_tmp(root, sizeof root, "resume");
+  cu_tmpdir(root, sizeof root, "resume");
   snprintf(straight, sizeof straight, "%s/straight", root), snprintf(split, sizeof split, "%s/split", root);
   // One LR horizon for the three runs (training.total_steps): the resumed run must continue the split run's schedule,
   // and the trainer refuses a resume whose horizon differs from the checkpoint's.
@@ -240,5 +204,5 @@ Test(cuda_step, resume_on_gpu_is_bit_exact, .timeout = 600) {
   cr_assert_eq(read_losses(straight, a, STEPS), STEPS);
   cr_assert_eq(read_losses(split, b, STEPS), STEPS);
   for (int i = 0; i < STEPS; i++) cr_expect(a[i] == b[i], "step %d: loss %.17g vs resumed %.17g", i + 1, a[i], b[i]);
-  remove_tree(root);
+  cu_rmtree(root);
 }
