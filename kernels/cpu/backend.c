@@ -27,6 +27,8 @@ void df_cpu_register_moe_aux(df_backend *be);
 void df_cpu_register_moe_experts(df_backend *be);
 void df_cpu_register_causal_attn(df_backend *be);
 void df_cpu_register_markov(df_backend *be);
+void df_cpu_register_ttt_attn(df_backend *be);
+void df_cpu_register_eagle3_loss(df_backend *be);
 
 static df_status cpu_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
   (void)ctx;
@@ -111,6 +113,8 @@ static void cpu_build(void) {
   df_cpu_register_moe_aux(&cpu_table);
   df_cpu_register_moe_experts(&cpu_table);
   df_cpu_register_causal_attn(&cpu_table);
+  df_cpu_register_ttt_attn(&cpu_table);
+  df_cpu_register_eagle3_loss(&cpu_table);
   df_cpu_register_markov(&cpu_table);
 }
 

@@ -72,6 +72,8 @@ void df_cuda_register_moe(df_backend *be);
 void df_cuda_register_moe_grouped(df_backend *be);
 void df_cuda_register_markov(df_backend *be);
 void df_cuda_register_causal_attn(df_backend *be);
+void df_cuda_register_ttt_attn(df_backend *be);
+void df_cuda_register_eagle3_loss(df_backend *be);
 
 #ifdef __cplusplus
 }
