@@ -188,7 +188,7 @@ df_status df_params_save(const df_params *p, const float *flat, const char *path
     st = df_st_writer_set_metadata(w, o->metadata[2 * i], o->metadata[2 * i + 1], err);
   for (int i = 0; i < n && st == DF_OK; i++) {
     const df_param *e = df_params_at(p, i);
-    if (o->trainable_only && !e->trainable) continue;
+    if ((o->trainable_only && !e->trainable) || (o->integer_only && !is_int_dtype(e->dtype))) continue;
     if (is_int_dtype(e->dtype))
       st = add_int_tensor(w, e, flat + e->offset, &ints[i], err);
     else
