@@ -46,6 +46,7 @@ static bool known_top_key(const char *key) {
                                      "fc_norm",
                                      "norm_output",
                                      "eagle_config",
+                                     "eagle_aux_hidden_state_layer_ids",
                                      "pretraining_tp",
                                      "mlp_bias"};
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)

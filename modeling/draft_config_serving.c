@@ -167,7 +167,8 @@ int df_draft_config_serving_variants(const json_t *root, bool dspark, const char
 
 // EAGLE-3: what SGLang's LlamaForCausalLMEagle3 and vLLM's Eagle3LlamaForCausalLM read, written out: the Llama sizes,
 // draft_vocab_size (absent, both would read the target's head), the capture layers in eagle_config (SGLang adds one
-// to each: its "before layer k+1" is the output of layer k), and every bias / tying switch off (SGLang ties lm_head to
+// to each: its "before layer k+1" is the output of layer k) and, one higher, at the top level (vLLM reads them there as
+// they stand), and every bias / tying switch off (SGLang ties lm_head to
 // the embedding when tie_word_embeddings is set; vLLM gives q/k/v a bias when attention_bias is set; SpecForge trains
 // neither).
 df_status df_eagle3_resolved_json(const df_draft_config *cfg, json_t **out, df_error *err) {
@@ -192,8 +193,11 @@ df_status df_eagle3_resolved_json(const df_draft_config *cfg, json_t **out, df_e
        put(root, "fc_norm", json_boolean(cfg->eagle3.fc_norm)) &&
        put(root, "norm_output", json_boolean(cfg->eagle3.norm_output)) && put_rope(cfg, root) &&
        put(ec, "use_aux_hidden_state", json_true());
-  if (ok && cfg->dflash.num_target_layer_ids == 3)
-    ok = put(ec, "eagle_aux_hidden_state_layer_ids", int_list(cfg->dflash.target_layer_ids, 3));
+  if (ok && cfg->dflash.num_target_layer_ids == 3) { // SGLang: output-of-layer ids; vLLM: before-layer ids (+ 1)
+    const int *a = cfg->dflash.target_layer_ids, before[3] = {a[0] + 1, a[1] + 1, a[2] + 1};
+    ok = put(ec, "eagle_aux_hidden_state_layer_ids", int_list(a, 3)) &&
+         put(root, "eagle_aux_hidden_state_layer_ids", int_list(before, 3));
+  }
   if (!ok) {
     json_decref(root);
     return oom(cfg, err);

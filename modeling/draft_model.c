@@ -203,7 +203,9 @@ void df_draft_model_free(df_draft_model *m) {
 const df_params *df_draft_model_params(const df_draft_model *m) { return m->params; }
 float *df_draft_model_weights(df_draft_model *m) { return m->weights; }
 float *df_draft_model_grads(df_draft_model *m) { return m->grads; }
-int64_t df_draft_model_activation_bytes(const df_draft_model *m) { return (int64_t)m->arena_used; }
+int64_t df_draft_model_activation_bytes(const df_draft_model *m) {
+  return m->eagle3 ? df_eagle3_activation_bytes(m->eagle3) : (int64_t)m->arena_used;
+}
 df_dspark_heads *df_draft_model_dspark_heads(df_draft_model *m) { return m->dspark; }
 df_eagle3_model *df_draft_model_eagle3(df_draft_model *m) { return m->eagle3; }
 

@@ -132,9 +132,10 @@ static void report(const df_strategy_run *base, const double *st, double loss_de
 #define KEY(name) (snprintf(key, sizeof key, "%s%s", p, name), key)
   json_object_set_new(o, KEY("step_loss"), per_step(st, T, DF_EAGLE3_S_LOSS, loss_den, -1, 0));
   json_object_set_new(o, KEY("acceptance_rate"), per_step(st, T, DF_EAGLE3_S_ACCEPT_RATE, loss_den, -1, 0));
-  json_object_set_new(o, KEY("acc"), per_step(st, T, DF_EAGLE3_SUM_CORRECT, 0, DF_EAGLE3_SUM_MASK, 1e-6));
 #undef KEY
-  if (kind == DF_REPORT_TRAIN || line) return;
+  if (kind == DF_REPORT_TRAIN || line) return; // per-step accuracy: the shared per_position_acc
+  if (kind == DF_REPORT_STEP)                  // SpecForge's acces (the shared "acc" is the pooled one elsewhere)
+    json_object_set_new(o, "acc", per_step(st, T, DF_EAGLE3_SUM_CORRECT, 0, DF_EAGLE3_SUM_MASK, 1e-6));
   json_object_set_new(o, "strategy", json_string("eagle3"));
   json_object_set_new(o, "ttt_length", json_integer(T));
   json_object_set_new(o, "kl_loss", per_step(st, T, DF_EAGLE3_S_KL_LOSS, loss_den, -1, 0));

@@ -32,7 +32,10 @@ typedef struct {
   int64_t cap, H, V, K, nprop;
   int32_t eos[DF_TARGET_MAX_EOS];
   int n_eos;
-  df_strategy_run *strategy;             // the draft's strategy, opened for eval: its drafting rounds
+  df_strategy_run *strategy; // the draft's strategy, opened for eval: its drafting rounds
+  df_strategy_values values; // its keys (num_steps), read while it drafts
+  df_strategy_value_list list;
+  df_strategy_value steps;
   int32_t *seq, *greedy, *verify, *targ; // host
   float *feats, *vfeats;                 // the context's device: committed and verified features
 } sd_run;
@@ -124,12 +127,16 @@ static df_status setup(sd_run *r, df_error *err) {
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, r->cfg->source, NULL, "no strategy trains this draft (%s)",
                    df_draft_kind_name(r->cfg->kind));
   const df_tensor emb = df_target_embed(r->t), head = df_target_lm_head(r->t);
+  r->steps = (df_strategy_value){.key = "num_steps", .number = (double)r->o->num_steps};
+  r->list = (df_strategy_value_list){.v = &r->steps, .n = r->o->num_steps > 0};
+  r->values = df_strategy_values_of_list(&r->list); // kept in the run: the strategy reads it while drafting
   const df_strategy_env env = {.ctx = r->ctx,
                                .model = r->m,
                                .cfg = r->cfg,
                                .frozen = {.embed = emb.data, .lm_head = head.data, .vocab = r->V, .hidden = r->H},
                                .mask_token_id = r->o->mask_token_id,
                                .num_anchors = 1,
+                               .values = &r->values,
                                .eval = true};
   DF_TRY(df_strategy_open(st, &env, &r->strategy, err));
   r->nprop = st->proposals(r->strategy);
