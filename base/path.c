@@ -8,9 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-// snprintf for paths: false (and out truncated) when the result does not fit.
-static bool pathf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static bool pathf(char *out, size_t n, const char *fmt, ...) {
+bool df_pathf(char *out, size_t n, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   int k = vsnprintf(out, n, fmt, ap);
@@ -55,9 +53,9 @@ void df_path_normalize(const char *in, char *out, size_t n) {
 void df_path_absolute(const char *in, char *out, size_t n) {
   char cwd[PATH_MAX], buf[2 * PATH_MAX + 2];
   if (in[0] != '/' && getcwd(cwd, sizeof cwd))
-    pathf(buf, sizeof buf, "%s/%s", cwd, in);
+    df_pathf(buf, sizeof buf, "%s/%s", cwd, in);
   else
-    pathf(buf, sizeof buf, "%s", in);
+    df_pathf(buf, sizeof buf, "%s", in);
   df_path_normalize(buf, out, n);
 }
 

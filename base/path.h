@@ -10,6 +10,9 @@
 extern "C" {
 #endif
 
+// snprintf for paths: false (and out truncated) when the result does not fit.
+bool df_pathf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 // Lexical normalisation, as os.path.normpath: "recipes/../runs/x/" -> "runs/x", "./a//b" -> "a/b"; a relative
 // path stays relative (leading ".." kept), "" -> ".". Symbolic links are not followed.
 void df_path_normalize(const char *in, char *out, size_t n);

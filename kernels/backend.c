@@ -59,6 +59,12 @@
   OP(MOE_NOAUX_UPDATE, moe_noaux_update)                                                                               \
   OP(MOE_GROUPED_FORWARD, moe_grouped_forward)                                                                         \
   OP(MOE_GROUPED_BACKWARD, moe_grouped_backward)                                                                       \
+  OP(GRU_FORWARD, gru_forward)                                                                                         \
+  OP(GRU_BACKWARD, gru_backward)                                                                                       \
+  OP(MASKED_SILU_FORWARD, masked_silu_forward)                                                                         \
+  OP(MASKED_SILU_BACKWARD, masked_silu_backward)                                                                       \
+  OP(LMHEAD_DOMINO, lmhead_domino)                                                                                     \
+  OP(DOMINO_BLOCK_METRICS, domino_block_metrics)                                                                       \
   OP(TTT_ATTN_FORWARD, ttt_attn_forward)                                                                               \
   OP(TTT_ATTN_BACKWARD, ttt_attn_backward)                                                                             \
   OP(LMHEAD_LSE_ARGMAX, lmhead_lse_argmax)                                                                             \

@@ -31,6 +31,9 @@
 //   kernels/cpu/moe_aux.c       ↔ kernels/cuda/moe_aux.cu        moe_center_*, moe_route_stats, moe_aux_backward,
 //                                                                moe_center_ema, moe_noaux_update
 //   kernels/cpu/moe_experts.c   ↔ kernels/cuda/moe_experts.cu    moe_grouped_forward/backward
+//   kernels/cpu/gru.c           ↔ kernels/cuda/gru.cu            gru_forward/backward (Domino's prefix GRU)
+//   kernels/cpu/lmhead_domino.c ↔ kernels/cuda/lmhead_domino.cu  lmhead_domino
+//   kernels/cpu/domino_metrics.c ↔ kernels/cuda/domino_metrics.cu masked_silu_*, domino_block_metrics
 //   kernels/cpu/ttt_attn.c      ↔ kernels/cuda/ttt_attn.cu       ttt_attn_forward/backward (EAGLE-3)
 //   kernels/cpu/eagle3_loss.c   ↔ kernels/cuda/eagle3_loss.cu    lmhead_lse_argmax, eagle3_teacher, eagle3_loss_*,
 //                                                                eagle3_step_sums, eagle3_accept
@@ -42,6 +45,7 @@
 #include "kernels/causal_attn.h"
 #include "kernels/eagle3.h"
 #include "kernels/ops.h"
+#include "kernels/ops_domino.h"
 #include "kernels/ops_moe.h"
 
 #ifdef __cplusplus
@@ -104,6 +108,12 @@ typedef enum {
   DF_OP_MOE_NOAUX_UPDATE,
   DF_OP_MOE_GROUPED_FORWARD,
   DF_OP_MOE_GROUPED_BACKWARD,
+  DF_OP_GRU_FORWARD,
+  DF_OP_GRU_BACKWARD,
+  DF_OP_MASKED_SILU_FORWARD,
+  DF_OP_MASKED_SILU_BACKWARD,
+  DF_OP_LMHEAD_DOMINO,
+  DF_OP_DOMINO_BLOCK_METRICS,
   DF_OP_TTT_ATTN_FORWARD,
   DF_OP_TTT_ATTN_BACKWARD,
   DF_OP_LMHEAD_LSE_ARGMAX,
@@ -239,6 +249,19 @@ typedef df_status df_moe_grouped_forward_fn(df_ctx *ctx, const df_tensor *x, con
 typedef df_status df_moe_grouped_backward_fn(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
                                              const df_tensor *offsets, df_tensor *dx, bool accumulate_dx, df_tensor *dw,
                                              df_error *err);
+typedef df_status df_gru_forward_fn(df_ctx *ctx, const df_gru_desc *desc, const df_tensor *gi, const df_tensor *w_hh,
+                                    df_tensor *s, df_tensor *gates, df_error *err);
+typedef df_status df_gru_backward_fn(df_ctx *ctx, const df_gru_desc *desc, const df_tensor *w_hh, const df_tensor *s,
+                                     const df_tensor *gates, const df_tensor *ds, df_tensor *dgi, df_tensor *dw_hh,
+                                     df_error *err);
+typedef df_status df_masked_silu_forward_fn(df_ctx *ctx, const df_tensor *x, const df_tensor *mask, df_tensor *y,
+                                            df_error *err);
+typedef df_status df_masked_silu_backward_fn(df_ctx *ctx, const df_tensor *x, const df_tensor *mask,
+                                             const df_tensor *dy, df_tensor *dx, df_error *err);
+typedef df_status df_lmhead_domino_fn(df_ctx *ctx, const df_lmhead_domino_desc *desc, const df_lmhead_domino_in *in,
+                                      const df_lmhead_domino_out *out, df_error *err);
+typedef df_status df_domino_block_metrics_fn(df_ctx *ctx, int64_t bs, const df_domino_metrics_in *in, df_tensor *stats,
+                                             df_error *err);
 typedef df_status df_ttt_attn_forward_fn(df_ctx *ctx, const df_ttt_attn_desc *desc, const df_tensor *q,
                                          const df_tensor *k, const df_tensor *v, const df_tensor *lengths,
                                          df_tensor *out, df_tensor *lse, df_error *err);
@@ -355,6 +378,12 @@ typedef struct df_backend {
       df_moe_noaux_update_fn *moe_noaux_update;
       df_moe_grouped_forward_fn *moe_grouped_forward;
       df_moe_grouped_backward_fn *moe_grouped_backward;
+      df_gru_forward_fn *gru_forward;
+      df_gru_backward_fn *gru_backward;
+      df_masked_silu_forward_fn *masked_silu_forward;
+      df_masked_silu_backward_fn *masked_silu_backward;
+      df_lmhead_domino_fn *lmhead_domino;
+      df_domino_block_metrics_fn *domino_block_metrics;
       df_ttt_attn_forward_fn *ttt_attn_forward;
       df_ttt_attn_backward_fn *ttt_attn_backward;
       df_lmhead_lse_argmax_fn *lmhead_lse_argmax;

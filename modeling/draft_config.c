@@ -23,12 +23,16 @@
 #define DF_DRAFT_MAX_BLOCK   4096
 
 const char *df_draft_kind_name(df_draft_kind kind) {
-  return kind == DF_DRAFT_DSPARK ? "dspark" : kind == DF_DRAFT_EAGLE3 ? "eagle3" : "dflash";
+  return kind == DF_DRAFT_DSPARK   ? "dspark"
+         : kind == DF_DRAFT_DOMINO ? "domino"
+         : kind == DF_DRAFT_EAGLE3 ? "eagle3"
+                                   : "dflash";
 }
 
 // architectures: exactly one name (SpecForge's rule), mapped to the kind.
 static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft_config *cfg) {
-  static const char hint[] = "use [\"DFlashDraftModel\"], [\"DSparkDraftModel\"] or [\"LlamaForCausalLMEagle3\"]";
+  static const char hint[] =
+      "use [\"DFlashDraftModel\"], [\"DSparkDraftModel\"], [\"DominoDraftModel\"] or [\"LlamaForCausalLMEagle3\"]";
   const json_t *a = df_cj_get(root, "architectures");
   if (!a) return DF_CJ_FAIL(c, DF_ERR_INVALID, "architectures", hint, "required key is missing (or null)");
   if (!json_is_array(a) || json_array_size(a) != 1)
@@ -37,8 +41,14 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
   const char *name = NULL;
   DF_TRY(df_cj_string(c, json_array_get(a, 0), "architectures[0]", &name));
   cfg->architecture = name;
+  // DFlashDraftModel with dflash_config.projector_type "domino" (SpecForge's Domino export) becomes a Domino draft
+  // when dflash_config is read (draft_config_dflash.c).
   if (!strcmp(name, "DFlashDraftModel")) {
     cfg->kind = DF_DRAFT_DFLASH;
+    return DF_OK;
+  }
+  if (!strcmp(name, "DominoDraftModel")) {
+    cfg->kind = DF_DRAFT_DOMINO;
     return DF_OK;
   }
   // SpecForge's and SGLang's EAGLE-3 class; vLLM's name for the same checkpoint layout.
@@ -55,7 +65,7 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
   // export names (train/export/export.c), read back as their training class when the config names a moe_preset.
   const bool has_preset = df_cj_get(root, "moe_preset") != NULL;
   if (has_preset && !strcmp(name, "DFlashMoEDraftModel")) {
-    cfg->kind = DF_DRAFT_DFLASH;
+    cfg->kind = DF_DRAFT_DFLASH; // a Domino MoE export reads back through projector_type "domino"
     return DF_OK;
   }
   if (has_preset && (!strcmp(name, "Qwen3MoeDSparkModel") || !strcmp(name, "Qwen3MoEDSparkModel"))) {
@@ -64,10 +74,9 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
   }
   if (strstr(name, "Moe") || strstr(name, "MoE"))
     return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "architectures[0]",
-                      "train an MoE draft as [\"DFlashDraftModel\"] or [\"DSparkDraftModel\"] with \"moe_preset\"",
+                      "train an MoE draft as [\"DFlashDraftModel\"], [\"DSparkDraftModel\"] or [\"DominoDraftModel\"] "
+                      "with \"moe_preset\"",
                       "%.64s is a serving class, not a training architecture", name);
-  if (!strcmp(name, "DominoDraftModel"))
-    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "architectures[0]", hint, "Domino drafts are not supported by this build");
   return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "architectures[0]", hint, "unknown draft architecture \"%.64s\"", name);
 }
 

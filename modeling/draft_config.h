@@ -25,7 +25,7 @@ enum {
   DF_DRAFT_MAX_TARGET_LAYERS = 8192 // num_target_layers
 };
 
-typedef enum { DF_DRAFT_DFLASH = 0, DF_DRAFT_DSPARK = 1, DF_DRAFT_EAGLE3 = 2 } df_draft_kind;
+typedef enum { DF_DRAFT_DFLASH = 0, DF_DRAFT_DSPARK = 1, DF_DRAFT_DOMINO = 2, DF_DRAFT_EAGLE3 = 3 } df_draft_kind;
 
 typedef enum { DF_LAYER_FULL_ATTENTION = 0, DF_LAYER_SLIDING_ATTENTION = 1 } df_layer_type;
 
@@ -33,8 +33,9 @@ typedef enum { DF_ATTENTION_GQA = 0, DF_ATTENTION_MHA = 1 } df_attention_mode;
 
 typedef enum { DF_MARKOV_VANILLA = 0, DF_MARKOV_GATED = 1, DF_MARKOV_RNN = 2 } df_markov_head_type;
 
-// dflash_config.projector_type: absent resolves to the kind's own (DSpark forces "dspark").
-typedef enum { DF_PROJECTOR_DFLASH = 0, DF_PROJECTOR_DSPARK = 1 } df_projector_type;
+// dflash_config.projector_type: absent resolves to the kind's own (DSpark forces "dspark", Domino "domino"). A
+// DFlashDraftModel with projector_type "domino" (SpecForge's Domino export) is a Domino draft.
+typedef enum { DF_PROJECTOR_DFLASH = 0, DF_PROJECTOR_DSPARK = 1, DF_PROJECTOR_DOMINO = 2 } df_projector_type;
 
 // The RoPE variants draftforge builds tables for (HF rope_type names).
 typedef enum { DF_ROPE_DEFAULT = 0, DF_ROPE_LINEAR = 1, DF_ROPE_YARN = 2, DF_ROPE_LLAMA3 = 3 } df_rope_type;
@@ -58,7 +59,7 @@ typedef struct {
   double low_freq_factor, high_freq_factor;
 } df_rope_config;
 
-// dflash_config: the algorithm keys. DSpark keys are validated and stored; a DFlash draft rejects values
+// dflash_config: the algorithm keys. DSpark and Domino keys are validated and stored; a draft rejects values
 // that would ask for a head it does not have.
 typedef struct {
   int64_t mask_token_id;    // -1 when absent: resolved later (recipe model.mask_token_id / tokenizer)
@@ -72,8 +73,12 @@ typedef struct {
   double confidence_head_alpha;
   bool enable_confidence_head; // default: confidence_head_alpha > 0
   bool confidence_head_with_markov;
-  int64_t pure_draft_prefix_len; // Domino key: only 0 is accepted
-  bool shift_label;              // Domino key: only false is accepted
+  // Domino (DominoDraftModel; other drafts accept only the defaults 0 / false): the GRU correction head's widths
+  // (required), the slots before suffix_start that keep the base logits, and next-token labels.
+  int64_t emb_dim;        // E: embed_proj's hidden width (0 for other drafts)
+  int64_t gru_hidden_dim; // G: the GRU state width (0 for other drafts)
+  int64_t pure_draft_prefix_len;
+  bool shift_label;
 } df_dflash_config;
 
 typedef struct df_draft_config {

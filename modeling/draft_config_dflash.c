@@ -1,5 +1,5 @@
-// dflash_config: mask token, target layer ids and the DSpark head keys (the moe_* training keys are resolved
-// with the MoE config, draft_config_ffn.c).
+// dflash_config: mask token, target layer ids, the DSpark head keys and the Domino head keys (the moe_* training keys
+// are resolved with the MoE config, draft_config_ffn.c).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,18 +85,24 @@ static df_status parse_target_layer_ids(const df_cj *c, const json_t *dc, df_dra
   return DF_OK;
 }
 
-// DSpark: projector "dspark" (absent resolves to it). DFlash: "dflash" or absent. Domino is not built.
+// DSpark: projector "dspark" (absent resolves to it). DominoDraftModel: "domino" (absent resolves to it, anything
+// else is SpecForge's constructor error). DFlashDraftModel: "dflash" or absent, or "domino": SpecForge's Domino export
+// (scripts/gates/normalize_dflash_export.py names every non-DSpark export DFlashDraftModel and keeps the projector),
+// which reads back as the Domino draft it is.
 static df_status parse_projector(const df_cj *c, const json_t *dc, df_draft_config *cfg) {
   static const char *const names[] = {"dflash", "dspark", "domino"};
   const char *path = "dflash_config.projector_type";
   const json_t *v = df_cj_get(dc, "projector_type");
-  cfg->dflash.projector_type = cfg->kind == DF_DRAFT_DSPARK ? DF_PROJECTOR_DSPARK : DF_PROJECTOR_DFLASH;
+  cfg->dflash.projector_type = cfg->kind == DF_DRAFT_DSPARK   ? DF_PROJECTOR_DSPARK
+                               : cfg->kind == DF_DRAFT_DOMINO ? DF_PROJECTOR_DOMINO
+                                                              : DF_PROJECTOR_DFLASH;
   if (!v) return DF_OK;
   int p = 0;
   DF_TRY(df_cj_enum(c, v, path, names, 3, &p));
-  if (p == 2)
-    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, path, "draftforge trains DFlash and DSpark drafts",
-                      "Domino drafts are not supported by this build");
+  if (p == DF_PROJECTOR_DOMINO && cfg->kind == DF_DRAFT_DFLASH) {
+    cfg->kind = DF_DRAFT_DOMINO, cfg->dflash.projector_type = DF_PROJECTOR_DOMINO;
+    return DF_OK;
+  }
   if (p != (int)cfg->dflash.projector_type)
     return DF_CJ_FAIL(c, DF_ERR_INVALID, path, "make projector_type agree with architectures (or remove it)",
                       "\"%s\" contradicts architectures[0] = %s", names[p], cfg->architecture);
@@ -143,7 +149,7 @@ static df_status parse_markov(const df_cj *c, const json_t *root, const json_t *
   DF_TRY(pick_dspark_key(c, root, dc, "markov_rank", &v, path));
   cfg->dflash.markov_rank = 0;
   if (v) DF_TRY(df_cj_int(c, v, path, 0, 1 << 20, &cfg->dflash.markov_rank));
-  if (cfg->kind == DF_DRAFT_DFLASH && cfg->dflash.markov_rank > 0)
+  if (cfg->kind != DF_DRAFT_DSPARK && cfg->dflash.markov_rank > 0)
     return DF_CJ_FAIL(c, DF_ERR_INVALID, path, "use architectures [\"DSparkDraftModel\"], or drop the key",
                       "a Markov head exists only in DSpark drafts; architectures[0] is %s", cfg->architecture);
   DF_TRY(pick_dspark_key(c, root, dc, "markov_head_type", &v, path));
@@ -162,7 +168,7 @@ static df_status parse_confidence(const df_cj *c, const json_t *root, const json
   DF_TRY(pick_dspark_key(c, root, dc, "enable_confidence_head", &v, path));
   d->enable_confidence_head = d->confidence_head_alpha > 0.0;
   if (v) DF_TRY(df_cj_bool(c, v, path, &d->enable_confidence_head));
-  if (cfg->kind == DF_DRAFT_DFLASH && d->enable_confidence_head)
+  if (cfg->kind != DF_DRAFT_DSPARK && d->enable_confidence_head)
     return DF_CJ_FAIL(c, DF_ERR_INVALID, v ? path : "dflash_config.confidence_head_alpha",
                       "use architectures [\"DSparkDraftModel\"], or drop the confidence keys",
                       "a confidence head exists only in DSpark drafts; architectures[0] is %s", cfg->architecture);
@@ -175,19 +181,50 @@ static df_status parse_confidence(const df_cj *c, const json_t *root, const json
   return DF_OK;
 }
 
-// Domino keys SpecForge reads for every DFlash-family draft but only Domino uses.
-static df_status parse_domino_keys(const df_cj *c, const json_t *dc, df_draft_config *cfg) {
+// A Domino key read from dflash_config (where DominoDraftModel reads it); SpecForge's configs also carry a top-level
+// copy of emb_dim, which it never reads: a copy that disagrees is refused, as the DSpark copies are.
+static df_status pick_domino_key(const df_cj *c, const json_t *root, const json_t *dc, const char *key) {
+  const json_t *nested = df_cj_get(dc, key), *top = df_cj_get(root, key);
+  if (top && nested && !json_equal(nested, top))
+    return DF_CJ_FAIL(c, DF_ERR_INVALID, key, "remove the top-level copy or make it equal dflash_config's",
+                      "conflicts with dflash_config.%s (DominoDraftModel reads dflash_config only)", key);
+  if (top && !nested)
+    return DF_CJ_FAIL(c, DF_ERR_INVALID, key, "move the key into dflash_config",
+                      "is set at the top level only; DominoDraftModel reads dflash_config.%s", key);
+  return DF_OK;
+}
+
+// Domino (DominoDraftModel.__init__, specforge/modeling/draft/domino.py): emb_dim and gru_hidden_dim required,
+// pure_draft_prefix_len 0 and shift_label false by default; at least one corrected slot per block. Other drafts
+// accept only the defaults of the two keys SpecForge reads for every DFlash-family draft.
+static df_status parse_domino_keys(const df_cj *c, const json_t *root, const json_t *dc, df_draft_config *cfg) {
   df_dflash_config *d = &cfg->dflash;
   DF_TRY(df_cj_opt_int(c, dc, "dflash_config", "pure_draft_prefix_len", 0, 0, INT32_MAX, &d->pure_draft_prefix_len));
-  if (d->pure_draft_prefix_len != 0)
-    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "dflash_config.pure_draft_prefix_len",
-                      "this key only affects Domino drafts, which this build does not train; remove it",
-                      "%lld is not supported (only 0)", (long long)d->pure_draft_prefix_len);
   DF_TRY(df_cj_opt_bool(c, dc, "dflash_config", "shift_label", false, &d->shift_label));
-  if (d->shift_label)
-    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "dflash_config.shift_label",
-                      "this key only affects Domino drafts, which this build does not train; remove it",
-                      "true is not supported (DFlash labels are same-position, DSpark's next-token)");
+  d->emb_dim = d->gru_hidden_dim = 0;
+  if (cfg->kind != DF_DRAFT_DOMINO) {
+    if (d->pure_draft_prefix_len != 0)
+      return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "dflash_config.pure_draft_prefix_len",
+                        "this key only affects Domino drafts (architectures [\"DominoDraftModel\"]); remove it",
+                        "%lld is not supported by a %s draft (only 0)", (long long)d->pure_draft_prefix_len,
+                        df_draft_kind_name(cfg->kind));
+    if (d->shift_label)
+      return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "dflash_config.shift_label",
+                        "this key only affects Domino drafts (architectures [\"DominoDraftModel\"]); remove it",
+                        "true is not supported by a %s draft (DFlash labels are same-position, DSpark's next-token)",
+                        df_draft_kind_name(cfg->kind));
+    return DF_OK;
+  }
+  static const char *const keys[] = {"emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label"};
+  for (int i = 0; i < 4; i++) DF_TRY(pick_domino_key(c, root, dc, keys[i]));
+  DF_TRY(df_cj_req_int(c, dc, "dflash_config", "emb_dim", 1, 1 << 20, &d->emb_dim));
+  DF_TRY(df_cj_req_int(c, dc, "dflash_config", "gru_hidden_dim", 1, 1 << 20, &d->gru_hidden_dim));
+  const int64_t ss = d->shift_label ? d->pure_draft_prefix_len : 1 + d->pure_draft_prefix_len;
+  if (ss >= cfg->block_size)
+    return DF_CJ_FAIL(c, DF_ERR_INVALID, "dflash_config.pure_draft_prefix_len",
+                      "keep pure_draft_prefix_len below block_size (shift_label) or block_size - 1 (without)",
+                      "%lld leaves no corrected slot in a block of %lld (suffix_start %lld)",
+                      (long long)d->pure_draft_prefix_len, (long long)cfg->block_size, (long long)ss);
   return DF_OK;
 }
 
@@ -205,7 +242,7 @@ df_status df_draft_parse_dflash(const df_cj *c, const json_t *root, df_draft_con
   if (st == DF_OK) st = parse_attention_mode(c, dc, cfg);
   if (st == DF_OK) st = parse_markov(c, root, dc, cfg);
   if (st == DF_OK) st = parse_confidence(c, root, dc, cfg);
-  if (st == DF_OK) st = parse_domino_keys(c, dc, cfg);
+  if (st == DF_OK) st = parse_domino_keys(c, root, dc, cfg);
   json_decref(empty);
   return st;
 }

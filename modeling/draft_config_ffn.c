@@ -50,7 +50,10 @@ void df_draft_config_param_counts(const df_draft_config *cfg, int64_t *total, in
   }
   const int64_t H = cfg->hidden_size, K = cfg->dflash.num_target_layer_ids;
   // fc (K·H → H, no bias), hidden_norm, the final norm, and the heads.
-  int64_t shared = K * H * H + 2 * H + dspark_head_params(cfg);
+  // Domino's head: prefix_gru (3G·H + 3G·G) and embed_proj (E·(H + G) + V·E), no biases.
+  const int64_t E = cfg->dflash.emb_dim, G = cfg->dflash.gru_hidden_dim;
+  const int64_t domino = cfg->kind == DF_DRAFT_DOMINO ? 3 * G * (H + G) + E * (H + G) + cfg->vocab_size * E : 0;
+  int64_t shared = K * H * H + 2 * H + dspark_head_params(cfg) + domino;
   int64_t ffn_total = 3 * H * cfg->intermediate_size, ffn_active = ffn_total;
   if (cfg->ffn_kind) cfg->ffn_kind->param_counts(cfg->moe, H, &ffn_total, &ffn_active);
   const int64_t n = cfg->num_hidden_layers, attn = attention_layer_params(cfg);

@@ -42,6 +42,8 @@ static bool known_top_key(const char *key) {
                                      "markov_head_type",
                                      "enable_confidence_head",
                                      "confidence_head_with_markov",
+                                     "emb_dim",
+                                     "gru_hidden_dim",
                                      "draft_vocab_size",
                                      "fc_norm",
                                      "norm_output",
@@ -85,7 +87,16 @@ static void print_dflash(const df_draft_config *cfg, FILE *fp) {
   fprintf(fp, ROW "[", "dflash.target_layer_ids");
   for (int i = 0; i < d->num_target_layer_ids; i++) fprintf(fp, "%s%d", i ? ", " : "", d->target_layer_ids[i]);
   fprintf(fp, "]  (K = %d%s)\n", d->num_target_layer_ids, d->target_layer_ids_defaulted ? ", default" : "");
-  fprintf(fp, ROW "%s\n", "dflash.projector_type", d->projector_type == DF_PROJECTOR_DSPARK ? "dspark" : "dflash");
+  static const char *const projectors[] = {"dflash", "dspark", "domino"};
+  fprintf(fp, ROW "%s\n", "dflash.projector_type", projectors[d->projector_type]);
+  if (cfg->kind == DF_DRAFT_DOMINO) {
+    fprintf(fp, ROW "%lld\n", "dflash.emb_dim", (long long)d->emb_dim);
+    fprintf(fp, ROW "%lld\n", "dflash.gru_hidden_dim", (long long)d->gru_hidden_dim);
+    fprintf(fp, ROW "%lld\n", "dflash.pure_draft_prefix_len", (long long)d->pure_draft_prefix_len);
+    fprintf(fp, ROW "%s\n", "dflash.shift_label", d->shift_label ? "true (next-token labels)" : "false");
+    fprintf(fp, ROW "%lld (the first corrected slot)\n", "dflash.suffix_start",
+            (long long)(d->shift_label ? d->pure_draft_prefix_len : 1 + d->pure_draft_prefix_len));
+  }
   if (cfg->kind != DF_DRAFT_DSPARK) return;
   fprintf(fp, ROW "%s\n", "dflash.attention_mode", modes[d->attention_mode]);
   fprintf(fp, ROW "%lld%s\n", "dflash.markov_rank", (long long)d->markov_rank,
@@ -121,7 +132,9 @@ static bool known_dflash_key(const char *key) {
                                      "enable_confidence_head",
                                      "confidence_head_with_markov",
                                      "pure_draft_prefix_len",
-                                     "shift_label"};
+                                     "shift_label",
+                                     "emb_dim",
+                                     "gru_hidden_dim"};
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
     if (!strcmp(key, keys[i])) return true;
   return !strncmp(key, "moe_", 4); // resolved (and checked) with the MoE config

@@ -116,6 +116,17 @@ static bool put_dspark(const df_draft_config *cfg, json_t *root, json_t *dc) {
          put(dc, "projector_type", json_string("dspark"));
 }
 
+// Domino: the head's four keys in dflash_config (where DominoDraftModel and SGLang's Domino rollout read them) and
+// projector_type "domino", which keeps a DFlashDraftModel-named export a Domino draft.
+static bool put_domino(const df_draft_config *cfg, json_t *root, json_t *dc) {
+  const df_dflash_config *d = &cfg->dflash;
+  return put_method_key(root, dc, "emb_dim", json_integer(d->emb_dim)) &&
+         put_method_key(root, dc, "gru_hidden_dim", json_integer(d->gru_hidden_dim)) &&
+         put_method_key(root, dc, "pure_draft_prefix_len", json_integer(d->pure_draft_prefix_len)) &&
+         put_method_key(root, dc, "shift_label", json_boolean(d->shift_label)) &&
+         put(dc, "projector_type", json_string("domino"));
+}
+
 // Keys SGLang 0.5.23 reads that select a computation draftforge neither trains nor exports (models/dflash.py,
 // dspark.py, speculative/dflash_utils.py): kept verbatim, each would make SGLang serve another model from the same
 // tensors. `ok` is the set of values that leave SGLang computing what draftforge trained.
@@ -236,6 +247,7 @@ df_status df_draft_config_resolved_json(const df_draft_config *cfg, int64_t mask
   if (ok && mask_token_id >= 0) ok = put_method_key(root, dc, "mask_token_id", json_integer(mask_token_id));
   ok = ok && put_backbone(cfg, root) && put_rope(cfg, root);
   if (ok && cfg->kind == DF_DRAFT_DSPARK) ok = put_dspark(cfg, root, dc);
+  if (ok && cfg->kind == DF_DRAFT_DOMINO) ok = put_domino(cfg, root, dc);
   // Stock SGLang registers DFlashDraftModel and DSparkDraftModel as dense classes, which would skip every expert
   // tensor and serve uninitialised MLPs: an MoE draft names the MoE serving class even in its checkpoints.
   if (ok && cfg->moe)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/rng.h"
+#include "modeling/domino_head.h"
 #include "modeling/draft_layer.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/eagle3_model.h"
@@ -30,6 +31,7 @@ struct df_draft_model {
   float mscale;
   df_dspark_heads *dspark; // DSpark drafts: the Markov/confidence heads (parameters after norm)
   df_eagle3_model *eagle3; // EAGLE-3 drafts: the whole model (no backbone layers: L = 0)
+  df_domino_head *domino;  // Domino drafts: the GRU correction head (parameters after norm)
 
   // Activation arena, laid out for dims.
   void *arena;
@@ -66,7 +68,8 @@ static df_status build_table(df_draft_model *m, df_error *err) {
   DF_TRY(df_params_add_f32(m->params, "hidden_norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
   for (int64_t i = 0; i < m->L; i++) DF_TRY(draft_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
   DF_TRY(df_params_add_f32(m->params, "norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
-  DF_TRY(df_dspark_heads_add_params(m->cfg, m->params, err)); // nothing for a DFlash draft
+  DF_TRY(df_dspark_heads_add_params(m->cfg, m->params, err)); // nothing unless a DSpark draft
+  DF_TRY(df_domino_head_add_params(m->cfg, m->params, err));  // nothing unless a Domino draft
   return df_params_finalize(m->params, err);
 }
 
@@ -138,6 +141,8 @@ static df_status alloc_state(df_draft_model *m, df_error *err) {
     DF_TRY(draft_layer_bind(&m->layers[i], m->params, m->weights, m->grads, m->dev, err));
   if (m->cfg->kind == DF_DRAFT_DSPARK)
     DF_TRY(df_dspark_heads_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->dspark, err));
+  if (m->cfg->kind == DF_DRAFT_DOMINO)
+    DF_TRY(df_domino_head_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->domino, err));
   for (int64_t i = 0; i < m->L; i++) m->ffns[i] = m->layers[i].ffn;
   return bind_ffn_state(m, err);
 }
@@ -186,6 +191,7 @@ void df_draft_model_free(df_draft_model *m) {
   for (int64_t i = 0; m->layers && i < m->L; i++) draft_layer_free(&m->layers[i]);
   df_dspark_heads_free(m->dspark);
   df_eagle3_model_free(m->eagle3);
+  df_domino_head_free(m->domino);
   df_buffer_free(m->ctx, m->weights);
   df_buffer_free(m->ctx, m->grads);
   df_buffer_free(m->ctx, m->inv_freq);
@@ -208,6 +214,7 @@ int64_t df_draft_model_activation_bytes(const df_draft_model *m) {
 }
 df_dspark_heads *df_draft_model_dspark_heads(df_draft_model *m) { return m->dspark; }
 df_eagle3_model *df_draft_model_eagle3(df_draft_model *m) { return m->eagle3; }
+df_domino_head *df_draft_model_domino_head(df_draft_model *m) { return m->domino; }
 
 df_ffn *const *df_draft_model_ffns(const df_draft_model *m, int *n) {
   if (n) *n = (int)m->L;
@@ -250,9 +257,14 @@ static df_status host_flat_commit(df_draft_model *m, float *host, df_status st, 
 
 // Weights of two or more dimensions (linear, router, embedding, the stacked MoE experts [E, out, in]) draw
 // normals; norms are 1; biases, buffers and anything else 0. Every dense weight is 2-D, so the dense draws are
-// unchanged by counting the stacked experts in.
-static void init_entry(const df_param *e, float *flat, df_rng *rng, double std) {
+// unchanged by counting the stacked experts in. Domino's GRU weights (a uniform bound > 0) draw (2u − 1)·bound,
+// torch.nn.GRU's own init (docs/domino-step.md §2).
+static void init_entry(const df_param *e, float *flat, df_rng *rng, double std, double uniform_bound) {
   float *x = flat + e->offset;
+  if (uniform_bound > 0) {
+    for (int64_t j = 0; j < e->numel; j++) x[j] = (float)((2.0 * df_rng_uniform(rng) - 1.0) * uniform_bound);
+    return;
+  }
   const bool normal =
       e->ndim >= 2 && (e->role == DF_ROLE_WEIGHT || e->role == DF_ROLE_ROUTER || e->role == DF_ROLE_EMBED);
   for (int64_t j = 0; j < e->numel; j++)
@@ -266,7 +278,8 @@ df_status df_draft_model_init(df_draft_model *m, uint64_t seed, df_error *err) {
   df_rng rng;
   df_rng_init(&rng, seed, DF_RNG_STREAM_INIT);
   for (int i = 0; i < df_params_count(m->params); i++)
-    init_entry(df_params_at(m->params, i), host, &rng, m->cfg->initializer_range);
+    init_entry(df_params_at(m->params, i), host, &rng, m->cfg->initializer_range,
+               df_domino_head_init_bound(m->cfg, df_params_at(m->params, i)->name));
   if (m->eagle3) df_eagle3_init_buffers(m->params, host); // the identity vocabulary mapping
   return host_flat_commit(m, host, DF_OK, err);
 }
@@ -290,6 +303,7 @@ df_status df_draft_model_load_ex(df_draft_model *m, const char *path, bool cente
   static const char *const ignore[] = {"rotary_emb.inv_freq", "embed_tokens.weight"};
   df_load_options opt = {.ignore_suffixes = ignore, .n_ignore = m->eagle3 ? 2 : 1};
   if (m->dspark) opt.renames = df_dspark_heads_legacy_renames(&opt.n_renames); // logit_head.* (SpecForge)
+  if (m->domino) opt.renames = df_domino_head_legacy_renames(&opt.n_renames);
   // A sparse FFN kind's tensors pass through its checkpoint layout; a dense draft loads strictly.
   if (m->cfg->ffn_kind)
     st = m->cfg->ffn_kind->load(m->cfg->moe, m->params, host, sm, &opt, centering_optional, err);

@@ -84,6 +84,10 @@ typedef struct {
   bool accumulate;   // add into the model's grads instead of zeroing them first
   df_tensor *stats;  // f64 [stats_len] on the device the micro-step's sums are added to
   double *ffn_stats; // f64 on the device where training forwards add the FFN kind's statistics (NULL: none)
+  // Where the run's schedule stands, for an objective that follows it (Domino's lambda_base): optimizer steps
+  // completed before this micro-step, and the run's step horizon (training.total_steps, else max_steps, else what the
+  // data gives; 0: none).
+  int64_t step, horizon;
 } df_micro_args;
 
 // What the host knows of a micro-step without reading the device.

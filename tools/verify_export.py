@@ -5,7 +5,9 @@
 
 The export's config.json architectures picks the reference:
 
-    DFlashDraftModel      dense DFlash (and Domino)  tools/reference/dflash_step.py
+    DFlashDraftModel      dense DFlash               tools/reference/dflash_step.py
+                          dense Domino (dflash_config.projector_type domino, SpecForge's Domino export)
+                                                     tools/reference/domino_step.py   (recipe strategy domino)
     Qwen3DSparkModel      dense DSpark               tools/reference/dspark_step.py   (recipe strategy dspark)
     DFlashMoEDraftModel   DFlash on an MoE draft     tools/reference/moe_step.py
     Qwen3MoeDSparkModel   DSpark on an MoE draft     tools/reference/dspark_moe_step.py (moe_step's backbone,
@@ -16,13 +18,14 @@ and any other architecture is refused, naming it (exit status 2).
 1. The directory is what SGLang loads: config.json with that architecture, no auto_map, a block_size >= 2 and
    a torch_dtype that matches the tensors (the confidence head and an MoE router are always F32, as SGLang keeps
    them); model.safetensors holding exactly the draft's tensors (the
-   reference's parameter table: DSpark adds markov_head.* / confidence_head.*, an MoE draft's tensors are
+   reference's parameter table: DSpark adds markov_head.* / confidence_head.*, Domino prefix_gru.* /
+   embed_proj.*, an MoE draft's tensors are
    named through its checkpoint layout) with their shapes. When transformers is installed, its
    PretrainedConfig also reads config.json.
 2. One forward: the reference runs the recipe's first micro-step with the export as warm start, and
    `draftforge step` runs the same recipe with the same warm start; their step.json loss and accuracy counts
-   (DSpark: also the CE / L1 / confidence numerators; MoE: also aux_loss) and their gradients must agree
-   (relative tolerance --tol).
+   (DSpark: also the CE / L1 / confidence numerators; MoE: also aux_loss; Domino: its loss with lambda_base and the
+   final / base CE sums instead of loss_num / loss_den) and their gradients must agree (relative tolerance --tol).
 
 Exit status 0 when everything agrees, 1 on a mismatch; the differences are printed either way."""
 from __future__ import annotations
@@ -44,6 +47,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import dflash_io as dio  # noqa: E402
 import dflash_step as ref  # noqa: E402
+import domino_step as domino_ref  # noqa: E402
 import dspark_moe_step as dspark_moe_ref  # noqa: E402
 import dspark_step as dspark_ref  # noqa: E402
 import moe_step as moe_ref  # noqa: E402
@@ -72,6 +76,11 @@ def export_kind(export_dir: str) -> str:
         raise Unsupported(f"architectures {archs!r} is not supported: verify_export checks "
                           f"{', '.join(sorted(ARCHITECTURES))}")
     kind = ARCHITECTURES[arch]
+    if (cfg.get("dflash_config") or {}).get("projector_type") == "domino":
+        if kind != "dflash":
+            raise Unsupported(f"architectures {archs!r} with projector_type domino: verify_export checks dense Domino "
+                              "exports (DFlashDraftModel) only")
+        kind = "domino"
     if (cfg.get("moe_preset") is not None) != (kind in ("moe", "dspark_moe")):
         raise Unsupported(f"architectures {archs!r} {'with' if cfg.get('moe_preset') else 'without'} moe_preset: an MoE "
                           "draft is served by DFlashMoEDraftModel / Qwen3MoeDSparkModel, a dense one by the dense classes")
@@ -84,6 +93,10 @@ def expected_tensors(export_dir: str, kind: str) -> dict:
     cfg = dio.load_draft_config(path, None)
     if kind == "dspark":
         return {name: tuple(shape) for name, shape, _ in dspark_ref.param_table(cfg, dspark_ref.load_heads(path, cfg))}
+    if kind == "domino":
+        with tempfile.TemporaryDirectory(prefix="df_verify_domino_") as tmp:
+            head = domino_ref.load_head(domino_config(export_dir, tmp), cfg)
+        return {name: tuple(shape) for name, shape, _ in domino_ref.param_table(cfg, head)}
     if kind in ("moe", "dspark_moe"):
         moe = moe_ref.resolve_moe(path)
         if moe is None:
@@ -95,6 +108,18 @@ def expected_tensors(export_dir: str, kind: str) -> dict:
             out.update({n: tuple(s) for n, s, _ in heads if n.startswith(("markov_head.", "confidence_head."))})
         return out
     return {name: tuple(shape) for name, shape, _ in dio.param_table(cfg)}
+
+
+def domino_config(export_dir: str, tmp: str) -> str:
+    """The export's config.json under SpecForge's training class (DominoDraftModel, which domino_step.py reads; the
+    export names it DFlashDraftModel as SpecForge's normaliser does), written into tmp."""
+    with open(os.path.join(export_dir, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["architectures"] = ["DominoDraftModel"]
+    path = os.path.join(tmp, "config.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    return path
 
 
 def safetensors_dtypes(path: str) -> dict:
@@ -110,7 +135,7 @@ def check_layout(export_dir: str, kind: str = "dflash") -> List[str]:
     problems = []
     with open(os.path.join(export_dir, "config.json"), encoding="utf-8") as f:
         cfg_json = json.load(f)
-    want_arch = [a for a, k in ARCHITECTURES.items() if k == kind]
+    want_arch = [a for a, k in ARCHITECTURES.items() if k == ("dflash" if kind == "domino" else kind)]
     if cfg_json.get("architectures") != want_arch:
         problems.append(f"architectures is {cfg_json.get('architectures')!r}, not {want_arch!r}")
     if "auto_map" in cfg_json:
@@ -146,9 +171,11 @@ def check_layout(export_dir: str, kind: str = "dflash") -> List[str]:
     return problems
 
 
-def step_recipe_yaml(r: dio.Recipe, export_dir: str, dspark: Optional[dspark_ref.DSparkRecipe] = None) -> str:
+def step_recipe_yaml(r: dio.Recipe, export_dir: str, dspark: Optional[dspark_ref.DSparkRecipe] = None,
+                     domino: Optional[domino_ref.DominoRecipe] = None) -> str:
     """The recipe with the export as warm start, every path absolute (it is written to a temporary dir);
-    dspark: the DSpark strategy with its three loss weights."""
+    dspark: the DSpark strategy with its three loss weights; domino: the Domino strategy with its lambda_base
+    schedule, horizon keys and training.global_step."""
     gamma = "null" if r.loss_decay_gamma is None else repr(r.loss_decay_gamma)
     lines = ["model:",
              f"  target_model_path: {os.path.abspath(r.target_model_path)}",
@@ -162,7 +189,7 @@ def step_recipe_yaml(r: dio.Recipe, export_dir: str, dspark: Optional[dspark_ref
               f"  hidden_states_path: {os.path.abspath(r.hidden_states_path)}",
               f"  max_length: {r.max_length}",
               "training:",
-              f"  strategy: {'dspark' if dspark else 'dflash'}",
+              f"  strategy: {'dspark' if dspark else 'domino' if domino else 'dflash'}",
               f"  batch_size: {r.batch_size}",
               f"  num_anchors: {r.num_anchors}",
               f"  loss_decay_gamma: {gamma}",
@@ -170,6 +197,14 @@ def step_recipe_yaml(r: dio.Recipe, export_dir: str, dspark: Optional[dspark_ref
               f"  loss_type: {r.loss_type}",
               f"  dpace_alpha: {r.dpace_alpha}",
               f"  seed: {r.seed}"]
+    if domino:
+        lines += [f"  lambda_base_start: {domino.lambda_base_start!r}",
+                  f"  lambda_base_decay_ratio: {domino.lambda_base_decay_ratio!r}",
+                  f"  num_epochs: {domino.num_epochs}",
+                  f"  accumulation_steps: {domino.accumulation_steps}",
+                  f"  global_step: {domino.global_step}"]
+        lines += [f"  total_steps: {domino.total_steps}"] if domino.total_steps is not None else []
+        lines += [f"  max_steps: {domino.max_steps}"] if domino.max_steps is not None else []
     if dspark:
         lines += [f"  dspark_ce_loss_alpha: {dspark.ce_alpha!r}",
                   f"  dspark_l1_loss_alpha: {dspark.l1_alpha!r}",
@@ -183,7 +218,8 @@ def rel_err(a: float, b: float) -> float:
 
 # Loss terms compared with --tol beyond loss_num / loss_den / loss, per kind.
 EXTRA_TERMS = {"dflash": (), "dspark": ("ce_num", "l1_num", "confidence_num"), "moe": ("aux_loss",),
-               "dspark_moe": ("ce_num", "l1_num", "confidence_num", "aux_loss")}
+               "dspark_moe": ("ce_num", "l1_num", "confidence_num", "aux_loss"),
+               "domino": ("final_num", "base_num", "weight_sum", "lambda_base")}
 
 
 def compare(ref_res, df_dir: str, tol: float, kind: str = "dflash", file_grads=None) -> List[str]:
@@ -192,7 +228,10 @@ def compare(ref_res, df_dir: str, tol: float, kind: str = "dflash", file_grads=N
     with open(os.path.join(df_dir, "step.json"), encoding="utf-8") as f:
         got = json.load(f)
     want = ref_res.summary()
-    for key in ("loss_num", "loss_den", "loss") + EXTRA_TERMS[kind]:
+    # Domino's loss is a per-micro-step ratio: draftforge's step.json has loss_den 1 (its accumulation weight), the
+    # reference the ratio's own numerator and denominator; the CE sums behind them are compared instead.
+    base_terms = ("loss",) if kind == "domino" else ("loss_num", "loss_den", "loss")
+    for key in base_terms + EXTRA_TERMS[kind]:
         e = rel_err(float(got[key]), float(want[key]))
         if key == "aux_loss" and abs(float(got[key]) - float(want[key])) <= 1e-12:
             e = 0.0  # an aux loss of zero (coefficient 0)
@@ -237,8 +276,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     torch.set_num_threads(a.threads)
     warm_at = dict(draft_model_config=os.path.join(a.export_dir, "config.json"), draft_checkpoint_path=a.export_dir)
-    dspark_recipe, file_grads = None, None
-    if kind == "dspark":
+    dspark_recipe, domino_recipe, file_grads = None, None, None
+    if kind == "domino":
+        domino_recipe = domino_ref.load_recipe(a.recipe)
+        recipe = domino_recipe.base
+        with tempfile.TemporaryDirectory(prefix="df_verify_domino_") as tmp:
+            warm_ref = dict(warm_at, draft_model_config=domino_config(a.export_dir, tmp))
+            warm = dataclasses.replace(domino_recipe, base=dataclasses.replace(recipe, **warm_ref))
+            ref_res = domino_ref.run_step(domino_ref.prepare(warm), torch.float64)
+    elif kind == "dspark":
         dspark_recipe = dspark_ref.load_recipe(a.recipe)
         recipe = dspark_recipe.base
         warm = dataclasses.replace(dspark_recipe, base=dataclasses.replace(recipe, **warm_at))
@@ -261,7 +307,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="df_verify_export_") as tmp:
         rpath, dump = os.path.join(tmp, "recipe.yaml"), os.path.join(tmp, "dump")
         with open(rpath, "w", encoding="utf-8") as f:
-            f.write(step_recipe_yaml(recipe, a.export_dir, dspark_recipe))
+            f.write(step_recipe_yaml(recipe, a.export_dir, dspark_recipe, domino_recipe))
         run = subprocess.run([a.draftforge, "step", rpath, "--dump", dump, "--threads", str(a.threads)],
                              capture_output=True, text=True)
         if run.returncode != 0:

@@ -27,6 +27,9 @@ void df_cpu_register_moe_aux(df_backend *be);
 void df_cpu_register_moe_experts(df_backend *be);
 void df_cpu_register_causal_attn(df_backend *be);
 void df_cpu_register_markov(df_backend *be);
+void df_cpu_register_gru(df_backend *be);
+void df_cpu_register_lmhead_domino(df_backend *be);
+void df_cpu_register_domino_metrics(df_backend *be);
 void df_cpu_register_ttt_attn(df_backend *be);
 void df_cpu_register_eagle3_loss(df_backend *be);
 
@@ -116,6 +119,9 @@ static void cpu_build(void) {
   df_cpu_register_ttt_attn(&cpu_table);
   df_cpu_register_eagle3_loss(&cpu_table);
   df_cpu_register_markov(&cpu_table);
+  df_cpu_register_gru(&cpu_table);
+  df_cpu_register_lmhead_domino(&cpu_table);
+  df_cpu_register_domino_metrics(&cpu_table);
 }
 
 const df_backend *df_cpu_backend(void) {

@@ -197,6 +197,9 @@ static void cuda_build(void) {
   df_cuda_register_moe_grouped(&cuda_table);
   df_cuda_register_markov(&cuda_table);
   df_cuda_register_causal_attn(&cuda_table);
+  df_cuda_register_gru(&cuda_table);
+  df_cuda_register_lmhead_domino(&cuda_table);
+  df_cuda_register_domino_metrics(&cuda_table);
   df_cuda_register_ttt_attn(&cuda_table);
   df_cuda_register_eagle3_loss(&cuda_table);
 }

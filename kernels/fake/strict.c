@@ -438,6 +438,61 @@ static df_status s_moe_grouped_backward(df_ctx *ctx, const df_tensor *dy, const 
   return cpu()->moe_grouped_backward(in(ctx), &DY, &X, &W, &O, opt(dx, &DX), acc, opt(dw, &DW), err);
 }
 
+// Domino's ops (kernels/ops_domino.h).
+static df_status s_gru_forward(df_ctx *ctx, const df_gru_desc *desc, const df_tensor *gi, const df_tensor *w_hh,
+                               df_tensor *s, df_tensor *gates, df_error *err) {
+  df_tensor GI = u(gi), W = u(w_hh), S = u(s), GT;
+  return cpu()->gru_forward(in(ctx), desc, &GI, &W, &S, opt(gates, &GT), err);
+}
+
+static df_status s_gru_backward(df_ctx *ctx, const df_gru_desc *desc, const df_tensor *w_hh, const df_tensor *s,
+                                const df_tensor *gates, const df_tensor *ds, df_tensor *dgi, df_tensor *dw_hh,
+                                df_error *err) {
+  df_tensor W = u(w_hh), S = u(s), GT = u(gates), DS = u(ds), DG = u(dgi), DW = u(dw_hh);
+  return cpu()->gru_backward(in(ctx), desc, &W, &S, &GT, &DS, &DG, &DW, err);
+}
+
+static df_status s_masked_silu_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *mask, df_tensor *y,
+                                       df_error *err) {
+  df_tensor X = u(x), M = u(mask), Y = u(y);
+  return cpu()->masked_silu_forward(in(ctx), &X, &M, &Y, err);
+}
+
+static df_status s_masked_silu_backward(df_ctx *ctx, const df_tensor *x, const df_tensor *mask, const df_tensor *dy,
+                                        df_tensor *dx, df_error *err) {
+  df_tensor X = u(x), M = u(mask), DY = u(dy), DX = u(dx);
+  return cpu()->masked_silu_backward(in(ctx), &X, &M, &DY, &DX, err);
+}
+
+static df_status s_lmhead_domino(df_ctx *ctx, const df_lmhead_domino_desc *desc, const df_lmhead_domino_in *in_,
+                                 const df_lmhead_domino_out *out, df_error *err) {
+  df_tensor t[6], o[7];
+  df_lmhead_domino_in i = {.hidden = opt(in_->hidden, &t[0]),
+                           .head = opt(in_->head, &t[1]),
+                           .corr = opt(in_->corr, &t[2]),
+                           .w2 = opt(in_->w2, &t[3]),
+                           .labels = opt(in_->labels, &t[4]),
+                           .weights = opt(in_->weights, &t[5])};
+  df_lmhead_domino_out w = {.ce_final = opt(out->ce_final, &o[0]),
+                            .ce_base = opt(out->ce_base, &o[1]),
+                            .correct_final = opt(out->correct_final, &o[2]),
+                            .correct_base = opt(out->correct_base, &o[3]),
+                            .dhidden = opt(out->dhidden, &o[4]),
+                            .dcorr = opt(out->dcorr, &o[5]),
+                            .dw2 = opt(out->dw2, &o[6])};
+  return cpu()->lmhead_domino(in(ctx), desc, &i, &w, err);
+}
+
+static df_status s_domino_block_metrics(df_ctx *ctx, int64_t bs, const df_domino_metrics_in *in_, df_tensor *stats,
+                                        df_error *err) {
+  df_tensor t[7], S = u(stats);
+  df_domino_metrics_in i = *in_;
+  i.ce_final = opt(in_->ce_final, &t[0]), i.ce_base = opt(in_->ce_base, &t[1]);
+  i.correct_final = opt(in_->correct_final, &t[2]), i.correct_base = opt(in_->correct_base, &t[3]);
+  i.valid = opt(in_->valid, &t[4]), i.weights = opt(in_->weights, &t[5]), i.keep = opt(in_->keep, &t[6]);
+  return cpu()->domino_block_metrics(in(ctx), bs, &i, &S, err);
+}
+
 // ---- EAGLE-3 (kernels/eagle3.h) --------------------------------------------------------------------------------
 
 static df_status s_ttt_attn_forward(df_ctx *ctx, const df_ttt_attn_desc *desc, const df_tensor *q, const df_tensor *k,
@@ -568,6 +623,9 @@ static void strict_build(void) {
   t->moe_aux_backward = s_moe_aux_backward, t->moe_center_ema = s_moe_center_ema;
   t->moe_noaux_update = s_moe_noaux_update;
   t->moe_grouped_forward = s_moe_grouped_forward, t->moe_grouped_backward = s_moe_grouped_backward;
+  t->gru_forward = s_gru_forward, t->gru_backward = s_gru_backward;
+  t->masked_silu_forward = s_masked_silu_forward, t->masked_silu_backward = s_masked_silu_backward;
+  t->lmhead_domino = s_lmhead_domino, t->domino_block_metrics = s_domino_block_metrics;
   t->ttt_attn_forward = s_ttt_attn_forward, t->ttt_attn_backward = s_ttt_attn_backward;
   t->lmhead_lse_argmax = s_lmhead_lse_argmax, t->eagle3_teacher = s_eagle3_teacher;
   t->eagle3_loss_forward = s_eagle3_loss_forward, t->eagle3_loss_backward = s_eagle3_loss_backward;

@@ -36,6 +36,13 @@ df_tensor df_block_head(const df_block_run *b) {
   return df_f32_on(df_ctx_device(b->env.ctx), fz->lm_head, fz->vocab, fz->hidden);
 }
 
+int32_t df_block_argmax(const float *z, int64_t V) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < V; v++)
+    if (z[v] > z[best]) best = v;
+  return (int32_t)best;
+}
+
 // ---- anchors -------------------------------------------------------------------------------------------------------
 
 // Training: the run's stream, replayed over the global batch on several ranks (strategies/dflash/dflash.h). The

@@ -49,6 +49,8 @@ df_tensor df_block_head(const df_block_run *b);
 // context features of positions < start (the training mask: keys j < anchor), the backbone forward, then the
 // strategy's propose. The base of a df_block_run.
 df_status df_block_draft(df_strategy_run *r, const df_draft_round *in, int32_t *props, df_error *err);
+// The first index of a row's largest logit (torch.argmax's tie rule): a greedy proposal.
+int32_t df_block_argmax(const float *z, int64_t V);
 
 #ifdef __cplusplus
 }

@@ -141,13 +141,6 @@ static int64_t first_position(const df_strategy_run *r) { return 1; } // slot 0 
 
 static int64_t proposals(const df_strategy_run *r) { return ((const dflash_run *)r)->blk.env.cfg->block_size - 1; }
 
-static int32_t argmax_row(const float *z, int64_t V) {
-  int64_t best = 0;
-  for (int64_t v = 1; v < V; v++)
-    if (z[v] > z[best]) best = v;
-  return (int32_t)best;
-}
-
 // Slots 1 .. bs−1: the argmax of the LM head on each (slot 0 holds the anchor token).
 static df_status propose(df_strategy_run *base, const df_propose_in *in, int32_t *props, df_error *err) {
   dflash_run *r = (dflash_run *)base;
@@ -163,7 +156,7 @@ static df_status propose(df_strategy_run *base, const df_propose_in *in, int32_t
   df_tensor y = df_view(r->dlogits, DF_F32, dev, 2, (const int64_t[]){n, V});
   DF_TRY(df_linear_forward(ctx, &x, &in->lm_head, NULL, &y, err));
   DF_TRY(df_copy(ctx, r->logits, DF_DEV_CPU, r->dlogits, dev, sizeof(float) * (size_t)(n * V), err));
-  for (int64_t k = 0; k < n; k++) props[k] = argmax_row(r->logits + k * V, V);
+  for (int64_t k = 0; k < n; k++) props[k] = df_block_argmax(r->logits + k * V, V);
   return DF_OK;
 }
 

@@ -202,13 +202,6 @@ static int64_t first_position(const df_strategy_run *r) { return 0; } // slot 0 
 
 static int64_t proposals(const df_strategy_run *r) { return ((const dspark_run *)r)->blk.env.cfg->block_size; }
 
-static int32_t argmax_row(const float *z, int64_t V) {
-  int64_t best = 0;
-  for (int64_t v = 1; v < V; v++)
-    if (z[v] > z[best]) best = v;
-  return (int32_t)best;
-}
-
 static df_status propose_buffers(dspark_run *r, int64_t bs, int64_t V, df_error *err) {
   if (r->logits) return DF_OK;
   df_ctx *ctx = r->blk.env.ctx;
@@ -248,7 +241,7 @@ static df_status propose(df_strategy_run *base, const df_propose_in *in, int32_t
       DF_TRY(df_copy(ctx, r->bias, DF_DEV_CPU, r->dbias, dev, row, err));
       for (int64_t v = 0; v < V; v++) z[v] += r->bias[v];
     }
-    props[k] = argmax_row(z, V);
+    props[k] = df_block_argmax(z, V);
     for (int64_t j = k + 1; j < bs; j++) r->prev[j] = props[k];
   }
   return DF_OK;

@@ -1,5 +1,6 @@
 // The whole training step on the GPU through the CLI, against the CPU's fp32 results:
-//   - `draftforge step --device cuda` on every DFlash, DSpark and MoE parity fixture: the trainer's storage is fp32
+//   - `draftforge step --device cuda` on every DFlash, DSpark, MoE and Domino parity fixture: the trainer's storage is
+//   fp32
 //     on the GPU too, so the CPU parity test's tolerances apply: loss rel ≤ 1e-5 against the fixture's PyTorch
 //     fp32 loss, every gradient tensor max|Δ| ≤ 1e-4·max|ref| + 1e-6 (a bf16-storage run would get 1e-2);
 //   - 50 training steps of the synthetic-data demo recipes on GPU and CPU: mean relative loss gap ≤ 2e-2 over the
@@ -136,6 +137,13 @@ Test(cuda_step, dspark_fixtures_on_gpu_match_fp32, .timeout = 300) {
 Test(cuda_step, moe_fixtures_on_gpu_match_fp32, .timeout = 300) {
   CU_REQUIRE_GPU();
   step_cases("moe_step");
+}
+
+// Domino: the GRU, the masked SiLU, the two-logit-set LM head and its metrics on the GPU (step.json's loss is
+// SpecForge's per-micro-step ratio, as the fixture's).
+Test(cuda_step, domino_fixtures_on_gpu_match_fp32, .timeout = 300) {
+  CU_REQUIRE_GPU();
+  step_cases("domino_step");
 }
 
 // The train lines' losses of a run's metrics.jsonl (n at most).

@@ -1,7 +1,9 @@
 // Data-parallel training under mpirun -np 2 (oversubscribed, as root where needed) on the bundled demos: two
 // ranks with batch b against one process with batch 2b (loss curve and final weights), bit-exact resume on two
-// ranks, resume across world sizes (2 → 1, 1 → 2), a killed rank ending the job without a partial `latest`, and
-// the MoE draft. Skipped (with the reason) in a build without MPI.
+// ranks, resume across world sizes (2 → 1, 1 → 2), a killed rank ending the job without a partial `latest`, the
+// MoE draft, and a Domino draft with an MoE FFN (whose ranks average their per-rank ratio losses, as SpecForge's
+// DDP does: two ranks equal one process accumulating the ranks' micro-batches). Skipped (with the reason) in a
+// build without MPI.
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -190,6 +192,76 @@ Test(dp, dspark_two_ranks_equal_one_process_of_the_global_batch, .timeout = 300)
 // MoE (8 experts, top-2, switch aux loss, sample centering): the aux loss, its gradient and the centering mean
 // come from the routing reduced over both ranks; the moe/* metrics are the global batch's too.
 Test(dp, moe_two_ranks_equal_one_process_of_the_global_batch, .timeout = 300) { dp_equals_one_process(MOE, "moe"); }
+
+// Domino with an MoE FFN. Its loss is a ratio per micro-step and per rank, averaged over both (SpecForge: loss /
+// accumulation_steps, then DDP's mean), so two ranks with batch 1 equal ONE process with batch 1 and two accumulated
+// micro-steps (the same samples: rank r holds slot r of each global batch, the single process takes the same two
+// samples in order), not a process with batch 2. Equal-length samples (data.max_length 32 truncates every demo sample)
+// keep the anchor stream the same either way; the MoE aux loss is off and routing uncentred, because both are taken
+// over what one forward sees (the global batch on two ranks, one micro-batch in one process).
+static void write_domino_moe(const char *dir, char *recipe, size_t n) {
+  char cfg[400];
+  snprintf(cfg, sizeof cfg, "%s/draft.json", dir);
+  json_t *c = json_load_file(DF_SOURCE_DIR "/configs/demo-domino-moe.json", 0, NULL);
+  cr_assert_not_null(c);
+  json_t *dc = json_object_get(c, "dflash_config");
+  json_object_set_new(dc, "moe_aux_loss_coeff", json_real(0.0));
+  json_object_set_new(dc, "moe_router_center", json_string("none"));
+  cr_assert_eq(json_dump_file(c, cfg, JSON_INDENT(2)), 0);
+  json_decref(c);
+  snprintf(recipe, n, "%s/recipe.yaml", dir);
+  FILE *fp = fopen(recipe, "w");
+  cr_assert_not_null(fp);
+  fprintf(fp,
+          "model:\n  target_model_path: %s/recipes/demo/target\n  draft_model_config: %s\n"
+          "data:\n  hidden_states_path: %s/recipes/demo/train\n  max_length: 32\n"
+          "training:\n  strategy: domino\n  num_epochs: 1\n  num_anchors: 4\n  loss_decay_gamma: 7.0\n"
+          "  lambda_base_start: 1.0\n  lambda_base_decay_ratio: 0.05\n  learning_rate: 3.0e-3\n  max_grad_norm: 1.0\n"
+          "  warmup_ratio: 0.0\n  seed: 3\n",
+          DF_SOURCE_DIR, cfg, DF_SOURCE_DIR);
+  fclose(fp);
+}
+
+Test(dp, domino_moe_two_ranks_equal_one_process_accumulating_their_micro_batches, .timeout = 300) {
+  need_mpirun();
+  char one[200], two[300], dir[300], recipe[400];
+  tmpdir(one, sizeof one, "domino");
+  snprintf(two, sizeof two, "%s_w2", one);
+  snprintf(dir, sizeof dir, "%s_cfg", one);
+  rmdir_all(two), rmdir_all(dir);
+  char mk[400];
+  snprintf(mk, sizeof mk, "mkdir -p %s", dir);
+  cr_assert_eq(system(mk), 0);
+  write_domino_moe(dir, recipe, sizeof recipe);
+  train_ok(0, recipe, one,
+           "--set training.max_steps=6 --set training.batch_size=1 --set training.accumulation_steps=2");
+  train_ok(2, recipe, two,
+           "--set training.max_steps=6 --set training.batch_size=1 --set training.accumulation_steps=1");
+  // The curve (loss_den 2 either way: one per micro-step of each rank); the MoE load statistics describe what one
+  // forward routed (the global batch, or one micro-batch), so they are not compared.
+  json_t *r = rows(two), *r1 = rows(one);
+  cr_assert_eq(json_array_size(r), 6);
+  cr_assert_eq(json_array_size(r1), 6);
+  for (size_t i = 0; i < json_array_size(r); i++) {
+    json_t *o = json_array_get(r, i), *o1 = json_array_get(r1, i);
+    const char *keys[] = {"loss", "grad_norm",   "loss_den",   "acc",       "accept_len",
+                          "lr",   "lambda_base", "final_loss", "base_loss", "moe/aux_loss"};
+    for (int k = 0; k < 10; k++) {
+      const double u = json_number_value(json_object_get(o, keys[k])),
+                   v = json_number_value(json_object_get(o1, keys[k]));
+      cr_expect(fabs(u - v) <= 1e-6 * fabs(v) + 1e-12, "step %zu: %s %.17g vs %.17g", i + 1, keys[k], u, v);
+    }
+    cr_expect_eq(json_integer_value(json_object_get(o, "tokens")), json_integer_value(json_object_get(o1, "tokens")));
+    cr_expect_eq(json_real_value(json_object_get(o, "loss_den")), 2.0, "step %zu", i + 1);
+    cr_expect_not_null(json_object_get(o, "lambda_base"), "step %zu", i + 1);
+    cr_expect_not_null(json_object_get(o, "moe/load_max_ratio"), "step %zu", i + 1);
+  }
+  json_decref(r), json_decref(r1);
+  char a[400], b[400];
+  ckpt(a, sizeof a, one, 6), ckpt(b, sizeof b, two, 6);
+  expect_same_weights(a, b, 5e-5);
+  rmdir_all(one), rmdir_all(two), rmdir_all(dir);
+}
 
 // ZeRO-1 (fsdp_sharding SHARD_GRAD_OP, the default) against replicated AdamW (NO_SHARD) on two ranks: the same
 // reduced gradient sums (two ranks: one IEEE addition either way), the same element-wise update; only the

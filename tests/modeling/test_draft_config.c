@@ -156,6 +156,55 @@ Test(draft_config, tiny_configs_values) {
   df_draft_config_free(c);
 }
 
+// SpecForge's Qwen3-8B Domino config, the tiny one, and SpecForge's export form (DFlashDraftModel + projector_type
+// domino), which reads back as the same Domino draft; SpecForge's code defaults (pure_draft_prefix_len 0,
+// shift_label false) when the keys are absent.
+Test(draft_config, domino_configs_values) {
+  const df_draft_config *c = load_ok(CONFIGS_DIR "/qwen3-8b-domino.json");
+  cr_expect_eq(c->kind, DF_DRAFT_DOMINO);
+  cr_expect_str_eq(df_draft_kind_name(c->kind), "domino");
+  cr_expect_eq(c->dflash.projector_type, DF_PROJECTOR_DOMINO);
+  cr_expect_eq(c->dflash.emb_dim, 256);
+  cr_expect_eq(c->dflash.gru_hidden_dim, 1024);
+  cr_expect_eq(c->dflash.pure_draft_prefix_len, 1);
+  cr_expect(c->dflash.shift_label);
+  cr_expect_eq(c->block_size, 16);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  df_draft_config_print(c, mem);
+  fclose(mem);
+  cr_expect(strstr(text, "dflash.gru_hidden_dim") && strstr(text, "1024"), "%s", text);
+  cr_expect(strstr(text, "kind") && strstr(text, "domino (DominoDraftModel)"), "%s", text);
+  free(text);
+  int64_t total = 0, active = 0;
+  df_draft_config_param_counts(c, &total, &active);
+  const int64_t head = 3 * 1024 * (4096 + 1024) + 256 * (4096 + 1024) + 151936LL * 256; // ≈ 55.9M
+  df_draft_config_free(c);
+  c = load_ok(CONFIGS_DIR "/qwen3-8b-dflash.json");
+  int64_t dflash_total = 0;
+  df_draft_config_param_counts(c, &dflash_total, &active);
+  cr_expect_eq(total - dflash_total, head, "the Domino head adds %lld parameters, expected %lld",
+               (long long)(total - dflash_total), (long long)head);
+  df_draft_config_free(c);
+
+  json_t *d = df_test_config_doc("tiny-domino.json");
+  df_test_json_set(d, "architectures", df_test_json("[\"DFlashDraftModel\"]"));
+  df_test_json_set(d, "dflash_config.pure_draft_prefix_len", NULL);
+  df_test_json_set(d, "dflash_config.shift_label", NULL);
+  c = parse_doc_ok(d);
+  cr_expect_eq(c->kind, DF_DRAFT_DOMINO);
+  cr_expect_eq(c->dflash.pure_draft_prefix_len, 0);
+  cr_expect_not(c->dflash.shift_label);
+  cr_expect_eq(c->dflash.emb_dim, 16);
+  df_draft_config_free(c);
+  d = df_test_config_doc("tiny-domino.json");
+  df_test_json_set(d, "dflash_config.projector_type", NULL); // DominoDraftModel: absent resolves to domino
+  c = parse_doc_ok(d);
+  cr_expect_eq(c->dflash.projector_type, DF_PROJECTOR_DOMINO);
+  df_draft_config_free(c);
+}
+
 static void expect_ids(int64_t L, int64_t n, const int *want) {
   int got[16];
   df_draft_config_build_target_layer_ids(L, n, got);
@@ -371,7 +420,7 @@ static const bad_case BAD[] = {
     {"tiny-dflash.json", "architectures", "[\"DFlashDraftModel\", \"DSparkDraftModel\"]", DF_ERR_INVALID,
      "architectures"},
     {"tiny-dflash.json", "architectures", "[\"LlamaForCausalLM\"]", DF_ERR_UNSUPPORTED, "architectures[0]"},
-    {"tiny-dflash.json", "architectures", "[\"DominoDraftModel\"]", DF_ERR_UNSUPPORTED, "architectures[0]"},
+    {"tiny-dflash.json", "architectures", "[\"DominoDraftModel\"]", DF_ERR_INVALID, "dflash_config.emb_dim"},
     {"tiny-dflash.json", "architectures", "[\"Qwen3MoeDSparkModel\"]", DF_ERR_UNSUPPORTED, "architectures[0]"},
     {"tiny-dflash.json", "model_type", "\"llama\"", DF_ERR_UNSUPPORTED, "model_type"},
     {"tiny-dflash.json", "hidden_act", "\"gelu\"", DF_ERR_UNSUPPORTED, "hidden_act"},
@@ -400,8 +449,7 @@ static const bad_case BAD[] = {
     {"tiny-dflash.json", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}", DF_ERR_INVALID,
      "rope_parameters.rope_theta"},
     {"tiny-dflash.json", "partial_rotary_factor", "0.5", DF_ERR_UNSUPPORTED, "partial_rotary_factor"},
-    {"tiny-dflash.json", "dflash_config.projector_type", "\"domino\"", DF_ERR_UNSUPPORTED,
-     "dflash_config.projector_type"},
+    {"tiny-dflash.json", "dflash_config.projector_type", "\"domino\"", DF_ERR_INVALID, "dflash_config.emb_dim"},
     {"tiny-dflash.json", "dflash_config.projector_type", "\"dspark\"", DF_ERR_INVALID, "dflash_config.projector_type"},
     {"tiny-dflash.json", "dflash_config.markov_rank", "8", DF_ERR_INVALID, "dflash_config.markov_rank"},
     {"tiny-dflash.json", "dflash_config.confidence_head_alpha", "1.0", DF_ERR_INVALID,
@@ -421,6 +469,24 @@ static const bad_case BAD[] = {
     {"tiny-dspark.json", "dflash_config.confidence_head_alpha", "-1", DF_ERR_INVALID,
      "dflash_config.confidence_head_alpha"},
     {"tiny-dspark.json", "dflash_config.projector_type", "\"dflash\"", DF_ERR_INVALID, "dflash_config.projector_type"},
+    {"tiny-dspark.json", "dflash_config.shift_label", "true", DF_ERR_UNSUPPORTED, "dflash_config.shift_label"},
+    {"tiny-domino.json", "dflash_config.emb_dim", NULL, DF_ERR_INVALID, "emb_dim"}, // the top-level copy alone
+    {"tiny-domino.json", "dflash_config.emb_dim", "0", DF_ERR_INVALID, "dflash_config.emb_dim"},
+    {"tiny-domino.json", "dflash_config.emb_dim", "\"16\"", DF_ERR_INVALID, "dflash_config.emb_dim"},
+    {"tiny-domino.json", "dflash_config.gru_hidden_dim", NULL, DF_ERR_INVALID, "dflash_config.gru_hidden_dim"},
+    {"tiny-domino.json", "dflash_config.gru_hidden_dim", "-4", DF_ERR_INVALID, "dflash_config.gru_hidden_dim"},
+    {"tiny-domino.json", "dflash_config.gru_hidden_dim", "16.5", DF_ERR_INVALID, "dflash_config.gru_hidden_dim"},
+    {"tiny-domino.json", "dflash_config.pure_draft_prefix_len", "4", DF_ERR_INVALID,
+     "dflash_config.pure_draft_prefix_len"},
+    {"tiny-domino.json", "dflash_config.pure_draft_prefix_len", "-1", DF_ERR_INVALID,
+     "dflash_config.pure_draft_prefix_len"},
+    {"tiny-domino.json", "dflash_config.shift_label", "\"yes\"", DF_ERR_INVALID, "dflash_config.shift_label"},
+    {"tiny-domino.json", "emb_dim", "32", DF_ERR_INVALID, "emb_dim"},
+    {"tiny-domino.json", "gru_hidden_dim", "25", DF_ERR_INVALID, "gru_hidden_dim"},
+    {"tiny-domino.json", "dflash_config.projector_type", "\"dspark\"", DF_ERR_INVALID, "dflash_config.projector_type"},
+    {"tiny-domino.json", "dflash_config.markov_rank", "8", DF_ERR_INVALID, "dflash_config.markov_rank"},
+    {"tiny-domino.json", "dflash_config.enable_confidence_head", "true", DF_ERR_INVALID,
+     "dflash_config.enable_confidence_head"},
 };
 
 Test(draft_config, each_rule_names_its_key) {

@@ -80,6 +80,33 @@ Test(draft_serving, dspark_head_keys_are_written_at_both_levels_with_sglangs_nee
   json_decref(r), json_decref(doc);
 }
 
+// Domino: the head's four keys resolved into dflash_config (defaults written out), the top-level copy of emb_dim
+// following, projector_type domino; the document reads back as the same Domino draft, also under SpecForge's export
+// name DFlashDraftModel.
+Test(draft_serving, domino_head_keys_are_resolved_into_dflash_config) {
+  json_t *doc = df_test_config_doc("tiny-domino.json");
+  df_test_json_set(doc, "dflash_config.pure_draft_prefix_len", NULL);
+  df_test_json_set(doc, "dflash_config.shift_label", NULL);
+  df_test_json_set(doc, "dflash_config.projector_type", NULL);
+  const df_draft_config *cfg = build(doc);
+  json_t *r = resolved(cfg, 255);
+  json_t *dc = json_object_get(r, "dflash_config");
+  cr_expect_eq(geti(dc, "emb_dim"), 16);
+  cr_expect_eq(geti(dc, "gru_hidden_dim"), 24);
+  cr_expect_eq(geti(dc, "pure_draft_prefix_len"), 0);
+  cr_expect(json_is_false(json_object_get(dc, "shift_label")));
+  cr_expect_str_eq(json_string_value(json_object_get(dc, "projector_type")), "domino");
+  cr_expect_eq(geti(r, "emb_dim"), 16);
+  cr_expect_null(json_object_get(r, "gru_hidden_dim"), "only copies that exist are rewritten");
+  json_object_set_new(r, "architectures", json_pack("[s]", "DFlashDraftModel"));
+  const df_draft_config *back = build(r);
+  cr_expect_eq(back->kind, DF_DRAFT_DOMINO);
+  cr_expect_eq(back->dflash.gru_hidden_dim, 24);
+  cr_expect_not(back->dflash.shift_label);
+  df_draft_config_free(back), df_draft_config_free(cfg);
+  json_decref(r), json_decref(doc);
+}
+
 Test(draft_serving, yarn_in_rope_parameters_is_mirrored_into_rope_scaling) {
   json_t *doc = df_test_config_doc("tiny-dflash.json");
   df_test_json_set(doc, "rope_scaling", NULL);

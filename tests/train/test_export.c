@@ -17,6 +17,7 @@
 #include "tests/common/fixture.h"
 #include "train/data/batch.h"
 #include "train/export/export.h"
+#include "train/export/inspect_export.h"
 #include "train/run/run_dir.h"
 
 #define STEP_DIR  DF_FIXTURE_DIR "/dflash_step"
@@ -174,8 +175,8 @@ Test(export, f32_export_reloads_to_a_bit_identical_forward) {
   cr_assert_eq(na, nb);
   cr_expect_arr_eq(ya, yb, (size_t)na * sizeof *ya, "forward outputs are bit-identical");
   const df_params *p = df_draft_model_params(a.m);
-  cr_expect_arr_eq(df_draft_model_weights(a.m), df_draft_model_weights(b.m),
-                   (size_t)df_params_numel(p) * sizeof(float), "weights are bit-identical");
+  cr_expect_arr_eq(df_draft_model_weights(a.m), df_draft_model_weights(b.m), (size_t)df_params_numel(p) * sizeof(float),
+                   "weights are bit-identical");
 
   // The file holds exactly the draft's tensors.
   df_st_file *f;
@@ -503,6 +504,49 @@ Test(export, normalizer_checks_block_size_and_kind) {
   json_object_set_new(json_object_get(src, "dflash_config"), "attention_mode", json_string("mla"));
   cr_expect_eq(normalize_err(src, 0, &err), DF_ERR_INVALID, "attention_mode mla");
   json_decref(src);
+}
+
+// Domino: SpecForge's export normaliser names it DFlashDraftModel and keeps projector_type domino (and the head's
+// keys), so the export reads back as the same Domino draft; the GRU head's tensors are written under their canonical
+// names even from a checkpoint in SpecForge's legacy logit_head.* container, and the forward is bit-identical.
+Test(export, domino_export_keeps_the_head_and_reads_back) {
+  static const char *const ckpts[] = {DF_FIXTURE_DIR "/domino_step/ckpt_shift_full",
+                                      DF_FIXTURE_DIR "/domino_step/ckpt_noshift_legacy"};
+  for (int c = 0; c < 2; c++) {
+    char dir[64], out[128], p[256];
+    tmp_make(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/export", dir);
+    export_ok(ckpts[c], out, DF_ST_F32);
+    snprintf(p, sizeof p, "%s/config.json", out);
+    json_t *cfg = json_load_file(p, 0, NULL);
+    cr_assert_not_null(cfg);
+    cr_expect_str_eq(json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0)), "DFlashDraftModel");
+    cr_expect_null(json_object_get(cfg, "auto_map"));
+    json_t *dc = json_object_get(cfg, "dflash_config");
+    cr_expect_str_eq(json_string_value(json_object_get(dc, "projector_type")), "domino");
+    cr_expect_eq(json_integer_value(json_object_get(dc, "gru_hidden_dim")), 24);
+    json_decref(cfg);
+    loaded a = load(ckpts[c]), b = load(out);
+    cr_expect_eq(b.cfg->kind, DF_DRAFT_DOMINO, "the export is a Domino draft again");
+    const df_params *t = df_draft_model_params(b.m);
+    cr_expect_not_null(df_params_find(t, "prefix_gru.weight_ih_l0"));
+    const int64_t n = df_params_numel(t);
+    cr_assert_eq(n, df_params_numel(df_draft_model_params(a.m)));
+    cr_expect_eq(memcmp(df_draft_model_weights(a.m), df_draft_model_weights(b.m), sizeof(float) * (size_t)n), 0,
+                 "f32 export: the same weights, head included");
+    unload(&a), unload(&b);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    int problems = -1;
+    df_error err = {0};
+    DF_ASSERT_OK(df_inspect_export(out, mem, &problems, &err), &err);
+    fclose(mem);
+    cr_expect_eq(problems, 0, "%s", text);
+    cr_expect(strstr(text, "gru_hidden_dim") && strstr(text, "sglang#36899"), "%s", text);
+    free(text);
+    tmp_remove(dir);
+  }
 }
 
 Test(export, normalizer_dspark_lifts_head_keys) {

@@ -165,6 +165,15 @@ Test(recipe, out_of_range_and_bad_choice) {
   cr_expect_str_eq(e.where, "training.loss_decay_gamma");
   e = parse_fail(HEAD "training:\n  strategy: dflash\n  learning_rate: .inf\n", DF_ERR_INVALID);
   cr_expect(strstr(e.msg, "not finite"), "%s", e.msg);
+  // Domino's keys and draftforge step's schedule position
+  e = parse_fail(HEAD "training:\n  strategy: domino\n  lambda_base_decay_ratio: -0.5\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.lambda_base_decay_ratio");
+  e = parse_fail(HEAD "training:\n  strategy: domino\n  lambda_base_start: one\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.lambda_base_start");
+  e = parse_fail(HEAD "training:\n  strategy: domino\n  global_step: -3\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.global_step");
+  e = parse_fail(HEAD "training:\n  strategy: domino\n  global_step: 2.5\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.global_step");
 }
 
 Test(recipe, unsupported_non_default_value) {
@@ -179,8 +188,9 @@ Test(recipe, unsupported_non_default_value) {
                                "  attention_backend: sdpa\n"));
   df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  attention_backend: usp\n", DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "training.attention_backend");
-  e = parse_fail(HEAD "training:\n  strategy: domino\n", DF_ERR_UNSUPPORTED);
+  e = parse_fail(HEAD "training:\n  strategy: peagle\n", DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "training.strategy");
+  df_recipe_free(parse_ok(HEAD "training:\n  strategy: domino\n")); // listed by the registry: supported
   e = parse_fail(HEAD "deployment:\n  disaggregated:\n    control_dir: /x\ntraining:\n  strategy: dflash\n",
                  DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "deployment.disaggregated");

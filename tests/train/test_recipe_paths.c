@@ -276,9 +276,9 @@ Test(recipe_paths, recipes_that_need_a_missing_feature_are_refused_naming_the_ke
   cr_expect_str_eq(e.where, "training.server_urls");
   e = refused(RECIPE("data") "  deployment_mode: disaggregated\n", NULL, 0);
   cr_expect_str_eq(e.where, "training.deployment_mode");
-  const char *sets[] = {"training.strategy=domino"};
+  const char *sets[] = {"training.strategy=peagle"};
   e = refused(RECIPE("data"), sets, 1);
-  cr_expect(strstr(e.msg, "--set training.strategy: training.strategy = domino asks for Domino drafts"), "%s", e.msg);
+  cr_expect(strstr(e.msg, "--set training.strategy: training.strategy = peagle asks for P-EAGLE drafts"), "%s", e.msg);
 }
 
 Test(recipe_paths, inert_keys_are_accepted_and_listed_once) {

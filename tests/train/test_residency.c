@@ -1,10 +1,10 @@
 // Device residency of a training step, proved on the fake device (kernels/fake/: the CPU kernels behind a table
 // whose memory counts as device memory, every host↔device copy counted by kernels/context.c). For DFlash, D-PACE,
-// DSpark and MoE drafts, every optimizer step of a 2-micro-batch window moves exactly one upload per micro-batch
-// (the packed batch, strategies/dflash/stage.c) and one read (the window's sums and {norm, coef, ok}) — nothing else;
-// and the run is bit for bit the CPU run (same kernels, staged instead of read in place): metrics.jsonl and the final
-// weights agree exactly. DFlash, D-PACE, DSpark (vanilla, gated and rnn heads) and MoE drafts run on the strict
-// variant, whose memory faults on any host access.
+// DSpark, Domino and MoE drafts, every optimizer step of a 2-micro-batch window moves exactly one upload per
+// micro-batch (the packed batch, strategies/dflash/stage.c) and one read (the window's sums and {norm, coef, ok}) —
+// nothing else; and the run is bit for bit the CPU run (same kernels, staged instead of read in place): metrics.jsonl
+// and the final weights agree exactly. DFlash, D-PACE, DSpark (vanilla, gated and rnn heads), Domino and MoE drafts run
+// on the strict variant, whose memory faults on any host access.
 #include <criterion/criterion.h>
 #include <omp.h>
 #include <stdio.h>
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "kernels/ops_domino.h"
 #include "modeling/draft_config.h"
 #include "moe/config.h"
 #include "strategies/eagle3/eagle3.h"
@@ -128,7 +129,9 @@ static void run_case(const rcase *c, const df_backend *be) {
   df_error err = {0};
   DF_ASSERT_OK(df_draft_config_from_file(c->draft, &cfg, &err), &err);
   const int64_t bs = cfg->block_size;
-  int64_t nstats = cfg->kind == DF_DRAFT_DSPARK ? DF_DSPARK_STATS(bs) : DF_BLOCK_STATS(bs);
+  int64_t nstats = cfg->kind == DF_DRAFT_DSPARK   ? DF_DSPARK_STATS(bs)
+                   : cfg->kind == DF_DRAFT_DOMINO ? DF_DOMINO_STATS(bs)
+                                                  : DF_BLOCK_STATS(bs);
   if (cfg->kind == DF_DRAFT_EAGLE3) nstats = DF_EAGLE3_STATS(3); // the case's ttt_length
   // MoE drafts (every layer MoE): each layer's statistics sums ride in the same block (kernels/ops_moe.h).
   if (cfg->moe) nstats += cfg->num_hidden_layers * DF_MOE_STATS(cfg->moe->n_routed_experts);
@@ -191,6 +194,18 @@ Test(residency, dspark_rnn_step_moves_only_the_batch_and_one_read) {
 // MoE drafts run on the strict device too: routing, dispatch, experts, shared expert, aux loss, statistics and the
 // deferred updates (EMA centering mean; noaux_tc bias) are ops. Qwen: sample centering, the switch aux loss, a
 // gated shared expert; DeepSeek: sqrtsoftplus scores, noaux_tc balancing, group-limited routing.
+// Domino: the GRU head reads the staged head tokens and corrected-row flags, λ is host-known: still one upload per
+// micro-batch and one read per step, on the strict device.
+Test(residency, domino_step_moves_only_the_batch_and_one_read) {
+  rcase c = {"domino",
+             DF_FIXTURE_DIR "/domino_step/domino-shift.json",
+             DFX "/data",
+             "domino",
+             "  loss_decay_gamma: 4.0\n  lambda_base_decay_ratio: 1.0\n",
+             .eval = true};
+  run_case(&c, df_fake_strict_backend());
+}
+
 Test(residency, moe_step_moves_only_the_batch_and_one_read) {
   rcase c = {"moe", DF_SOURCE_DIR "/configs/tiny-dflash-moe.json", DFX "/data", "dflash", NULL, .eval = true};
   run_case(&c, df_fake_strict_backend());

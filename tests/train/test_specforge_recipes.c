@@ -139,9 +139,12 @@ static void check_draft(const char *file, const df_recipe *rc) {
     df_draft_config_free(cfg);
     return;
   }
-  bool dspark = !strcmp(rc->training.strategy, "dspark");
-  cr_expect_eq(cfg->kind, dspark ? DF_DRAFT_DSPARK : DF_DRAFT_DFLASH, "%s: the draft config is %s", file,
-               df_draft_kind_name(cfg->kind));
+  bool dspark = !strcmp(rc->training.strategy, "dspark"), domino = !strcmp(rc->training.strategy, "domino");
+  cr_expect_eq(cfg->kind,
+               dspark   ? DF_DRAFT_DSPARK
+               : domino ? DF_DRAFT_DOMINO
+                        : DF_DRAFT_DFLASH,
+               "%s: the draft config is %s", file, df_draft_kind_name(cfg->kind));
   cr_expect_eq(cfg->block_size, dspark ? 7 : 16, "%s", file);
   cr_expect_eq(cfg->dflash.mask_token_id, 151669, "%s", file);
   cr_expect_eq(cfg->num_target_layers, 36, "%s", file);
@@ -155,6 +158,14 @@ static void check_draft(const char *file, const df_recipe *rc) {
   if (dspark) {
     cr_expect_eq(json_integer_value(json_object_get(served, "markov_rank")), 256, "%s", file);
     cr_expect(json_is_true(json_object_get(served, "confidence_head_with_markov")), "%s", file);
+  }
+  // Domino: the GRU head's keys from dflash_config, and the recipe's lambda_base schedule is read
+  if (domino) {
+    cr_expect_eq(cfg->dflash.emb_dim, 256, "%s", file);
+    cr_expect_eq(cfg->dflash.gru_hidden_dim, 1024, "%s", file);
+    cr_expect(cfg->dflash.shift_label, "%s", file);
+    const df_strategy_values v = df_recipe_strategy_values(rc);
+    cr_expect_eq(df_strategy_number(&v, "lambda_base_decay_ratio", -1), 1.0, "%s", file);
   }
   cr_expect_eq(json_integer_value(json_object_get(json_object_get(served, "dflash_config"), "mask_token_id")), 151669,
                "%s", file);

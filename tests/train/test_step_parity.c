@@ -1,9 +1,10 @@
 // `draftforge step` against the PyTorch reference: every case directory under tests/fixtures/dflash_step/
-// (tools/reference/make_dflash_fixtures.py), tests/fixtures/dspark_step/ (make_dspark_fixtures.py) and
-// tests/fixtures/moe_step/ (make_moe_step_fixtures.py: MoE drafts, gradients named through the checkpoint layout)
-// runs through df_step_run; loss terms (the MoE aux loss and DSpark's metric sums included) must agree to rel 1e-5
-// and every gradient tensor to max|Δ| <= 1e-4·max|ref| + 1e-6, with the same set of names. Also the batch order
-// and anchors (expected/batch.json), and a smoke test of the CLI entry point.
+// (tools/reference/make_dflash_fixtures.py), tests/fixtures/dspark_step/ (make_dspark_fixtures.py),
+// tests/fixtures/moe_step/ (make_moe_step_fixtures.py: MoE drafts, gradients named through the checkpoint layout) and
+// tests/fixtures/domino_step/ (make_domino_fixtures.py) runs through df_step_run; loss terms (the MoE aux loss and
+// DSpark's and Domino's metric sums included) must agree to rel 1e-5 and every gradient tensor to
+// max|Δ| <= 1e-4·max|ref| + 1e-6, with the same set of names. Also the batch order and anchors (expected/batch.json),
+// Domino's proposals (tests/fixtures/domino_step/generate/) and a smoke test of the CLI entry point.
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -22,6 +23,7 @@
 #define STEP_DIR   DF_FIXTURE_DIR "/dflash_step"
 #define DSPARK_DIR DF_FIXTURE_DIR "/dspark_step"
 #define MOE_DIR    DF_FIXTURE_DIR "/moe_step"
+#define DOMINO_DIR DF_FIXTURE_DIR "/domino_step"
 #define EAGLE3_DIR DF_FIXTURE_DIR "/eagle3_step"
 
 enum { MAX_CASES = 64 };
@@ -103,16 +105,40 @@ static bool expect_dspark_terms(const char *name, json_t *want, const json_t *go
   return ok && mine == teacher;
 }
 
+// Domino: the loss parts, lambda_base and its horizon, every metric and its sums (step.json's strategy keys).
+static bool expect_domino_terms(const char *name, json_t *want, const df_step_result *r) {
+  const char *keys[] = {"lambda_base", "final_num",       "base_num",     "weight_sum", "final_loss",      "base_loss",
+                        "accuracy",    "base_accuracy",   "base_acc_num", "accept_num", "base_accept_num", "accept_den",
+                        "accept_len",  "base_accept_len", "global_step",  "total_steps"};
+  bool ok = true;
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+    const json_t *g = json_object_get(r->report, keys[i]);
+    cr_expect_not_null(g, "%s: step.json lacks %s", name, keys[i]);
+    ok = g && expect_close_key(name, want, keys[i], json_number_value(g)) && ok;
+  }
+  // the loss is (1 − λ)·final_loss + λ·base_loss of the same micro-step
+  const double lam = json_number_value(json_object_get(r->report, "lambda_base"));
+  const double mix = (1 - lam) * json_number_value(json_object_get(r->report, "final_loss")) +
+                     lam * json_number_value(json_object_get(r->report, "base_loss"));
+  cr_expect_leq(rel_err(r->loss, mix), 1e-12, "%s: loss %.12g is not the lambda mix %.12g", name, r->loss, mix);
+  cr_expect_eq(r->loss_den, 1.0, "%s: a Domino micro-step weighs 1 in the window", name);
+  return ok;
+}
+
 static bool expect_terms(const char *dir, const char *name, const df_step_result *r) {
   char p[1024];
   snprintf(p, sizeof p, "%s/%s/expected/step.json", dir, name);
   json_error_t je;
   json_t *want = json_load_file(p, 0, &je);
   cr_assert_not_null(want, "%s: %s", p, je.text);
-  const char *keys[] = {"loss_num", "loss_den", "loss", "acc_num", "acc_den"};
-  const double got[] = {r->loss_num, r->loss_den, r->loss, r->acc_num, r->acc_den};
+  const char *keys[] = {"loss", "acc_num", "acc_den", "loss_num", "loss_den"};
+  const double got[] = {r->loss, r->acc_num, r->acc_den, r->loss_num, r->loss_den};
+  const json_t *strategy = json_object_get(want, "strategy");
+  const bool domino = json_is_string(strategy) && !strcmp(json_string_value(strategy), "domino");
   bool ok = true;
-  for (int i = 0; i < 5; i++) {
+  // Domino's loss is already a per-micro-step ratio (loss_den 1 in draftforge's accumulation, strategies/domino/
+  // strategy.c); its reference's numerator and denominator are checked as final_num / base_num / weight_sum.
+  for (int i = 0; i < (domino ? 3 : 5); i++) {
     double w = json_number_value(json_object_get(want, keys[i]));
     double e = rel_err(got[i], w);
     cr_expect_leq(e, 1e-5, "%s: %s = %.10g, expected %.10g (rel err %.3g)", name, keys[i], got[i], w, e);
@@ -127,9 +153,13 @@ static bool expect_terms(const char *dir, const char *name, const df_step_result
   }
   json_int_t nb = json_integer_value(json_object_get(want, "num_blocks"));
   cr_expect_eq(r->num_blocks, nb, "%s: num_blocks %lld, expected %lld", name, (long long)r->num_blocks, (long long)nb);
-  const bool dspark = json_object_get(r->report, "strategy") != NULL;
-  cr_expect_eq(dspark, json_object_get(want, "strategy") != NULL, "%s: strategy", name);
-  if (dspark) ok = expect_dspark_terms(name, want, r->report) && ok;
+  const json_t *mine = json_object_get(r->report, "strategy");
+  cr_expect_eq(mine != NULL, strategy != NULL, "%s: strategy", name);
+  if (mine && strategy) cr_expect_str_eq(json_string_value(mine), json_string_value(strategy), "%s: strategy", name);
+  if (domino)
+    ok = expect_domino_terms(name, want, r) && ok;
+  else if (mine)
+    ok = expect_dspark_terms(name, want, r->report) && ok;
   fprintf(stderr, "  %-26s loss %.9f (ref %.9f, rel %.1e)  aux %.6g  acc %.0f/%.0f  blocks %lld\n", name, r->loss,
           json_number_value(json_object_get(want, "loss")),
           rel_err(r->loss, json_number_value(json_object_get(want, "loss"))), r->aux_loss, r->acc_num, r->acc_den,
@@ -294,6 +324,20 @@ Test(step_parity, every_moe_fixture_case, .timeout = 600) {
   int passed = 0;
   for (int i = 0; i < n; i++) run_case(MOE_DIR, names[i], &passed);
   fprintf(stderr, "moe step parity: %d/%d cases pass\n", passed, n);
+  for (int i = 0; i < n; i++) free(names[i]);
+}
+
+// Domino: shift_label on and off, pure_draft_prefix_len 0 and 1, λ at 1, 0 and between (training.global_step,
+// horizons from total_steps and from the data), decay, chunking, cold (uniform GRU init) and warm (legacy names).
+Test(step_parity, every_domino_fixture_case, .timeout = 600) {
+  char *names[MAX_CASES];
+  int n = list_cases_in(DOMINO_DIR, names, MAX_CASES);
+  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_domino_fixtures.py writes it)", DOMINO_DIR);
+  cr_assert_gt(n, 0, "no case directory (with recipe.yaml) under %s", DOMINO_DIR);
+  int passed = 0;
+  for (int i = 0; i < n; i++) run_case(DOMINO_DIR, names[i], &passed);
+  fprintf(stderr, "domino step parity: %d/%d cases pass\n", passed, n);
+  cr_expect_eq(passed, n);
   for (int i = 0; i < n; i++) free(names[i]);
 }
 

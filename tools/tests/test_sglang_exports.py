@@ -22,6 +22,7 @@ import sglang_loader as sg  # noqa: E402
 
 FX = os.path.join(ROOT, "tests", "fixtures")
 DENSE_DATA, DSPARK_DATA = os.path.join(FX, "dflash_step", "data"), os.path.join(FX, "dspark_step", "data")
+DOMINO_HEAD = ("prefix_gru.weight_ih_l0", "prefix_gru.weight_hh_l0", "embed_proj.0.weight", "embed_proj.2.weight")
 TARGET = os.path.join(FX, "dflash_step", "target")
 
 
@@ -83,8 +84,10 @@ KINDS = {
                                 255),
     "dflash_moe": (_json("moe_step/tiny-moe-qwen.json"), "dflash", DENSE_DATA, None),
     "dspark_moe": (_dspark_moe(), "dspark", DSPARK_DATA, None),
+    # SpecForge's Domino export: DFlashDraftModel with projector_type domino and the GRU head's tensors
+    "domino": (_json("domino_step/domino-shift.json"), "domino", DENSE_DATA, None),
 }
-DENSE = [k for k in KINDS if "moe" not in k]
+DENSE = [k for k in KINDS if "moe" not in k and k != "domino"]
 MOE = [k for k in KINDS if "moe" in k]
 
 
@@ -147,6 +150,22 @@ def test_an_export_without_confidence_head_loads_only_in_the_static_mode_and_say
     else:
         assert len(rep.errors) == 1 and "confidence head is enabled but the checkpoint is missing" in rep.errors[0]
     assert "no confidence head" in stdout and "cap-accept" in stdout and "compact" in stdout, stdout
+
+
+@pytest.mark.parametrize("mode", sg.RAGGED_MODES)
+def test_a_domino_export_loads_in_0_5_23_as_its_dflash_backbone(built, mode):
+    """0.5.23's DFlashDraftModel has no Domino head: with projector_type domino it loads the backbone and skips the GRU
+    head's four tensors (its base argmax is a DFlash draft's proposal); Domino's rollout is sglang#36899's, which this
+    model of 0.5.23 does not cover (docs/export-and-eval.md "Domino")."""
+    export, _, stdout = built["domino"]
+    rep = sg.serve(export, mode)
+    assert rep.errors == [], rep.errors
+    assert sorted(s.split(":")[0] for s in rep.silent) == sorted(DOMINO_HEAD), rep.silent
+    assert rep.kind == "dflash" and rep.block_size == 4 and rep.num_draft_tokens == 4
+    cfg = _config(export)
+    assert cfg["architectures"] == ["DFlashDraftModel"] and "auto_map" not in cfg
+    assert cfg["dflash_config"]["projector_type"] == "domino" and cfg["dflash_config"]["gru_hidden_dim"] == 24
+    assert set(DOMINO_HEAD) <= set(sg.read_header(export))
 
 
 def test_the_confidence_head_and_router_are_float32_the_rest_bfloat16(built):

@@ -29,6 +29,36 @@ def test_checked_architectures(tmp_path, arch, kind, moe):
     assert ve.export_kind(_export(tmp_path, **cfg)) == kind
 
 
+def test_a_domino_export_is_checked_with_the_domino_reference_and_only_dense(tmp_path):
+    d = _export(tmp_path, architectures=["DFlashDraftModel"], dflash_config=dict(projector_type="domino"))
+    assert ve.export_kind(d) == "domino"
+    (tmp_path / "moe").mkdir()
+    m = _export(tmp_path / "moe", architectures=["DFlashMoEDraftModel"], moe_preset="qwen3_5_moe",
+                dflash_config=dict(projector_type="domino"))
+    with pytest.raises(ve.Unsupported, match="Domino"):
+        ve.export_kind(m)
+
+
+def test_domino_export_agrees_with_its_reference(tmp_path):
+    """DFlashDraftModel + projector_type domino (SpecForge's Domino export, tools/reference/domino_step.py, the head
+    included and lambda_base between 0 and 1) against `draftforge step` on a float32 export trained for two steps."""
+    pytest.importorskip("torch")
+    import test_sglang_exports as tse
+
+    tse.draftforge()  # skips without a build
+    fx = os.path.join(ROOT, "tests", "fixtures", "domino_step")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("\n".join([
+        f"output_dir: {tmp_path / 'run'}", "model:", f"  target_model_path: {fx}/target",
+        f"  draft_model_config: {fx}/domino-shift.json", "data:", f"  hidden_states_path: {fx}/data",
+        "  max_length: 64", "training:", "  strategy: domino", "  batch_size: 2", "  num_anchors: 3", "  max_steps: 2",
+        "  total_steps: 10", "  lambda_base_start: 0.9", "  learning_rate: 0.01", "  objective_chunk_blocks: 0",
+        "  seed: 3"]) + "\n", encoding="utf-8")
+    tse._run(["train", str(recipe)])
+    tse._run(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export"), "--dtype", "float32"])
+    assert ve.main([str(tmp_path / "export"), str(recipe), "--draftforge", tse.draftforge(), "--threads", "1"]) == 0
+
+
 @pytest.mark.parametrize("cfg", [dict(architectures=["DFlashDraftModel"], moe_preset="qwen3_5_moe"),
                                  dict(architectures=["Qwen3DSparkModel"], moe_preset="qwen3_5_moe"),
                                  dict(architectures=["Qwen3MoeDSparkModel"])])

@@ -77,7 +77,8 @@ static void eval_state_close(df_ctx *ctx, eval_state *ev) {
 // Forward-only on one batch with the strategy's eval objective, its sums added to ev->stats.
 static df_status eval_batch(const df_batch *bt, const df_eval_options *o, eval_state *ev, int64_t *skipped,
                             df_error *err) {
-  const df_micro_args a = {.batch = bt, .world = 1, .eval_seed = o->seed, .stats = &ev->stats};
+  const df_micro_args a = {
+      .batch = bt, .world = 1, .eval_seed = o->seed, .stats = &ev->stats, .step = o->step, .horizon = o->horizon};
   df_micro_info info;
   DF_TRY(ev->run->table->micro(ev->run, &a, &info, err));
   ev->loss_den += info.loss_den;

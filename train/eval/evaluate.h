@@ -25,6 +25,9 @@ typedef struct {
   uint64_t seed;        // anchor streams, started afresh by every call: eval never touches training RNG
   int64_t max_samples;  // 0: all samples; else the first max_samples in file order
   df_step_settings set; // the strategy's settings (anchors, decay weights, mask token, chunking, its keys)
+  // The schedule position a step-dependent objective reads (Domino's lambda_base): optimizer steps taken and the
+  // run's horizon; a training run's eval passes its own, a standalone eval 0 and 0 (no horizon).
+  int64_t step, horizon;
 } df_eval_options;
 
 // The eval options a recipe implies (batch size, max_length, num_anchors, loss_decay_gamma, chunking, seed, the

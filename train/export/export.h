@@ -19,12 +19,12 @@ extern "C" {
 // SpecForge's export normaliser on a draft config document (src is not modified; *out is a new reference):
 // block_size (top level, or dflash_config.block_size; the two must agree) must be an integer >= 2 and, when
 // expect_block_size > 0, equal it; dflash_config.projector_type must be dflash/domino/dspark and attention_mode
-// gqa/mha; DFlash/Domino get architectures ["DFlashDraftModel"] (Domino's domino_config merged into
-// dflash_config); DSpark goes through df_dspark_normalize_export_config (modeling/dspark_heads.h: model_type
-// "qwen3", a positive markov_rank and markov_head_type in {vanilla, gated, rnn}, its head keys copied to the top
-// level — a conflicting top-level value fails with err->where naming the key — and ["Qwen3DSparkModel"]);
-// auto_map is removed; torch_dtype (and dtype, when present) is set to torch_dtype. Every other key is kept as
-// it is. where names the document in errors.
+// gqa/mha; the projector's strategy names the serving class (strategies/strategy.h export_normalize): DFlash and
+// Domino ["DFlashDraftModel"] (Domino keeps projector_type "domino" and its head keys in dflash_config); DSpark goes
+// through df_dspark_normalize_export_config (modeling/dspark_heads.h: model_type "qwen3", a positive markov_rank and
+// markov_head_type in {vanilla, gated, rnn}, its head keys copied to the top level — a conflicting top-level value
+// fails with err->where naming the key — and ["Qwen3DSparkModel"]); auto_map is removed; torch_dtype (and dtype, when
+// present) is set to torch_dtype. Every other key is kept as it is. where names the document in errors.
 df_status df_export_normalize_config(const json_t *src, const char *torch_dtype, int64_t expect_block_size,
                                      const char *where, json_t **out, df_error *err);
 

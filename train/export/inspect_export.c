@@ -305,6 +305,44 @@ static void dspark_keys(const reader *r, df_serve_shape *s) {
       df_serve_line(r->log, "NOTE", "%-30s present: SGLang's DSpark parser prefers it over dflash_config", prefixed[i]);
 }
 
+// Domino (dflash_config.projector_type "domino", SpecForge's export of a DominoDraftModel): the GRU head's keys as
+// draftforge built the draft, and who can serve it. SGLang 0.5.23's DFlashDraftModel has no Domino head: it skips
+// prefix_gru.* / embed_proj.* and proposes the base argmax (a plain DFlash draft from the same backbone). SGLang's
+// DFlash V2 worker runs Domino's causal rollout since sgl-project/sglang#36899 (merged 2026-08-28; CUDA, TP 1,
+// greedy, validated on the public block-16, shift_label, pure_draft_prefix_len 1 checkpoint).
+static void domino_keys(const reader *r, df_serve_shape *s) {
+  static const char *const keys[] = {"emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label"};
+  const df_dflash_config *d = r->cfg ? &r->cfg->dflash : NULL;
+  const int64_t want[] = {d ? d->emb_dim : -1, d ? d->gru_hidden_dim : -1, d ? d->pure_draft_prefix_len : -1,
+                          d ? d->shift_label : -1};
+  for (int i = 0; i < 4; i++) {
+    json_t *v = r->dc ? json_object_get(r->dc, keys[i]) : NULL;
+    const bool ok = v && (json_is_integer(v) || json_is_boolean(v));
+    const int64_t got = json_is_boolean(v) ? json_is_true(v) : json_integer_value(v);
+    if (i == 0) s->domino_E = got;
+    if (i == 1) s->domino_G = got;
+    if (!ok)
+      df_serve_line(r->log, "PROBLEM", "%-30s absent from dflash_config: a Domino loader has no default for it",
+                    keys[i]);
+    else if (json_is_boolean(v))
+      df_serve_line(r->log, !d || got == want[i] ? "ok" : "PROBLEM", "%-30s %-12s dflash_config", keys[i],
+                    got ? "true" : "false");
+    else
+      df_serve_line(r->log, !d || got == want[i] ? "ok" : "PROBLEM", "%-30s %-12lld dflash_config", keys[i],
+                    (long long)got);
+  }
+  df_serve_line(r->log, "NOTE",
+                "%-30s domino: SGLang 0.5.23 skips prefix_gru.* / embed_proj.* and serves the base DFlash argmax; "
+                "the GRU rollout needs SGLang with sgl-project/sglang#36899 (DFlash V2, CUDA, TP 1, greedy)",
+                "projector_type");
+  if (d && (!d->shift_label || d->pure_draft_prefix_len != 1))
+    df_serve_line(r->log, "NOTE",
+                  "%-30s shift_label %s, pure_draft_prefix_len %lld: SGLang's Domino rollout was validated with true "
+                  "and 1 (SpecForge's configs); other settings are unverified there",
+                  "shift_label", d->shift_label ? "true" : "false", (long long)d->pure_draft_prefix_len);
+  s->domino = true;
+}
+
 static void moe_keys(const reader *r, df_serve_shape *s) {
   json_t *e = json_object_get(r->root, "num_experts");
   if (!e) e = json_object_get(r->root, "n_routed_experts");
@@ -361,6 +399,9 @@ static df_status report(reader *r, const char *dir, int ci, df_error *err) {
   block_and_layers(r, &s, dspark, &bs);
   mask_key(r, dspark);
   if (dspark) dspark_keys(r, &s);
+  const char *src;
+  const char *projector = json_string_value(nested_then_top(r, "projector_type", &src));
+  if (!dspark && projector && !strcmp(projector, "domino")) domino_keys(r, &s);
   if (s.cls == DF_SERVE_MOE_DFLASH || s.cls == DF_SERVE_MOE_DSPARK) moe_keys(r, &s);
   DF_TRY(df_inspect_export_tensors(dir, &s, r->log, err));
   launch_lines(r, dir, s.cls, bs);

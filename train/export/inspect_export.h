@@ -29,6 +29,8 @@ typedef struct {
   bool conf_with_markov;
   int64_t E, k, moe_I, shared, shared_I; // MoE
   bool router_bias;
+  bool domino;                // dflash_config.projector_type "domino": the GRU head's tensors are expected
+  int64_t domino_E, domino_G; // its emb_dim and gru_hidden_dim
 } df_serve_shape;
 
 typedef struct {

@@ -91,6 +91,13 @@ static void expected(expects *e, const df_serve_shape *s) {
     }
     mlp(e, s, i);
   }
+  if (s->domino) { // the GRU head, as SpecForge's DominoDraftModel names it (a Domino loader's strict load)
+    const int64_t G = s->domino_G, E = s->domino_E;
+    add(e, "prefix_gru.weight_ih_l0", 3 * G, H, false);
+    add(e, "prefix_gru.weight_hh_l0", 3 * G, G, false);
+    add(e, "embed_proj.0.weight", E, H + G, false);
+    add(e, "embed_proj.2.weight", s->V, E, false);
+  }
   if (s->cls != DF_SERVE_DENSE_DSPARK && s->cls != DF_SERVE_MOE_DSPARK) return;
   add(e, "markov_head.markov_w1.weight", s->V, r, false);
   add(e, "markov_head.markov_w2.weight", s->V, r, false);
@@ -132,7 +139,8 @@ static void check_file_tensor(expects *e, const df_serve_shape *s, const df_st_t
                     "(a leftover gate.input_mean would shift the router twice)",
                     t->name);
     else if (!strncmp(t->name, "prefix_gru.", 11) || !strncmp(t->name, "embed_proj.", 11))
-      df_serve_line(log, "PROBLEM", "%-44s Domino projector weights: SGLang's DFlash raises", t->name);
+      df_serve_line(log, "PROBLEM",
+                    "%-44s Domino projector weights without projector_type domino: SGLang's DFlash raises", t->name);
     else if (strncmp(t->name, "lm_head.", 8) && strncmp(t->name, "embed_tokens.", 13))
       df_serve_line(log, "NOTE", "%-44s no such parameter: SGLang skips it", t->name);
     return;

@@ -23,8 +23,8 @@ typedef struct {
   const char *instead;
 } feature_row;
 
-static const char EAGLE_INSTEAD[] = "train it with SpecForge (specforge train), or train a DFlash, DSpark or EAGLE-3 "
-                                    "draft here (training.strategy: dflash | dspark | eagle3)";
+static const char EAGLE_INSTEAD[] = "train it with SpecForge (specforge train), or train a DFlash, DSpark, Domino or "
+                                    "EAGLE-3 draft here (training.strategy: dflash | dspark | domino | eagle3)";
 static const char OFFLINE_INSTEAD[] = "capture the target's hidden states first (draftforge capture, or SpecForge's "
                                       "offline capture converted with tools/import_specforge.py) and set "
                                       "data.hidden_states_path";

@@ -2,7 +2,7 @@
 // dflash-dspark.md §6.1) as one table: every key SpecForge accepts, with whether draftforge uses it, accepts it
 // without effect (inert: listed once at start-up), or refuses it (only its default passes). Growing draftforge
 // means flipping rows from DEFAULT_ONLY to USED and adding rows for new keys; the parser itself does not change.
-// Whole features a recipe may ask for (online capture, EAGLE-3, Domino, disaggregated deployment) are refused
+// Whole features a recipe may ask for (EAGLE-3, P-EAGLE, a disaggregated deployment) are refused
 // earlier, with one line each, by train/recipe/recipe_features.c.
 #include "train/recipe/recipe_schema.h"
 
@@ -198,8 +198,14 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "objective_chunk_blocks", DF_RT_INT, .def = "128", GE(0), USED),
     K("training", "loss_type", DF_RT_ENUM, .def = "dflash", .choices = LOSS_TYPES, USED),
     K("training", "dpace_alpha", DF_RT_FLOAT, .def = "0.5", GE(0), LE(1), USED),
-    K("training", "lambda_base_start", DF_RT_FLOAT, .def = "1.0", INERT(OTHER_ALGO)),
-    K("training", "lambda_base_decay_ratio", DF_RT_FLOAT, .def = "0.5", INERT(OTHER_ALGO)),
+    K("training", "lambda_base_start", DF_RT_FLOAT, .def = "1.0", USED,
+      .note = "Domino: the base-CE weight lambda_base at step 0 (clamped to [0, 1]); other strategies do not read it"),
+    K("training", "lambda_base_decay_ratio", DF_RT_FLOAT, .def = "0.5", GE(0), USED,
+      .note = "Domino: lambda_base falls linearly to 0 over the first int(horizon x ratio) optimizer steps (horizon: "
+              "total_steps, else max_steps, else what the data gives)"),
+    K("training", "global_step", DF_RT_INT, .def = "0", GE(0), USED,
+      .note = EXT ", draftforge step only: optimizer steps already taken when the dumped micro-step runs (sets a "
+                  "step-dependent objective such as Domino's lambda_base); train and eval count the run's own steps"),
     K("training", "dspark_ce_loss_alpha", DF_RT_FLOAT, .def = "0.1", GE(0), USED),
     K("training", "dspark_l1_loss_alpha", DF_RT_FLOAT, .def = "0.9", GE(0), USED),
     K("training", "dspark_confidence_head_alpha", DF_RT_FLOAT, .def = "1.0", GE(0), USED),

@@ -9,7 +9,6 @@
 #include <jansson.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,16 +17,6 @@
 #include "base/path.h"
 #include "train/run/ckpt.h"
 #include "train/run/ckpt_manifest.h"
-
-// snprintf for paths: false (and out truncated) when the result does not fit.
-static bool pathf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static bool pathf(char *out, size_t n, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int k = vsnprintf(out, n, fmt, ap);
-  va_end(ap);
-  return k >= 0 && (size_t)k < n;
-}
 
 // ---- small file-system helpers -----------------------------------------------------------------------------------
 
@@ -43,7 +32,7 @@ static bool is_dir(const char *p) {
 
 static bool has(const char *dir, const char *name) {
   char p[PATH_MAX + 64];
-  pathf(p, sizeof p, "%s/%s", dir, name);
+  df_pathf(p, sizeof p, "%s/%s", dir, name);
   return is_file(p);
 }
 
@@ -79,7 +68,7 @@ static int list_steps_desc(const char *ckdir, int64_t **out) {
   for (struct dirent *e; (e = readdir(d));) {
     int64_t s = step_of(e->d_name);
     char p[PATH_MAX + 64];
-    pathf(p, sizeof p, "%s/%s", ckdir, e->d_name);
+    df_pathf(p, sizeof p, "%s/%s", ckdir, e->d_name);
     if (s < 0 || !is_dir(p)) continue;
     if (n == cap) {
       int64_t *g = realloc(*out, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *g);
@@ -95,7 +84,7 @@ static int list_steps_desc(const char *ckdir, int64_t **out) {
 
 int df_run_count_checkpoints(const char *output_dir) {
   char ck[PATH_MAX + 32];
-  pathf(ck, sizeof ck, "%s/" DF_CKPT_DIR, output_dir);
+  df_pathf(ck, sizeof ck, "%s/" DF_CKPT_DIR, output_dir);
   int64_t *steps;
   int n = list_steps_desc(ck, &steps);
   free(steps);
@@ -134,7 +123,7 @@ static bool run_of_ckpt(const char *ckpt, char *run, size_t n) {
   if (!slash) return false;
   *slash = 0;
   char rel[PATH_MAX];
-  pathf(rel, sizeof rel, "%s/../..", ckpt); // shown as the user would type it from here
+  df_pathf(rel, sizeof rel, "%s/../..", ckpt); // shown as the user would type it from here
   df_path_shown(rel, run, n);
   return true;
 }
@@ -147,7 +136,7 @@ static int64_t newest_usable(const char *ckdir, int64_t skip, bool need_state, b
   for (int i = 0; i < n && found < 0; i++) {
     if (steps[i] == skip) continue;
     char p[PATH_MAX + 64];
-    pathf(p, sizeof p, "%s/step-%08lld", ckdir, (long long)steps[i]);
+    df_pathf(p, sizeof p, "%s/step-%08lld", ckdir, (long long)steps[i]);
     df_error why = {0};
     if (usable(p, need_state, verified, &why)) found = steps[i];
   }
@@ -161,19 +150,19 @@ static df_status damaged_choice(const char *ckdir, const char *run, int64_t skip
   bool verified = false;
   int64_t alt = ckdir ? newest_usable(ckdir, skip, need_state, &verified) : -1;
   char alt_dir[PATH_MAX + 64] = "";
-  if (alt >= 0) pathf(alt_dir, sizeof alt_dir, "%s/step-%08lld", ckdir, (long long)alt);
+  if (alt >= 0) df_pathf(alt_dir, sizeof alt_dir, "%s/step-%08lld", ckdir, (long long)alt);
   if (alt >= 0 && fall_back) {
     fill_choice(out, alt_dir, run, verified);
-    pathf(out->note, sizeof out->note, "%s is damaged (%.600s); taking the newest complete checkpoint, step %lld", what,
-          why->msg, (long long)alt);
+    df_pathf(out->note, sizeof out->note, "%s is damaged (%.600s); taking the newest complete checkpoint, step %lld",
+             what, why->msg, (long long)alt);
     return DF_OK;
   }
   char hint[256];
   char shown[PATH_MAX];
   df_path_shown(alt_dir, shown, sizeof shown);
   if (alt >= 0)
-    pathf(hint, sizeof hint, "the newest complete checkpoint is %.150s: pass it instead (train --resume auto takes it)",
-          shown);
+    df_pathf(hint, sizeof hint,
+             "the newest complete checkpoint is %.150s: pass it instead (train --resume auto takes it)", shown);
   else
     snprintf(hint, sizeof hint, "no complete checkpoint is left; start a new run (train --overwrite)");
   return DF_FAIL(err, why->status, why->where, hint, "%s is damaged: %.400s", what, why->msg);
@@ -182,17 +171,17 @@ static df_status damaged_choice(const char *ckdir, const char *run, int64_t skip
 static df_status choose_explicit(const char *dir, bool need_state, bool fall_back, df_ckpt_choice *out, df_error *err) {
   char run[PATH_MAX], ckdir[PATH_MAX + 32];
   bool in_run = run_of_ckpt(dir, run, sizeof run);
-  pathf(ckdir, sizeof ckdir, "%s/" DF_CKPT_DIR, run);
+  df_pathf(ckdir, sizeof ckdir, "%s/" DF_CKPT_DIR, run);
   bool verified;
   df_error why = {0};
   if (usable(dir, need_state, &verified, &why)) {
     fill_choice(out, dir, in_run ? run : NULL, verified);
-    pathf(out->note, sizeof out->note, "checkpoint %s", out->ckpt);
+    df_pathf(out->note, sizeof out->note, "checkpoint %s", out->ckpt);
     return DF_OK;
   }
   char what[PATH_MAX + 32], norm[PATH_MAX];
   df_path_shown(dir, norm, sizeof norm);
-  pathf(what, sizeof what, "checkpoint %s", norm);
+  df_pathf(what, sizeof what, "checkpoint %s", norm);
   return damaged_choice(in_run ? ckdir : NULL, in_run ? run : NULL, step_of(base_name(norm)), need_state, fall_back,
                         &why, what, out, err);
 }
@@ -200,7 +189,7 @@ static df_status choose_explicit(const char *dir, bool need_state, bool fall_bac
 // The step a link of ckdir points at (-1 when absent or not a step).
 static int64_t link_target(const char *ckdir, const char *name) {
   char p[PATH_MAX + 64], t[256];
-  pathf(p, sizeof p, "%s/%s", ckdir, name);
+  df_pathf(p, sizeof p, "%s/%s", ckdir, name);
   ssize_t k = readlink(p, t, sizeof t - 1);
   if (k <= 0) return -1;
   t[k] = 0;
@@ -229,13 +218,13 @@ static df_status choose_in_run(const char *ckdir, const char *run, df_ckpt_pick 
                    "%s has no best checkpoint: it ran no eval", shown);
   if (step < 0) step = newest; // no link (a run stopped before its first link swap): the highest step
   char dir[PATH_MAX + 64], what[PATH_MAX + 128];
-  pathf(dir, sizeof dir, "%s/step-%08lld", ckdir, (long long)step);
-  pathf(what, sizeof what, "the %s checkpoint of %s (step %lld)", link, shown, (long long)step);
+  df_pathf(dir, sizeof dir, "%s/step-%08lld", ckdir, (long long)step);
+  df_pathf(what, sizeof what, "the %s checkpoint of %s (step %lld)", link, shown, (long long)step);
   bool verified;
   df_error why = {0};
   if (usable(dir, need_state, &verified, &why)) {
     fill_choice(out, dir, run, verified);
-    pathf(out->note, sizeof out->note, "%s checkpoint, step %lld", link, (long long)step);
+    df_pathf(out->note, sizeof out->note, "%s checkpoint, step %lld", link, (long long)step);
     return DF_OK;
   }
   return damaged_choice(ckdir, run, step, need_state, fall_back, &why, what, out, err);
@@ -252,17 +241,17 @@ df_status df_ckpt_choose(const char *path, df_ckpt_pick pick, bool need_state, b
     if (slash)
       *slash = 0;
     else
-      pathf(p, sizeof p, ".");
+      df_pathf(p, sizeof p, ".");
   }
   if (!is_dir(p))
     return DF_FAIL(err, DF_ERR_IO, p, "pass a run directory (output_dir), its checkpoints/ or one checkpoint directory",
                    "%s does not exist", p);
   char ckdir[PATH_MAX + 32];
-  pathf(ckdir, sizeof ckdir, "%s/" DF_CKPT_DIR, p);
+  df_pathf(ckdir, sizeof ckdir, "%s/" DF_CKPT_DIR, p);
   if (is_dir(ckdir)) return choose_in_run(ckdir, p, pick, need_state, fall_back, out, err);
   if (!strcmp(base_name(p), DF_CKPT_DIR) && !is_ckpt(p, need_state)) {
     char run[PATH_MAX + 8];
-    pathf(run, sizeof run, "%s/..", p);
+    df_pathf(run, sizeof run, "%s/..", p);
     char nrun[PATH_MAX];
     df_path_shown(run, nrun, sizeof nrun);
     return choose_in_run(p, nrun, pick, need_state, fall_back, out, err);
@@ -318,7 +307,7 @@ int df_ckpt_remove_stale(const char *ckdir, FILE *log) {
     long pid = temp_pid(e->d_name, &dir_tmp);
     if (pid <= 0 || !process_gone(pid)) continue;
     char p[PATH_MAX + 300];
-    pathf(p, sizeof p, "%s/%s", ckdir, e->d_name);
+    df_pathf(p, sizeof p, "%s/%s", ckdir, e->d_name);
     struct stat sb;
     if (lstat(p, &sb) != 0 || (dir_tmp && !S_ISDIR(sb.st_mode))) continue;
     int rc = dir_tmp ? nftw(p, rm_entry, 16, FTW_DEPTH | FTW_PHYS) : remove(p);
@@ -361,7 +350,7 @@ df_status df_checkpoint_dir_resolve(const char *path, char *out, size_t out_size
     return DF_OK;
   }
   char sub[PATH_MAX]; // a run directory keeps its checkpoints under checkpoints/ (DF_CKPT_DIR)
-  if (pathf(sub, sizeof sub, "%s/" DF_CKPT_DIR, path)) {
+  if (df_pathf(sub, sizeof sub, "%s/" DF_CKPT_DIR, path)) {
     struct stat sb;
     if (stat(sub, &sb) == 0 && S_ISDIR(sb.st_mode)) return df_checkpoint_dir_resolve(sub, out, out_size, err);
   }
@@ -371,7 +360,7 @@ df_status df_checkpoint_dir_resolve(const char *path, char *out, size_t out_size
   long long best_n = -1;
   for (struct dirent *e; (e = readdir(d));) {
     if (e->d_name[0] == '.') continue;
-    if (!pathf(p, sizeof p, "%s/%s", path, e->d_name) || !is_ckpt(p, false)) continue;
+    if (!df_pathf(p, sizeof p, "%s/%s", path, e->d_name) || !is_ckpt(p, false)) continue;
     if (ends_with(e->d_name, "latest")) snprintf(latest, sizeof latest, "%s", p);
     long long n = step_number(e->d_name);
     if (n > best_n) best_n = n, snprintf(best, sizeof best, "%s", p);
@@ -382,7 +371,7 @@ df_status df_checkpoint_dir_resolve(const char *path, char *out, size_t out_size
   ssize_t k = latest[0] ? readlink(latest, target, sizeof target - 1) : -1;
   if (k > 0) {
     target[k] = 0;
-    if (target[0] == '/' || !pathf(latest, sizeof latest, "%s/%s", path, target))
+    if (target[0] == '/' || !df_pathf(latest, sizeof latest, "%s/%s", path, target))
       snprintf(latest, sizeof latest, "%s", target);
   }
   const char *pick = latest[0] ? latest : best;
@@ -397,7 +386,7 @@ df_status df_checkpoint_dir_resolve(const char *path, char *out, size_t out_size
 
 bool df_run_best(const char *run_dir, int64_t *step, char *metric, size_t n, double *value) {
   char ck[PATH_MAX + 32], p[PATH_MAX + 64];
-  if (!pathf(ck, sizeof ck, "%s/" DF_CKPT_DIR, run_dir) || !pathf(p, sizeof p, "%s/best.json", ck)) return false;
+  if (!df_pathf(ck, sizeof ck, "%s/" DF_CKPT_DIR, run_dir) || !df_pathf(p, sizeof p, "%s/best.json", ck)) return false;
   *step = link_target(ck, "best");
   json_t *o = json_load_file(p, 0, NULL);
   const char *m = o ? json_string_value(json_object_get(o, "metric")) : NULL;
@@ -410,14 +399,14 @@ bool df_run_best(const char *run_dir, int64_t *step, char *metric, size_t n, dou
 df_status df_ckpt_choose_model(const char *path, bool best, df_ckpt_choice *out, df_error *err) {
   char p[PATH_MAX], ck[PATH_MAX + 32];
   df_path_shown(path, p, sizeof p);
-  bool ours = pathf(ck, sizeof ck, "%s/" DF_CKPT_DIR, p) && is_dir(ck);
+  bool ours = df_pathf(ck, sizeof ck, "%s/" DF_CKPT_DIR, p) && is_dir(ck);
   ours = ours || !strcmp(base_name(p), DF_CKPT_DIR) || is_ckpt(p, false) || has(p, DF_CKPT_MANIFEST) || best;
   if (!ours) { // not a draftforge layout: SpecForge-style names
     memset(out, 0, sizeof *out);
     char dir[PATH_MAX];
     DF_TRY(df_checkpoint_dir_resolve(p, dir, sizeof dir, err));
     fill_choice(out, dir, NULL, false);
-    pathf(out->note, sizeof out->note, "checkpoint %s", out->ckpt);
+    df_pathf(out->note, sizeof out->note, "checkpoint %s", out->ckpt);
     return DF_OK;
   }
   DF_TRY(df_ckpt_choose(p, best ? DF_PICK_BEST : DF_PICK_LATEST, false, false, out, err));
@@ -425,10 +414,10 @@ df_status df_ckpt_choose_model(const char *path, bool best, df_ckpt_choice *out,
   double value;
   char metric[64];
   if (best && df_run_best(out->run_dir, &bstep, metric, sizeof metric, &value))
-    pathf(out->note, sizeof out->note, "best checkpoint, step %lld (%s %.4f)", (long long)out->step, metric, value);
+    df_pathf(out->note, sizeof out->note, "best checkpoint, step %lld (%s %.4f)", (long long)out->step, metric, value);
   else if (!best && out->run_dir[0] && strstr(out->note, "latest") &&
            df_run_best(out->run_dir, &bstep, metric, sizeof metric, &value) && bstep != out->step)
-    pathf(out->note + strlen(out->note), sizeof out->note - strlen(out->note),
-          "; the run's best is step %lld (%s %.4f): --best takes it", (long long)bstep, metric, value);
+    df_pathf(out->note + strlen(out->note), sizeof out->note - strlen(out->note),
+             "; the run's best is step %lld (%s %.4f): --best takes it", (long long)bstep, metric, value);
   return DF_OK;
 }

@@ -9,6 +9,7 @@
 #include "base/fsutil.h"
 #include "modeling/strict_load.h"
 #include "train/data/batch_source.h"
+#include "train/data/hs.h"
 #include "train/recipe/device.h"
 #include "train/recipe/recipe.h"
 #include "train/step/resources.h"
@@ -64,8 +65,9 @@ static df_status read_back(df_strategy_run *run, df_ctx *ctx, const df_tensor *s
   return rc;
 }
 
-df_status df_step_micro_scaled(df_strategy_run *run, const df_batch *batch, df_dflash_sampler *sampler,
-                               double grad_scale, bool accumulate, df_step_result *out, df_error *err) {
+// The micro-step at a schedule position (optimizer steps taken, horizon; a step-dependent objective reads them).
+static df_status micro_at(df_strategy_run *run, const df_batch *batch, df_dflash_sampler *sampler, double grad_scale,
+                          bool accumulate, int64_t step, int64_t horizon, df_step_result *out, df_error *err) {
   memset(out, 0, sizeof *out);
   df_ctx *ctx = run->ctx;
   const int64_t ns = run->table->stats_len(run);
@@ -77,7 +79,9 @@ df_status df_step_micro_scaled(df_strategy_run *run, const df_batch *batch, df_d
                            .world = 1,
                            .grad_scale = grad_scale,
                            .accumulate = accumulate,
-                           .stats = &stats};
+                           .stats = &stats,
+                           .step = step,
+                           .horizon = horizon};
   df_micro_info info;
   df_status st = df_fill(ctx, &stats, 0.0, err);
   if (st == DF_OK) st = run->table->micro(run, &a, &info, err);
@@ -97,6 +101,11 @@ df_status df_step_micro_scaled(df_strategy_run *run, const df_batch *batch, df_d
   out->B = batch->B, out->S = batch->S, out->N = info.N, out->bs = m->positions;
   out->mean_accept_len = info.num_blocks > 0 ? m->accept_sum / (double)info.num_blocks : 0.0;
   return DF_OK;
+}
+
+df_status df_step_micro_scaled(df_strategy_run *run, const df_batch *batch, df_dflash_sampler *sampler,
+                               double grad_scale, bool accumulate, df_step_result *out, df_error *err) {
+  return micro_at(run, batch, sampler, grad_scale, accumulate, 0, 0, out, err);
 }
 
 df_status df_step_micro(df_strategy_run *run, const df_batch *batch, df_dflash_sampler *sampler, df_step_result *out,
@@ -244,6 +253,24 @@ static df_status write_dump(const step_run *run, const df_step_result *r, const 
   return df_step_write_json(r, dir, err);
 }
 
+// ---- the schedule ---------------------------------------------------------------------------------------------
+
+// The run's step horizon as the trainer resolves it for one process (train/trainer/lr_schedule.h): total_steps, else
+// max_steps, else (samples / batch_size) · num_epochs / accumulation_steps of the recipe's data; 0 when the data gives
+// no optimizer step (no horizon: Domino's lambda_base is then 0, SpecForge's rule).
+static df_status schedule_horizon(const df_recipe *rc, int64_t *out, df_error *err) {
+  const int64_t tot = rc->training.total_steps, max = rc->training.max_steps;
+  *out = tot > 0 ? tot : max;
+  if (*out > 0) return DF_OK;
+  df_hs_dataset *ds = NULL;
+  DF_TRY(df_hs_open(rc->data.hidden_states_path, &ds, err));
+  const int64_t n = df_hs_get_info(ds)->num_samples;
+  df_hs_close(ds);
+  const int64_t bs = rc->training.batch_size, acc = rc->training.accumulation_steps;
+  *out = bs > 0 && acc > 0 ? n / bs * rc->training.num_epochs / acc : 0;
+  return DF_OK;
+}
+
 // ---- entry point -----------------------------------------------------------------------------------------------
 
 df_status df_step_run(const char *recipe, const char *dump_dir, int threads, const df_device_choice *device,
@@ -258,10 +285,14 @@ df_status df_step_run(const char *recipe, const char *dump_dir, int threads, con
     st = df_step_open(r.ctx, r.model, r.res.draft, &r.res.frozen, &set, false, &run, err);
   }
   if (st == DF_OK) st = prepare_strategy(&r, run, err);
+  int64_t horizon = 0;
+  if (st == DF_OK) st = schedule_horizon(r.recipe, &horizon, err);
   if (st == DF_OK) {
     df_dflash_sampler s;
     df_dflash_sampler_init(&s, r.recipe->training.seed);
-    st = df_step_micro(run, &r.batch, &s, out, err);
+    // training.global_step: the optimizer steps a run would have taken before this micro-step (draftforge's key)
+    const int64_t step = (int64_t)df_strategy_number(&values, "global_step", 0.0);
+    st = micro_at(run, &r.batch, &s, 0.0, false, step, horizon, out, err);
   }
   df_strategy_close(run);
   if (st == DF_OK && dump_dir) st = write_dump(&r, out, dump_dir, err);

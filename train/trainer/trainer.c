@@ -159,7 +159,9 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
                      .grad_scale = 1.0,
                      .accumulate = true,
                      .stats = &t->stats.obj,
-                     .ffn_stats = ffn_stats ? (double *)t->stats.buf + t->stats.nobj : NULL};
+                     .ffn_stats = ffn_stats ? (double *)t->stats.buf + t->stats.nobj : NULL,
+                     .step = step - 1, // optimizer steps completed before this window (Domino's lambda_base)
+                     .horizon = t->sched.horizon};
   for (int64_t k = 0; k < t->recipe->training.accumulation_steps; k++) {
     const df_batch *b;
     double wait = 0;
@@ -376,6 +378,7 @@ static void eval_nonfinite(const df_trainer *t, json_t *o, const df_eval_report 
 static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *improved, df_error *err) {
   const df_recipe *rc = t->recipe;
   df_eval_options eo = df_eval_options_from_recipe(rc, t->settings.mask_token_id, &t->values);
+  eo.step = step, eo.horizon = t->sched.horizon; // SpecForge's evaluator uses the live step's schedule
   df_eval_report rep;
   double t0 = now_s();
   DF_TRY(df_evaluate_source(t->ctx, t->model, t->draft, &t->res.frozen, t->eval_src, &eo, &rep, err));

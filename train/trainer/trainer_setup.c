@@ -344,6 +344,10 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   DF_TRY(df_run_plan_make(&po, &t->recipe, &t->rundir.plan, err)); // fresh or resume, and the recipe it runs with
   // Every rank has decided from the directory as it was before rank 0 (the only writer) touches it.
   if (t->dp.world > 1) DF_TRY(df_comm_barrier(t->dp.comm, err));
+  if (!df_recipe_is_default(t->recipe, "training", "global_step")) // draftforge step's key; a run counts its own
+    return DF_FAIL(err, DF_ERR_INVALID, "training.global_step",
+                   "remove it: draftforge train counts its own steps (resume a run with --resume to continue it)",
+                   "training.global_step is for draftforge step (one micro-step at a given schedule position)");
   DF_TRY(df_trainer_observe_prepare(t, err));
   DF_TRY(load_resources(t, err));
   DF_TRY(df_trainer_dp_check(t, err));
