@@ -58,6 +58,17 @@ static df_status read_mapping(eagle3_run *r, const char *path, int64_t *d2t, uin
   for (int64_t i = 0; st == DF_OK && i < r->D; i++) d2t[i] = (int64_t)buf[i];
   if (st == DF_OK) st = df_st_read_f32(f, b, buf, r->V, err);
   for (int64_t i = 0; st == DF_OK && i < r->V; i++) t2d[i] = buf[i] != 0.0f;
+  // one mapping: draft id d is target id d + d2t[d], ascending and in range, and t2d selects exactly those ids
+  int64_t selected = 0;
+  for (int64_t i = 0; st == DF_OK && i < r->V; i++) selected += t2d[i];
+  for (int64_t d = 0; st == DF_OK && d < r->D; d++) {
+    const int64_t t = d + d2t[d], prev = d > 0 ? d - 1 + d2t[d - 1] : -1;
+    if (t < 0 || t >= r->V || t <= prev || !t2d[t] || (d == r->D - 1 && selected != r->D))
+      st = DF_FAIL(err, DF_ERR_INVALID, path, "a mapping as SpecForge writes it (or remove the file to derive one)",
+                   "%s: draft id %lld maps to target id %lld, which is out of range, out of order or not in t2d "
+                   "(which selects %lld ids for %lld draft ids)",
+                   path, (long long)d, (long long)t, (long long)selected, (long long)r->D);
+  }
   free(buf);
   df_st_close(f);
   if (tmp[0]) unlink(tmp);

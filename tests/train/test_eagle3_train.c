@@ -115,6 +115,25 @@ Test(eagle3_train, first_step_is_the_step_parity_loss_and_the_mapping_is_cached)
   df_train_options o = {.recipe_path = d.recipe, .overrides = all, .n_overrides = 2, .threads = 1};
   cr_expect_neq(df_train(&o, &s, &err), DF_OK, "a broken mapping file fails the run");
   cr_expect(strstr(err.where, "vocab.safetensors") != NULL, "%s [%s]", err.msg, err.where);
+  // a safetensors mapping that is not one mapping: a target id out of order, then t2d selecting one id too many
+  int64_t d2t[64];
+  uint8_t t2d[256] = {0};
+  for (int64_t i = 0; i < 64; i++) d2t[i] = i, t2d[2 * i] = 1; // draft id i is target id 2i
+  for (int bad = 0; bad < 2; bad++) {
+    if (bad == 0) d2t[5] = 2; // target id 7, after 8
+    if (bad == 1) d2t[5] = 5, t2d[1] = 1;
+    df_st_writer *w;
+    DF_ASSERT_OK(df_st_writer_new(&w, &err), &err);
+    const int64_t dn = 64, vn = 256;
+    DF_ASSERT_OK(df_st_writer_add(w, "d2t", DF_ST_I64, 1, &dn, d2t, &err), &err);
+    DF_ASSERT_OK(df_st_writer_add(w, "t2d", DF_ST_BOOL, 1, &vn, t2d, &err), &err);
+    DF_ASSERT_OK(df_st_writer_write(w, p, &err), &err);
+    df_st_writer_free(w);
+    err = (df_error){0};
+    cr_expect_eq(df_train(&o, &s, &err), DF_ERR_INVALID, "bad mapping %d", bad);
+    cr_expect(strstr(err.where, "vocab.safetensors") != NULL, "%s [%s]", err.msg, err.where);
+    cr_expect(strstr(err.msg, "draft id 5") != NULL || bad == 1, "%s", err.msg);
+  }
   tdir_close(&d);
 }
 
