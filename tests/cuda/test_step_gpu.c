@@ -4,11 +4,12 @@
 //     on the GPU too, so the CPU parity test's tolerances apply: loss rel ≤ 1e-5 against the fixture's PyTorch
 //     fp32 loss, every gradient tensor max|Δ| ≤ 1e-4·max|ref| + 1e-6 (a bf16-storage run would get 1e-2);
 //   - 50 training steps of the synthetic-data demo recipes on GPU and CPU: mean relative loss gap ≤ 2e-2 over the
-//     curve, and the last 10 steps' mean loss within 3e-2 (recipes/demo-dflash.yaml needs captured data);
+//     curve, and the last 10 steps' mean loss within 3e-2 (recipes/demo-dflash.yaml needs captured data); 1e-4 for
+//     both in the emulator (CURVE_*_TOL below);
 //   - resume on the GPU: 25 steps, resume to 50, against 50 straight (one LR horizon, training.total_steps, for all
 //     three runs): every logged loss bit for bit.
 // In the CUDA emulator (DF_CUDA=EMU), where a demo step costs about a hundred times the CPU backend's, the demo runs
-// take 20 steps of batch 2 with 4 anchors (the last 5 steps as the tail), under the same checks.
+// take 20 steps of batch 2 with 4 anchors (the last 5 steps as the tail), with the tighter tolerances.
 // These need the CUDA backend wired into the op table (training.device: cuda / --device cuda); on a machine without
 // a GPU they skip. On a GPU machine where the device option is still missing they fail and say so.
 #include <dirent.h>
@@ -28,9 +29,17 @@ static double json_num(json_t *o, const char *key) { return json_number_value(js
 #ifdef DF_CUDA_EMU
 enum { STEPS = 20, TAIL = 5 };
 #define DEMO_SHAPE "--set training.batch_size=2 --set training.num_anchors=4"
+// Emulated, the GEMMs are the CPU's own and only the kernels' reduction orders differ (warp-shuffle trees, per-block
+// partials): measured gaps 2e-8 (DFlash-MoE) to 4.7e-6 (DSpark) over the 20 steps, so 1e-4 keeps a 20x margin and
+// still fails on any wrong kernel (a wrong op moves the loss by 1e-2 or more).
+#define CURVE_MEAN_TOL 1e-4
+#define CURVE_TAIL_TOL 1e-4
 #else
 enum { STEPS = 50, TAIL = 10 };
-#define DEMO_SHAPE ""
+#define DEMO_SHAPE     ""
+// On a GPU: cuBLASLt's own kernels and the GPU's expf differ from the CPU's, and 50 steps of training amplify it.
+#define CURVE_MEAN_TOL 2e-2
+#define CURVE_TAIL_TOL 3e-2
 #endif
 
 static void expect_grads_close(const char *name, const char *want_path, const char *got_path) {
@@ -160,9 +169,11 @@ static void curves_agree(const char *recipe) {
     mean_rel += fabs(lg[i] - lc[i]) / fmax(fabs(lc[i]), 1e-30) / STEPS;
     if (i >= STEPS - TAIL) tail_c += lc[i] / TAIL, tail_g += lg[i] / TAIL;
   }
-  cr_expect_leq(mean_rel, 2e-2, "%s: mean relative loss gap GPU vs CPU %.3g", recipe, mean_rel);
-  cr_expect_leq(fabs(tail_g - tail_c) / tail_c, 3e-2, "%s: last-%d mean loss GPU %.6g vs CPU %.6g", recipe, TAIL,
-                tail_g, tail_c);
+  printf("%s: GPU vs CPU over %d steps: mean relative loss gap %.3g, last-%d mean %.9g vs %.9g\n", recipe, STEPS,
+         mean_rel, TAIL, tail_g, tail_c);
+  cr_expect_leq(mean_rel, CURVE_MEAN_TOL, "%s: mean relative loss gap GPU vs CPU %.3g", recipe, mean_rel);
+  cr_expect_leq(fabs(tail_g - tail_c) / tail_c, CURVE_TAIL_TOL, "%s: last-%d mean loss GPU %.6g vs CPU %.6g", recipe,
+                TAIL, tail_g, tail_c);
   cu_rmtree(root);
 }
 
