@@ -2,7 +2,7 @@
 # Fresh machine → installed, built, every test run. CI's .ci/run calls exactly this.
 #   1. ASan + UBSan build of the C test suite (CPU), run under CTest;
 #   2. the libFuzzer targets, a bounded time each;
-#   3. the Python tools' tests (pytest);
+#   3. the Python tools' tests (pytest tests/python/tools; CTest runs tests/python/observe);
 #   4. the Release build (-Werror, CUDA backend compiled when nvcc is present), every C test — last, so
 #      the closing lines are CTest's summary.
 set -euo pipefail
@@ -21,8 +21,8 @@ echo "== fuzzers =="
 scripts/fuzz.sh "${DF_FUZZ_SECONDS:-30}"
 
 echo "== python tools =="
-if compgen -G "tools/tests/test_*.py" >/dev/null; then
-  /usr/bin/python3 -m pytest -q tools/tests
+if compgen -G "tests/python/tools/test_*.py" >/dev/null; then
+  /usr/bin/python3 -m pytest -q tests/python/tools
 fi
 
 echo "== release build and tests =="
