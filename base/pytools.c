@@ -1,4 +1,4 @@
-// Child processes for the tools/ scripts: interpreter probing, script lookup, posix_spawn with redirected
+// Child processes for the scripts in tools/run/: interpreter probing, script lookup, posix_spawn with redirected
 // descriptors, and a bounded wait.
 #include "base/pytools.h"
 
@@ -88,19 +88,10 @@ static bool python_imports(const char *python, const char *module) {
   return df_pytools_wait(pid, -1, &rc) && rc == 0;
 }
 
-static bool is_file(const char *p);
+static bool in_tools(const char *rel, char *out, size_t n);
 
 // The tools venv scripts/setup.sh creates (.venv-tools beside tools/), when there is one.
-static bool tools_venv_python(char *out, size_t n) {
-  char tools[PATH_MAX];
-  df_error ignored;
-  if (df_pytools_script("prepare_data.py", tools, sizeof tools, &ignored) != DF_OK) return false;
-  char *slash = strrchr(tools, '/');
-  if (!slash) return false;
-  *slash = '\0';
-  if ((size_t)snprintf(out, n, "%.3900s/../.venv-tools/bin/python", tools) >= n) return false;
-  return is_file(out);
-}
+static bool tools_venv_python(char *out, size_t n) { return in_tools("../.venv-tools/bin/python", out, n); }
 
 df_status df_pytools_python(const char *module, const char *pip_name, const char *need, const char *where, char *out,
                             size_t n, df_error *err) {
@@ -134,27 +125,30 @@ static bool is_file(const char *p) {
   return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-df_status df_pytools_script(const char *name, char *out, size_t n, df_error *err) {
+// tools/<rel> when it is a file, tools/ being $DRAFTFORGE_TOOLS when set (and only it), else ../tools beside the
+// running executable (build/draftforge → tools/), else the source tree's tools/ this binary was built from.
+static bool in_tools(const char *rel, char *out, size_t n) {
   const char *env = getenv("DRAFTFORGE_TOOLS");
-  if (env && env[0]) {
-    snprintf(out, n, "%s/%s", env, name);
-    if (is_file(out)) return DF_OK;
-    return DF_FAIL(err, DF_ERR_IO, out, "point DRAFTFORGE_TOOLS at draftforge's tools/ directory",
-                   "DRAFTFORGE_TOOLS has no %s", name);
-  }
+  if (env && env[0]) return (size_t)snprintf(out, n, "%s/%s", env, rel) < n && is_file(out);
   char exe[PATH_MAX];
   ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (len > 0) {
     exe[len] = '\0';
     char *slash = strrchr(exe, '/');
     if (slash) *slash = '\0';
-    snprintf(out, n, "%s/../tools/%s", exe, name);
-    if (is_file(out)) return DF_OK;
+    if ((size_t)snprintf(out, n, "%s/../tools/%s", exe, rel) < n && is_file(out)) return true;
   }
-  if (DF_SOURCE_TOOLS_DIR[0]) {
-    snprintf(out, n, "%s/%s", DF_SOURCE_TOOLS_DIR, name);
-    if (is_file(out)) return DF_OK;
-  }
-  return DF_FAIL(err, DF_ERR_IO, name, "set DRAFTFORGE_TOOLS to draftforge's tools/ directory",
-                 "cannot find tools/%s beside the draftforge program", name);
+  return DF_SOURCE_TOOLS_DIR[0] && (size_t)snprintf(out, n, "%s/%s", DF_SOURCE_TOOLS_DIR, rel) < n && is_file(out);
+}
+
+df_status df_pytools_script(const char *name, char *out, size_t n, df_error *err) {
+  char rel[PATH_MAX];
+  snprintf(rel, sizeof rel, "run/%s", name);
+  if (in_tools(rel, out, n)) return DF_OK;
+  const char *env = getenv("DRAFTFORGE_TOOLS");
+  if (env && env[0])
+    return DF_FAIL(err, DF_ERR_IO, out, "point DRAFTFORGE_TOOLS at draftforge's tools/ directory (it holds run/)",
+                   "DRAFTFORGE_TOOLS has no run/%s", name);
+  return DF_FAIL(err, DF_ERR_IO, name, "set DRAFTFORGE_TOOLS to draftforge's tools/ directory (it holds run/)",
+                 "cannot find tools/run/%s beside the draftforge program", name);
 }

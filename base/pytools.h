@@ -1,5 +1,5 @@
-// Running the Python helpers in tools/ from the draftforge program (plot, experiment trackers): which
-// interpreter, where the scripts are, and starting one as a child process.
+// Running the Python in tools/run/ from the draftforge program (plot, experiment trackers, online data
+// preparation, EAGLE-3 .pt mappings): which interpreter, where the scripts are, and starting one as a child process.
 #ifndef DF_BASE_PYTOOLS_H
 #define DF_BASE_PYTOOLS_H
 
@@ -20,8 +20,8 @@ extern "C" {
 df_status df_pytools_python(const char *module, const char *pip_name, const char *need, const char *where, char *out,
                             size_t n, df_error *err);
 
-// The path of tools/<name>: under $DRAFTFORGE_TOOLS when set, else ../tools beside the running executable
-// (build/draftforge → tools/), else the source tree's tools/ this binary was built from.
+// The path of tools/run/<name>, tools/ being $DRAFTFORGE_TOOLS when set, else ../tools beside the running
+// executable (build/draftforge → tools/), else the source tree's tools/ this binary was built from.
 df_status df_pytools_script(const char *name, char *out, size_t n, df_error *err);
 
 // Starts argv (argv[0] is looked up on PATH when it has no '/') with stdin from stdin_fd (-1: /dev/null) and

@@ -6,9 +6,9 @@
 // and tokens/s (step time includes the wait for data, which online holds the target's forward), the data wait
 // share, the target's own time and tokens/s, and the online/offline steps/s ratios, all measured in this one run.
 //
-// The data: --data TOKENS.jsonl (tools/prepare_data.py's format), else the first --samples conversations of
+// The data: --data TOKENS.jsonl (tools/run/prepare_data.py's format), else the first --samples conversations of
 // recipes/tiny-target/conversations/train.jsonl turned into ChatML token ids with the byte tokenizer (the
-// assistant turn through its end marker supervised), as tools/prepare_data.py marks them for this target.
+// assistant turn through its end marker supervised), as tools/run/prepare_data.py marks them for this target.
 //
 //   bench_online [--steps N] [--threads N] [--samples N] [--data TOKENS.jsonl] [--repo DIR]
 #define _GNU_SOURCE // nftw

@@ -15,7 +15,7 @@ target=recipes/tiny-target
 data=runs/tiny-target-eagle3-data
 run=runs/demo-eagle3
 prepare() { # conversations → token JSONL (cached under runs/cache); prints the path
-  "$py" tools/prepare_data.py --target "$target" --data "$1" --chat-template chatml --max-length 256 \
+  "$py" tools/run/prepare_data.py --target "$target" --data "$1" --chat-template chatml --max-length 256 \
     --cache-dir runs/cache | tail -1
 }
 train_jsonl=$(prepare "$target/conversations/train.jsonl")

@@ -15,8 +15,8 @@ packages=(
   openmpi-bin libopenmpi-dev  # the MPI communicator (CPU data parallel) and mpirun for its tests
   libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event records (train/observe/proto/tb_event.proto)
   clang libomp-dev libclang-rt-14-dev  # libFuzzer targets (clang + its sanitizer runtimes)
-  python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and their tests
-  python3-matplotlib python3-venv  # draftforge plot (tools/plot_run.py); the tools venv below
+  python3 python3-numpy python3-h5py python3-pytest python3-torch python3-yaml  # tools/ and tests/python/tools
+  python3-matplotlib python3-venv  # draftforge plot (tools/run/plot_run.py); the tools venv below
 )
 
 missing=()
@@ -35,9 +35,9 @@ fi
 echo "setup: all packages present"
 
 # The tools venv (.venv-tools/, ignored by git): PyPI packages the tests read run outputs with —
-# tensorboard's event reader, wandb's offline mode, pytest to run tests/observe — and transformers (no torch)
-# for tools/prepare_data.py, which tokenizes with the target's own tokenizer and chat template. Pinned; rebuilt
-# when a pin changes.
+# tensorboard's event reader, wandb's offline mode, pytest to run tests/python/observe — and transformers
+# (no torch) for tools/run/prepare_data.py, which tokenizes with the target's own tokenizer and chat template.
+# Pinned; rebuilt when a pin changes.
 tools_pins=("tensorboard==2.21.0" "wandb==0.31.0" "pytest==9.2.0" "transformers==5.24.0" "tokenizers==0.23.3"
   "jinja2==3.1.6" "pyyaml==6.0.4")
 venv=.venv-tools

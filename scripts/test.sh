@@ -2,7 +2,7 @@
 # Fresh machine → installed, built, every test run. CI's .ci/run calls exactly this.
 #   1. ASan + UBSan build of the C test suite (CPU), run under CTest;
 #   2. the libFuzzer targets, a bounded time each;
-#   3. the Python tools' tests (pytest);
+#   3. the Python tools' tests (pytest tests/python/tools; CTest runs tests/python/observe);
 #   4. the CUDA execution mode (DF_CUDA=EMU): every kernels/cuda/*.cu, the backend glue and tests/cuda run on
 #      the CPU through the project's CUDA-on-CPU runtime (kernels/cuda/emu/), no GPU needed;
 #   5. the Release build (-Werror, CUDA backend compiled when nvcc is present), every C test — last, so
@@ -23,8 +23,8 @@ echo "== fuzzers =="
 scripts/fuzz.sh "${DF_FUZZ_SECONDS:-30}"
 
 echo "== python tools =="
-if compgen -G "tools/tests/test_*.py" >/dev/null; then
-  /usr/bin/python3 -m pytest -q tools/tests
+if compgen -G "tests/python/tools/test_*.py" >/dev/null; then
+  /usr/bin/python3 -m pytest -q tests/python/tools
 fi
 
 echo "== CUDA execution mode (DF_CUDA=EMU: the CUDA code run and checked on the CPU) =="

@@ -1,6 +1,6 @@
 // A fresh EAGLE-3 run's vocabulary mapping (docs/eagle3-step.md §2), after the draft's init or warm start:
 // - model.vocab_mapping_path names an existing file: its d2t / t2d (safetensors, or SpecForge's torch .pt through
-//   tools/eagle3_vocab_pt.py);
+//   tools/run/eagle3_vocab_pt.py);
 // - else, with a draft vocabulary smaller than the target's, SpecForge's offline derivation over the whole training
 //   data (strategies/eagle3/vocab.h), which replaces a warm start's mapping; with vocab_mapping_path set it is cached
 //   there (.pt in torch's format for SpecForge, anything else as safetensors);
@@ -21,7 +21,7 @@ static bool ends_with(const char *s, const char *x) {
   return n >= k && !strcmp(s + n - k, x);
 }
 
-// tools/eagle3_vocab_pt.py MODE IN OUT: a torch .pt {"d2t", "t2d"} to safetensors, or back.
+// tools/run/eagle3_vocab_pt.py MODE IN OUT: a torch .pt {"d2t", "t2d"} to safetensors, or back.
 static df_status convert_pt(const char *mode, const char *in, const char *out, df_error *err) {
   char python[4096], script[4096];
   DF_TRY(df_pytools_python("torch", "torch", "a model.vocab_mapping_path in torch's .pt format",
@@ -34,7 +34,7 @@ static df_status convert_pt(const char *mode, const char *in, const char *out, d
   df_pytools_wait(pid, -1, &rc);
   if (rc != 0)
     return DF_FAIL(err, DF_ERR_IO, in, "check the file (a dict with d2t and t2d tensors, as SpecForge saves it)",
-                   "tools/eagle3_vocab_pt.py %s failed (exit %d)", mode, rc);
+                   "tools/run/eagle3_vocab_pt.py %s failed (exit %d)", mode, rc);
   return DF_OK;
 }
 

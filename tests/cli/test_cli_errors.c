@@ -149,7 +149,7 @@ Test(cli_errors, every_failure_ends_with_a_hint) {
       "plot recipe.yaml",
   };
   for (size_t i = 0; i < sizeof fails / sizeof *fails; i++) expect_error_with_hint(&d, fails[i], 1);
-  // plot of a real run into a directory that cannot be made (tools/plot_run.py's own error)
+  // plot of a real run into a directory that cannot be made (tools/run/plot_run.py's own error)
   cr_assert_eq(df_cli_run(&d, "train recipe.yaml --set output_dir=r --set training.max_steps=2", out, sizeof out), 0,
                "%s", out);
   expect_error_with_hint(&d, "plot r --out notes.txt/plots", 1);

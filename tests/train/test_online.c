@@ -4,7 +4,7 @@
 // online eval against offline eval), and an fp32 online run differs from a bf16 capture (the rounding is what
 // makes them equal); an EAGLE-3 run (its capture layers, final states and vocabulary mapping) likewise; resume and
 // prefetch keep the bits; conversations are prepared once through
-// tools/prepare_data.py (when the tools venv exists); bad data and refused deployments are named; the bundled
+// tools/run/prepare_data.py (when the tools venv exists); bad data and refused deployments are named; the bundled
 // online demo recipe loads; on the strict fake device an online run uploads one batch per micro-batch and equals
 // the CPU run.
 #include <criterion/criterion.h>

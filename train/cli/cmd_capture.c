@@ -12,7 +12,7 @@
 static const df_cli_opt CAPTURE_OPTS[] = {
     {"--target", "DIR", DF_CLI_VALUE, "required", "the target: an HF directory (Qwen3, Qwen2 or Llama, dense)"},
     {"--data", "FILE.jsonl", DF_CLI_VALUE, "required",
-     "token JSONL (tools/prepare_data.py: {\"input_ids\": [...], \"loss_mask\": [...]} a line)"},
+     "token JSONL (tools/run/prepare_data.py: {\"input_ids\": [...], \"loss_mask\": [...]} a line)"},
     {"--draft-config", "JSON", DF_CLI_VALUE, "required", "the draft config whose target_layer_ids are captured"},
     {"--out", "DIR", DF_CLI_VALUE, "required", "the shard directory"},
     {"--regenerate", NULL, DF_CLI_FLAG, "off",

@@ -27,7 +27,7 @@ static const df_cli_opt SPEC_OPTS[] = {
     {"--draft", "CKPT_OR_EXPORT", DF_CLI_VALUE, "required",
      "a DFlash, DSpark or EAGLE-3 draft: a checkpoint, a run directory (its latest checkpoint) or an export"},
     {"--data", "FILE.jsonl", DF_CLI_VALUE, "required",
-     "token JSONL (tools/prepare_data.py); each line's prompt is its tokens before the first supervised one"},
+     "token JSONL (tools/run/prepare_data.py); each line's prompt is its tokens before the first supervised one"},
     {"--out", "FILE", DF_CLI_VALUE, "none: printed only", "also write the report as JSON"},
     {"--max-new-tokens", "N", DF_CLI_VALUE, "64", "tokens generated per prompt, at most (or up to end-of-sequence)"},
     {"--max-samples", "N", DF_CLI_VALUE, "every line", "decode the first N prompts"},

@@ -1,4 +1,4 @@
-// `draftforge plot RUN_DIR [--out DIR]`: PNG charts of a run's metrics.jsonl, drawn by tools/plot_run.py
+// `draftforge plot RUN_DIR [--out DIR]`: PNG charts of a run's metrics.jsonl, drawn by tools/run/plot_run.py
 // (matplotlib) in a child process. Exit codes: 0 written, 1 failed, 2 bad arguments (train/cli/cli.h).
 #include <stdio.h>
 #include <string.h>
@@ -17,7 +17,7 @@ static const df_cli_spec PLOT_CLI = {
     "RUN_DIR",
     1,
     1,
-    "Draws PNG charts of a run from RUN_DIR/metrics.jsonl (tools/plot_run.py, matplotlib): loss.png,\n"
+    "Draws PNG charts of a run from RUN_DIR/metrics.jsonl (tools/run/plot_run.py, matplotlib): loss.png,\n"
     "accuracy.png, tau.png (simulated, and real where logged), lr_grad_norm.png, per_position_acc.png (last eval)\n"
     "and, for MoE drafts, moe_expert_load.png. The interpreter is $DRAFTFORGE_PYTHON, else the first of python3\n"
     "and /usr/bin/python3 with matplotlib.",

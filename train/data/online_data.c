@@ -1,5 +1,5 @@
 // From a recipe's data path to a batch source (train/data/online_data.h): the kind of file, the one-time preparation of
-// conversations through tools/prepare_data.py, and the HDF5 or online source.
+// conversations through tools/run/prepare_data.py, and the HDF5 or online source.
 #include "train/data/online_data.h"
 
 #include <jansson.h>
@@ -95,7 +95,7 @@ df_status df_data_prepare(const df_recipe *rc, const char *conversations, const 
                           FILE *log, df_error *err) {
   if (rc->data.is_preformatted)
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, "data.is_preformatted",
-                   "give conversations (the chat template is applied by tools/prepare_data.py) or a token JSONL",
+                   "give conversations (the chat template is applied by tools/run/prepare_data.py) or a token JSONL",
                    "%s holds conversations, and preformatted text (data.is_preformatted: true) is not read", key);
   char python[PATH_MAX], script[PATH_MAX];
   DF_TRY(df_pytools_python("transformers", "transformers", "online data holding conversations", key, python,
@@ -121,7 +121,7 @@ df_status df_data_prepare(const df_recipe *rc, const char *conversations, const 
                   rc->data.train_only_last_turn ? "--train-only-last-turn" : NULL,
                   NULL};
   if (log)
-    fprintf(log, "online data: preparing %s (tools/prepare_data.py, template %s)\n", conversations,
+    fprintf(log, "online data: preparing %s (tools/run/prepare_data.py, template %s)\n", conversations,
             rc->data.chat_template);
   pid_t pid;
   df_status st = df_pytools_spawn(argv, -1, log_path, NULL, &pid, err);
@@ -133,11 +133,11 @@ df_status df_data_prepare(const df_recipe *rc, const char *conversations, const 
   if (st != DF_OK) return st;
   if (code != 0)
     return DF_FAIL(err, DF_ERR_INVALID, key, "fix the data or data.chat_template; the tool's message says where",
-                   "tools/prepare_data.py failed on %s (exit %d): %s", conversations, code,
+                   "tools/run/prepare_data.py failed on %s (exit %d): %s", conversations, code,
                    error[0] ? error : (last[0] ? last : "no output"));
   if (access(last, R_OK) != 0)
-    return DF_FAIL(err, DF_ERR_IO, key, "run tools/prepare_data.py by hand to see its output",
-                   "tools/prepare_data.py did not report a readable token file (last line: %s)", last);
+    return DF_FAIL(err, DF_ERR_IO, key, "run tools/run/prepare_data.py by hand to see its output",
+                   "tools/run/prepare_data.py did not report a readable token file (last line: %s)", last);
   snprintf(out, n, "%s", last);
   return DF_OK;
 }

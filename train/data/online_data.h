@@ -1,6 +1,6 @@
 // The data a recipe names, turned into a batch source (train/data/batch_source.h): captured hidden states (one .h5
 // shard or a directory of them) are read as they are; a token JSONL or a conversations JSONL (ShareGPT
-// `conversations` / OpenAI `messages`, prepared once by tools/prepare_data.py into data.cache_dir) runs the target
+// `conversations` / OpenAI `messages`, prepared once by tools/run/prepare_data.py into data.cache_dir) runs the target
 // online (train/data/online_source.h). The kind is read from the file itself, as SpecForge does (a first record with
 // input_ids and loss_mask is pre-tokenized).
 #ifndef DF_TRAIN_DATA_ONLINE_DATA_H
@@ -27,7 +27,7 @@ typedef enum { DF_DATA_HIDDEN_STATES = 0, DF_DATA_TOKENS, DF_DATA_CONVERSATIONS 
 df_status df_data_kind_of(const char *path, df_data_kind *out, df_error *err);
 
 // Conversations → token JSONL with the recipe's target tokenizer and data.{chat_template, max_length, cache_dir,
-// train_only_last_turn}: runs tools/prepare_data.py (an interpreter with transformers: $DRAFTFORGE_PYTHON,
+// train_only_last_turn}: runs tools/run/prepare_data.py (an interpreter with transformers: $DRAFTFORGE_PYTHON,
 // python3, or the .venv-tools scripts/setup.sh makes), which reuses <cache_dir>/prepared/<key>.jsonl while its
 // inputs are unchanged. out receives the token file's path; the tool's report goes to log (may be NULL).
 df_status df_data_prepare(const df_recipe *rc, const char *conversations, const char *key, char *out, size_t n,

@@ -44,7 +44,7 @@ typedef struct {
 } df_online_stats;
 df_online_stats df_online_target_stats(df_online_target *t);
 
-// A source over the samples of a token JSONL (tools/prepare_data.py's format), scanned once at open: every line is
+// A source over the samples of a token JSONL (tools/run/prepare_data.py's format), scanned once at open: every line is
 // checked (ids inside the target's vocabulary), truncated to max_length rows (<= 0: none) and kept when two
 // adjacent tokens are supervised, which is what `draftforge capture --max-length max_length` keeps. Sample i is
 // the i-th kept line; max_samples > 0 keeps only the first that many. *dropped (may be NULL) counts the lines

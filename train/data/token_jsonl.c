@@ -7,7 +7,7 @@
 #include <string.h>
 
 static const char *HINT = "each line is {\"input_ids\": [int, ...], \"loss_mask\": [0|1, ...]} of equal lengths, as "
-                          "tools/prepare_data.py writes";
+                          "tools/run/prepare_data.py writes";
 
 df_status df_token_jsonl_open(const char *path, int64_t vocab, df_token_jsonl *r, df_error *err) {
   memset(r, 0, sizeof *r);

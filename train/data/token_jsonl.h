@@ -1,4 +1,4 @@
-// Token JSONL (tools/prepare_data.py's output, docs/data-format.md): one sample a line,
+// Token JSONL (tools/run/prepare_data.py's output, docs/data-format.md): one sample a line,
 // {"input_ids": [int, ...], "loss_mask": [0|1, ...]} with equal lengths. Read line by line; errors name the
 // file and line. The input of `draftforge capture`, the spec-decoding eval and online training (which reads a
 // sample again by the offset of its line).

@@ -41,7 +41,7 @@ typedef struct {
 } df_spec_report;
 
 // Runs over the token JSONL at data_path: the prompt of each line is its tokens before the first supervised
-// one (tools/prepare_data.py marks the assistant turn). t and m must share the context; cfg is m's config.
+// one (tools/run/prepare_data.py marks the assistant turn). t and m must share the context; cfg is m's config.
 df_status df_spec_decode_run(df_target *t, df_draft_model *m, const df_draft_config *cfg, const char *data_path,
                              const df_spec_options *o, df_spec_report *rep, df_error *err);
 void df_spec_report_free(df_spec_report *r);

@@ -118,7 +118,8 @@ df_status df_tracker_start(df_tracker *t, int64_t from_step, FILE *log, df_error
     return st;
   }
   t->pipe_w = fds[1];
-  if (log) fprintf(log, "tracking: %s via tools/track.py (pid %ld, log %s)\n", t->backend, (long)t->pid, t->log_path);
+  if (log)
+    fprintf(log, "tracking: %s via tools/run/track.py (pid %ld, log %s)\n", t->backend, (long)t->pid, t->log_path);
   return DF_OK;
 }
 
@@ -139,7 +140,7 @@ void df_tracker_finish(df_tracker *t, double timeout_s, FILE *log) {
       fprintf(log, "tracking: %s did not finish within %.0f s and was stopped; see %s\n", t->backend, timeout_s,
               t->log_path);
   } else if (rc != 0 && log) {
-    fprintf(log, "tracking: tools/track.py (%s) exited with status %d; see %s (metrics.jsonl has every line)\n",
+    fprintf(log, "tracking: tools/run/track.py (%s) exited with status %d; see %s (metrics.jsonl has every line)\n",
             t->backend, rc, t->log_path);
   }
   free(t);

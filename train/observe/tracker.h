@@ -1,4 +1,4 @@
-// Experiment trackers (`tracking.report_to: wandb | swanlab | mlflow`): tools/track.py runs beside the trainer
+// Experiment trackers (`tracking.report_to: wandb | swanlab | mlflow`): tools/run/track.py runs beside the trainer
 // as a child process, follows <output_dir>/metrics.jsonl and forwards every line to the tracker. Its stdin is
 // a pipe the trainer holds: when the trainer ends (or dies) the pipe closes, and the script drains the file
 // and finishes the tracker's run. Its output goes to <output_dir>/tracking/<backend>.log.
@@ -21,7 +21,7 @@ typedef struct df_tracker df_tracker;
 const char *df_tracker_package(df_report_to report_to);
 
 // Checks, before anything else of the run, that r->tracking.report_to's package is importable (base/pytools.h
-// picks the interpreter; the error names the package) and finds tools/track.py. *out = NULL when report_to
+// picks the interpreter; the error names the package) and finds tools/run/track.py. *out = NULL when report_to
 // names no such tracker.
 df_status df_tracker_prepare(const df_recipe *r, df_tracker **out, df_error *err);
 

@@ -62,7 +62,7 @@ typedef struct df_recipe {
     const char *eval_hidden_states_path; // at most one eval source; NULL: none
     const char *eval_data_path;
     int64_t max_length;
-    // online data: conversations are prepared by tools/prepare_data.py with these; max_prompts 0 = all
+    // online data: conversations are prepared by tools/run/prepare_data.py with these; max_prompts 0 = all
     const char *chat_template, *cache_dir;
     bool train_only_last_turn, is_preformatted;
     int64_t max_prompts;

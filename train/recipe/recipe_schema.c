@@ -48,7 +48,7 @@ static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL}; // in df_dev
 #define PREP   "applies when the data is prepared; offline runs read captured hidden states"
 #define EXT    "draftforge extension"
 #define ONLINE "online data (data.train_data_path / prompts_path / eval_data_path)"
-#define CONV   "used when " ONLINE " holds conversations: tools/prepare_data.py applies it once, into data.cache_dir"
+#define CONV   "used when " ONLINE " holds conversations: tools/run/prepare_data.py applies it once into data.cache_dir"
 #define TRACK  "used only with tracking.report_to"
 #define DISAGG "a disaggregated deployment (SGLang capture servers + Mooncake) is not supported"
 #define ONLINE_INSTEAD                                                                                                 \
@@ -87,7 +87,7 @@ static const df_recipe_key SCHEMA[] = {
     K("model", "lm_head_key", DF_RT_STRING, .def = "lm_head.weight", USED),
     K("model", "vocab_mapping_path", DF_RT_STRING, .def = "", USED,
       .note = "EAGLE-3: the draft vocabulary mapping (d2t / t2d); an existing file is read (safetensors, or torch .pt "
-              "through tools/eagle3_vocab_pt.py), else the mapping derived from the training data is cached there"),
+              "through tools/run/eagle3_vocab_pt.py), else the mapping derived from the training data is cached there"),
     K("model", "load_target_embedding", DF_RT_BOOL, .def = "true",
       TODO("drafts always embed with the target's table, frozen")),
     K("model", "aux_hidden_state_layer_ids", DF_RT_INT_LIST, .nullable = true, USED,
@@ -124,7 +124,7 @@ static const df_recipe_key SCHEMA[] = {
     K("model", "sglang_mamba_full_memory_ratio", DF_RT_FLOAT, .nullable = true, GT(0), LE(1), INERT(ENGINE)),
     // ---- data
     K("data", "train_data_path", DF_RT_PATH, .def = "", USED, INPUT,
-      .note = "online training: conversations (ShareGPT / OpenAI JSONL, prepared once by tools/prepare_data.py) or "
+      .note = "online training: conversations (ShareGPT / OpenAI JSONL, prepared once by tools/run/prepare_data.py) or "
               "a token JSONL; the target runs in-process on every batch. Exactly one of train_data_path, "
               "prompts_path, hidden_states_path is set"),
     K("data", "prompts_path", DF_RT_PATH, .def = "", USED, INPUT,
@@ -138,7 +138,7 @@ static const df_recipe_key SCHEMA[] = {
     K("data", "max_length", DF_RT_INT, .def = "2048", GT(0), USED),
     K("data", "chat_template", DF_RT_STRING, .def = "llama3", USED, .note = CONV),
     K("data", "is_preformatted", DF_RT_BOOL, .def = "false", USED,
-      .note = "true is refused for online conversations: tools/prepare_data.py applies the chat template itself"),
+      .note = "true is refused for online conversations: tools/run/prepare_data.py applies the chat template itself"),
     K("data", "train_only_last_turn", DF_RT_BOOL, .def = "false", USED, .note = CONV),
     K("data", "build_dataset_num_proc", DF_RT_INT, .def = "8", GT(0), INERT(PREP)),
     K("data", "dataloader_num_workers", DF_RT_INT, .nullable = true, GE(0),
@@ -237,7 +237,7 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "metadata_db_path", DF_RT_STRING, .nullable = true, TODO(DISAGG)),
     // ---- tracking
     K("tracking", "report_to", DF_RT_ENUM, .def = "none", .choices = REPORT_TO, USED,
-      .note = "tensorboard: event files in <output_dir>/tensorboard; wandb, swanlab, mlflow: tools/track.py"),
+      .note = "tensorboard: event files in <output_dir>/tensorboard; wandb, swanlab, mlflow: tools/run/track.py"),
     K("tracking", "wandb_project", DF_RT_STRING, .nullable = true, USED, .note = TRACK),
     K("tracking", "wandb_name", DF_RT_STRING, .nullable = true, USED, .note = TRACK " (default: run_id)"),
     K("tracking", "wandb_key", DF_RT_STRING, .nullable = true, USED, .note = TRACK " (better: WANDB_API_KEY)"),

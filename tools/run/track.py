@@ -6,7 +6,7 @@ the script follows metrics.jsonl as lines are appended, and when stdin reaches e
 normally or not) it forwards what is left and finishes the tracker's run. It can also be run by hand on a
 finished run (stdin from /dev/null: one pass, then finish):
 
-    python3 tools/track.py --backend wandb --run-dir runs/demo-dflash --offline </dev/null
+    python3 tools/run/track.py --backend wandb --run-dir runs/demo-dflash --offline </dev/null
 
 The tracker's run id is kept in <run-dir>/tracking/<backend>-run.json, so a resumed training continues the
 same tracker run; lines at or below --from-step (the checkpoint it resumed from) were sent before.

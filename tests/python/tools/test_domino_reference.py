@@ -3,7 +3,7 @@
 gradients (GRU and embed_proj included) against finite differences, chunked = single-pass objective, labels and
 head tokens on hand-built blocks, the lambda_base schedule, the head's causality, the proposal cases, the fixture
 tree's structure and the committed fixtures against a fresh run.
-Run: /usr/bin/python3 -m pytest -q tools/tests/test_domino_reference.py (torch 1.13 is enough)."""
+Run: /usr/bin/python3 -m pytest -q tests/python/tools/test_domino_reference.py (torch 1.13 is enough)."""
 import json
 import os
 import sys
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 
 import dflash_io as dio  # noqa: E402

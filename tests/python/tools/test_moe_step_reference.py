@@ -3,7 +3,7 @@
 = CE ratio + aux, the aux gradient's reach (router and FFN input, never the experts), the centering mean in
 the graph, chunked = unchunked, the layouts' file names and round trips, the init order, config resolution,
 and the committed fixtures (MoE and dense) against a fresh run.
-Run: /usr/bin/python3 -m pytest -q tools/tests/test_moe_step_reference.py"""
+Run: /usr/bin/python3 -m pytest -q tests/python/tools/test_moe_step_reference.py"""
 import json
 import os
 import sys
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 
 import dflash_io as dio  # noqa: E402

@@ -1,7 +1,7 @@
 """Self-checks of the DFlash step reference (tools/reference/dflash_step.py) and its parity fixtures
 (tests/fixtures/dflash_step/): gradients against finite differences, chunked = unchunked objective, the
 anchor sampler's contract, D-PACE weights on a hand-computed block, and the committed fixtures against a
-fresh run. Run: /usr/bin/python3 -m pytest -q tools/tests/test_dflash_reference.py"""
+fresh run. Run: /usr/bin/python3 -m pytest -q tests/python/tools/test_dflash_reference.py"""
 import json
 import math
 import os
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 
 import dflash_io as dio  # noqa: E402

@@ -1,4 +1,4 @@
-"""tracking.report_to: wandb | swanlab | mlflow — `draftforge train` starts tools/track.py, which follows
+"""tracking.report_to: wandb | swanlab | mlflow — `draftforge train` starts tools/run/track.py, which follows
 metrics.jsonl and forwards it. wandb is checked end to end in its offline mode: the run file wandb-core writes
 is read back record by record (wandb_log.py) and must hold every metrics line at its step, the run name and
 project from the recipe, and the recipe as config. A tracker whose package is not importable stops the run
@@ -15,7 +15,7 @@ from conftest import SOURCE, metrics, train
 
 
 def expected(line):
-    """What track.py forwards for one line (tools/track.py numbers())."""
+    """What track.py forwards for one line (tools/run/track.py numbers())."""
     out = {}
     for k, v in line.items():
         if k == "step":
@@ -50,7 +50,7 @@ def test_wandb_offline_gets_every_line(tmp_path, venv_python):
     p = train(run_dir, "tracking.report_to=wandb", "tracking.wandb_offline=true", "tracking.wandb_project=dfproj",
               "tracking.wandb_name=dfname", "training.max_steps=40", "training.log_interval=10",
               "training.eval_interval=20", env={"DRAFTFORGE_PYTHON": venv_python, "WANDB_SILENT": "true"})
-    assert "tracking: wandb via tools/track.py" in p.stdout
+    assert "tracking: wandb via tools/run/track.py" in p.stdout
     lines = metrics(run_dir)
     hist, run, config = history(run_dir)
     assert run.display_name == "dfname" and run.project == "dfproj"
@@ -82,13 +82,13 @@ def test_missing_package_is_named_before_training(tmp_path, venv_python, backend
 
 
 def test_track_py_by_hand_on_a_finished_run(tmp_path, venv_python):
-    """tools/track.py run by hand (stdin at end-of-file) forwards a finished run in one pass."""
+    """tools/run/track.py run by hand (stdin at end-of-file) forwards a finished run in one pass."""
     import subprocess
 
     run_dir = tmp_path / "run"
     train(run_dir, "training.max_steps=20", "training.log_interval=10")
     env = dict(os.environ, WANDB_SILENT="true")
-    subprocess.run([venv_python, os.path.join(SOURCE, "tools", "track.py"), "--backend", "wandb", "--run-dir",
+    subprocess.run([venv_python, os.path.join(SOURCE, "tools", "run", "track.py"), "--backend", "wandb", "--run-dir",
                     str(run_dir), "--offline", "--name", "byhand"], stdin=subprocess.DEVNULL, check=True, env=env,
                    timeout=300)
     hist, run, _ = history(run_dir)

@@ -3,7 +3,7 @@
 sets, the training-time-test attention against a per-query loop over the keys it may see, causality, the teacher's
 shift, the data normalizer, gradients against finite differences (KL, LK alpha, LK lambda with a constant weight),
 the fixture tree's structure and the committed fixtures against a fresh run.
-Run: /usr/bin/python3 -m pytest -q tools/tests/test_eagle3_reference.py (torch 1.13 is enough)."""
+Run: /usr/bin/python3 -m pytest -q tests/python/tools/test_eagle3_reference.py (torch 1.13 is enough)."""
 import json
 import os
 import random
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 
 import dflash_io as dio  # noqa: E402

@@ -2,8 +2,8 @@
 """EAGLE-3 vocabulary mappings between SpecForge's torch .pt files and safetensors (draftforge's
 model.vocab_mapping_path, strategies/eagle3/prepare.c).
 
-    python3 tools/eagle3_vocab_pt.py to-safetensors MAPPING.pt OUT.safetensors
-    python3 tools/eagle3_vocab_pt.py to-pt MAPPING.safetensors OUT.pt
+    python3 tools/run/eagle3_vocab_pt.py to-safetensors MAPPING.pt OUT.safetensors
+    python3 tools/run/eagle3_vocab_pt.py to-pt MAPPING.safetensors OUT.pt
 
 A SpecForge mapping is torch.save({"d2t": int64 [D], "t2d": bool [V]}) (specforge/training/assembly.py,
 data/preprocessing.py); the safetensors file holds the same two tensors (d2t I64, t2d BOOL)."""
@@ -13,7 +13,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "reference"))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))  # tools/run/ → tools/reference/ (dflash_io)
 
 
 def main(argv=None) -> int:

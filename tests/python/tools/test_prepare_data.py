@@ -1,4 +1,4 @@
-"""tools/prepare_data.py on a tokenizer this test writes by hand (a WordLevel tokenizer.json with Llama-3 style
+"""tools/run/prepare_data.py on a tokenizer this test writes by hand (a WordLevel tokenizer.json with Llama-3 style
 special tokens and a chat template): exact token ids and assistant-only masks for ShareGPT and OpenAI input,
 the SpecForge default system prompt, truncation, the adjacency filter, the cache key, and errors naming the
 line. prepare_data.py runs in .venv-tools (transformers; scripts/setup.sh makes it)."""
@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 VENV_PY = os.path.join(ROOT, ".venv-tools", "bin", "python")
-SCRIPT = os.path.join(ROOT, "tools", "prepare_data.py")
+SCRIPT = os.path.join(ROOT, "tools", "run", "prepare_data.py")
 
 SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 WORDS = ["[UNK]", "user", "assistant", "system", "hi", "there", "how", "are", "you", "fine", "thanks", "bye",

@@ -1,4 +1,4 @@
-"""Real draftforge exports of every kind, read the way SGLang 0.5.23 reads them (tools/tests/sglang_loader.py:
+"""Real draftforge exports of every kind, read the way SGLang 0.5.23 reads them (tests/python/tools/sglang_loader.py:
 its config key reads and defaults, tensor-name mapping, q/k/v and gate/up fusing, shape checks, in the static
 and cap-accept / compact ragged-verify modes). No GPU, no SGLang, no torch.
 
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sglang_loader as sg  # noqa: E402

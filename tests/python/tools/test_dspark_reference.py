@@ -2,7 +2,7 @@
 (tests/fixtures/dspark_step/): gradients of the backbone and of every head against finite differences, chunked =
 unchunked objective, the labels and validity on hand-built blocks, the rnn head against a step-by-step unroll,
 legacy checkpoint names, and the committed fixtures against a fresh run.
-Run: /usr/bin/python3 -m pytest -q tools/tests/test_dspark_reference.py"""
+Run: /usr/bin/python3 -m pytest -q tests/python/tools/test_dspark_reference.py"""
 import json
 import os
 import sys
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 
 import dflash_io as dio  # noqa: E402

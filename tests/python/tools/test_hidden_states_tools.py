@@ -1,6 +1,7 @@
 """Tests for tools/hidden_states.py (writer, reader, validator, CLI) and tools/import_specforge.py.
 
-Run: /usr/bin/python3 -m pytest tools/tests (needs python3-pytest, python3-h5py, python3-numpy, python3-torch)."""
+Run: /usr/bin/python3 -m pytest tests/python/tools (needs python3-pytest, python3-h5py, python3-numpy,
+python3-torch)."""
 import gzip
 import io
 import json
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-TOOLS = pathlib.Path(__file__).resolve().parents[1]
+TOOLS = pathlib.Path(__file__).resolve().parents[3] / "tools"
 sys.path.insert(0, str(TOOLS))
 import hidden_states as hs  # noqa: E402
 import import_specforge as imp  # noqa: E402

@@ -14,8 +14,8 @@ including the end-of-turn marker (or the end of the text), as SpecForge's parser
 from the SpecForge data.chat_template name (CHAT_TEMPLATES). Samples are truncated to max_length tokens;
 samples without two adjacent supervised tokens are dropped (SpecForge's filter; the DFlash loss needs them).
 
-  .venv-tools/bin/python tools/prepare_data.py --recipe RECIPE.yaml            # data.* and model.* from it
-  .venv-tools/bin/python tools/prepare_data.py --target DIR --data FILE.jsonl --chat-template qwen \\
+  .venv-tools/bin/python tools/run/prepare_data.py --recipe RECIPE.yaml            # data.* and model.* from it
+  .venv-tools/bin/python tools/run/prepare_data.py --target DIR --data FILE.jsonl --chat-template qwen \\
       [--max-length 2048] [--cache-dir ./cache] [--out FILE.jsonl] [--train-only-last-turn]
 
 Without --out the result goes to <cache_dir>/prepared/<key>.jsonl and is reused when the key matches; the path

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 KEYS = os.path.join(ROOT, "tests", "fixtures", "specforge_recipes", "schema_keys.tsv")
 STATUSES = {"used", "inert", "unsupported"}
 

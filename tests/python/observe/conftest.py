@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-SOURCE = os.environ.get("DF_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+SOURCE = os.environ.get("DF_SOURCE_DIR") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 BIN = os.environ.get("DRAFTFORGE_BIN", os.path.join(SOURCE, "build", "draftforge"))
 
 

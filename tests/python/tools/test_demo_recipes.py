@@ -2,7 +2,7 @@
 them): every export they write lands inside the run's directory (output_dir), as a new user expects from the
 other demos, and every eval they run reads an export or run those commands make.
 
-Run: /usr/bin/python3 -m pytest tools/tests (needs python3-pytest, python3-yaml)."""
+Run: /usr/bin/python3 -m pytest tests/python/tools (needs python3-pytest, python3-yaml)."""
 import os
 import pathlib
 import re
@@ -10,7 +10,7 @@ import shlex
 
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEMOS = sorted((ROOT / "recipes").glob("demo-*.yaml"))
 
 

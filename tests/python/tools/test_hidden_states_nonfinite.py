@@ -2,7 +2,7 @@
 token; a sampled scan by default (up to SCAN_PER_SHARD samples per shard spread over the data, bounded in bytes:
 the C reader's choice) that says so, and --full for every sample.
 
-Run: /usr/bin/python3 -m pytest tools/tests (needs python3-pytest, python3-h5py, python3-numpy)."""
+Run: /usr/bin/python3 -m pytest tests/python/tools (needs python3-pytest, python3-h5py, python3-numpy)."""
 import pathlib
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import sys
 import h5py
 import numpy as np
 
-TOOLS = pathlib.Path(__file__).resolve().parents[1]
+TOOLS = pathlib.Path(__file__).resolve().parents[3] / "tools"
 sys.path.insert(0, str(TOOLS))
 import hidden_states as hs  # noqa: E402
 
