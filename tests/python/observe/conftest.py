@@ -26,9 +26,21 @@ def run_df(*args, env=None, check=True, timeout=600):
 def train(out_dir, *sets, recipe="recipes/demo-dflash-synthetic.yaml", env=None, check=True, extra=()):
     """A short demo training into out_dir with --set overrides ("section.key=value")."""
     args = ["train", os.path.join(SOURCE, recipe), "--set", f"output_dir={out_dir}"]
-    for s in sets:
+    # DF_OBSERVE_SETS ("key=value,key=value", set by CTest in the sanitizer build): a smaller micro-batch for every
+    # run, before the test's own settings. What these tests check (records, framing, trackers, charts) does not
+    # depend on the batch; the Release build runs them at the recipe's shape.
+    small = [x for x in os.environ.get("DF_OBSERVE_SETS", "").split(",") if x]
+    for s in [*small, *sets]:
         args += ["--set", s]
     return run_df(*args, *extra, env=env, check=check)
+
+
+def demo_setting(key, default):
+    """The value DF_OBSERVE_SETS gives key (as text), else the recipe's default."""
+    for x in os.environ.get("DF_OBSERVE_SETS", "").split(","):
+        if x.startswith(key + "="):
+            return x.split("=", 1)[1]
+    return default
 
 
 def metrics(run_dir):

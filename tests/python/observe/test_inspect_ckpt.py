@@ -9,7 +9,7 @@ import struct
 import subprocess
 
 import numpy as np
-from conftest import run_df, train
+from conftest import demo_setting, run_df, train
 
 
 def safetensors_f32(path):
@@ -45,7 +45,8 @@ def test_checkpoint_page(tmp_path):
     text = p.stdout
     for want in ("manifest: every file has its recorded size and XXH3-64 checksum",
                  "format                         'draftforge-train-state'", "  step                           20",
-                 "  adam_step                      20", "  batch_size                     8",
+                 "  adam_step                      20",
+                 "  batch_size                     " + demo_setting("training.batch_size", "8"),
                  "  block_size                     4", "  strategy                       'dflash'",
                  "model.safetensors: 25 tensors, every one in the state's table"):
         assert want in text, want
