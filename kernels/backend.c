@@ -64,7 +64,15 @@
   OP(MASKED_SILU_FORWARD, masked_silu_forward)                                                                         \
   OP(MASKED_SILU_BACKWARD, masked_silu_backward)                                                                       \
   OP(LMHEAD_DOMINO, lmhead_domino)                                                                                     \
-  OP(DOMINO_BLOCK_METRICS, domino_block_metrics)
+  OP(DOMINO_BLOCK_METRICS, domino_block_metrics)                                                                       \
+  OP(TTT_ATTN_FORWARD, ttt_attn_forward)                                                                               \
+  OP(TTT_ATTN_BACKWARD, ttt_attn_backward)                                                                             \
+  OP(LMHEAD_LSE_ARGMAX, lmhead_lse_argmax)                                                                             \
+  OP(EAGLE3_TEACHER, eagle3_teacher)                                                                                   \
+  OP(EAGLE3_LOSS_FORWARD, eagle3_loss_forward)                                                                         \
+  OP(EAGLE3_LOSS_BACKWARD, eagle3_loss_backward)                                                                       \
+  OP(EAGLE3_STEP_SUMS, eagle3_step_sums)                                                                               \
+  OP(EAGLE3_ACCEPT, eagle3_accept)
 
 #define OP_NAME(id, field) [DF_OP_##id] = #field,
 static const char *const op_names[DF_OP_COUNT] = {DF_OPS(OP_NAME)};

@@ -34,12 +34,16 @@
 //   kernels/cpu/gru.c           ↔ kernels/cuda/gru.cu            gru_forward/backward (Domino's prefix GRU)
 //   kernels/cpu/lmhead_domino.c ↔ kernels/cuda/lmhead_domino.cu  lmhead_domino
 //   kernels/cpu/domino_metrics.c ↔ kernels/cuda/domino_metrics.cu masked_silu_*, domino_block_metrics
+//   kernels/cpu/ttt_attn.c      ↔ kernels/cuda/ttt_attn.cu       ttt_attn_forward/backward (EAGLE-3)
+//   kernels/cpu/eagle3_loss.c   ↔ kernels/cuda/eagle3_loss.cu    lmhead_lse_argmax, eagle3_teacher, eagle3_loss_*,
+//                                                                eagle3_step_sums, eagle3_accept
 // kernels/cuda/ fills every slot but the ones docs/gpu-training.md lists; kernels/cuda/backend.h holds the state
 // every .cu file shares.
 #ifndef DF_KERNELS_BACKEND_H
 #define DF_KERNELS_BACKEND_H
 
 #include "kernels/causal_attn.h"
+#include "kernels/eagle3.h"
 #include "kernels/ops.h"
 #include "kernels/ops_domino.h"
 #include "kernels/ops_moe.h"
@@ -110,6 +114,14 @@ typedef enum {
   DF_OP_MASKED_SILU_BACKWARD,
   DF_OP_LMHEAD_DOMINO,
   DF_OP_DOMINO_BLOCK_METRICS,
+  DF_OP_TTT_ATTN_FORWARD,
+  DF_OP_TTT_ATTN_BACKWARD,
+  DF_OP_LMHEAD_LSE_ARGMAX,
+  DF_OP_EAGLE3_TEACHER,
+  DF_OP_EAGLE3_LOSS_FORWARD,
+  DF_OP_EAGLE3_LOSS_BACKWARD,
+  DF_OP_EAGLE3_STEP_SUMS,
+  DF_OP_EAGLE3_ACCEPT,
   DF_OP_COUNT
 } df_op;
 
@@ -250,6 +262,28 @@ typedef df_status df_lmhead_domino_fn(df_ctx *ctx, const df_lmhead_domino_desc *
                                       const df_lmhead_domino_out *out, df_error *err);
 typedef df_status df_domino_block_metrics_fn(df_ctx *ctx, int64_t bs, const df_domino_metrics_in *in, df_tensor *stats,
                                              df_error *err);
+typedef df_status df_ttt_attn_forward_fn(df_ctx *ctx, const df_ttt_attn_desc *desc, const df_tensor *q,
+                                         const df_tensor *k, const df_tensor *v, const df_tensor *lengths,
+                                         df_tensor *out, df_tensor *lse, df_error *err);
+typedef df_status df_ttt_attn_backward_fn(df_ctx *ctx, const df_ttt_attn_desc *desc, const df_tensor *q,
+                                          const df_tensor *k, const df_tensor *v, const df_tensor *lengths,
+                                          const df_tensor *out, const df_tensor *lse, const df_tensor *dout,
+                                          df_tensor *dq, df_tensor *dk, df_tensor *dv, df_error *err);
+typedef df_status df_lmhead_lse_argmax_fn(df_ctx *ctx, int64_t chunk_rows, const df_tensor *hidden,
+                                          const df_tensor *head, df_tensor *lse, df_tensor *argmax, df_error *err);
+typedef df_status df_eagle3_teacher_fn(df_ctx *ctx, df_tensor *logits, const df_tensor *lse_v, const df_tensor *argmax,
+                                       const df_tensor *t2d, const df_tensor *loss_mask, df_tensor *ratio,
+                                       df_tensor *pm, df_error *err);
+typedef df_status df_eagle3_loss_forward_fn(df_ctx *ctx, const df_eagle3_loss_desc *desc, const df_tensor *z,
+                                            const df_eagle3_teacher_rows *t, const df_eagle3_row_terms *out,
+                                            df_error *err);
+typedef df_status df_eagle3_loss_backward_fn(df_ctx *ctx, const df_eagle3_loss_desc *desc, const df_tensor *z,
+                                             const df_eagle3_teacher_rows *t, const df_tensor *local, df_tensor *dz,
+                                             df_error *err);
+typedef df_status df_eagle3_step_sums_fn(df_ctx *ctx, const df_eagle3_sums_desc *desc, const df_eagle3_row_terms *rows,
+                                         df_tensor *local, df_tensor *stats, df_error *err);
+typedef df_status df_eagle3_accept_fn(df_ctx *ctx, const df_tensor *correct, const df_tensor *mask, int64_t accept_sum,
+                                      int64_t blocks, df_tensor *stats, df_error *err);
 
 // ---- the table -------------------------------------------------------------------------------------------------
 
@@ -359,6 +393,14 @@ typedef struct df_backend {
       df_masked_silu_backward_fn *masked_silu_backward;
       df_lmhead_domino_fn *lmhead_domino;
       df_domino_block_metrics_fn *domino_block_metrics;
+      df_ttt_attn_forward_fn *ttt_attn_forward;
+      df_ttt_attn_backward_fn *ttt_attn_backward;
+      df_lmhead_lse_argmax_fn *lmhead_lse_argmax;
+      df_eagle3_teacher_fn *eagle3_teacher;
+      df_eagle3_loss_forward_fn *eagle3_loss_forward;
+      df_eagle3_loss_backward_fn *eagle3_loss_backward;
+      df_eagle3_step_sums_fn *eagle3_step_sums;
+      df_eagle3_accept_fn *eagle3_accept;
     };
     void (*slot[DF_OP_COUNT])(void);
   };

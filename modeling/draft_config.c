@@ -23,12 +23,16 @@
 #define DF_DRAFT_MAX_BLOCK   4096
 
 const char *df_draft_kind_name(df_draft_kind kind) {
-  return kind == DF_DRAFT_DSPARK ? "dspark" : kind == DF_DRAFT_DOMINO ? "domino" : "dflash";
+  return kind == DF_DRAFT_DSPARK   ? "dspark"
+         : kind == DF_DRAFT_DOMINO ? "domino"
+         : kind == DF_DRAFT_EAGLE3 ? "eagle3"
+                                   : "dflash";
 }
 
 // architectures: exactly one name (SpecForge's rule), mapped to the kind.
 static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft_config *cfg) {
-  static const char hint[] = "use [\"DFlashDraftModel\"], [\"DSparkDraftModel\"] or [\"DominoDraftModel\"]";
+  static const char hint[] =
+      "use [\"DFlashDraftModel\"], [\"DSparkDraftModel\"], [\"DominoDraftModel\"] or [\"LlamaForCausalLMEagle3\"]";
   const json_t *a = df_cj_get(root, "architectures");
   if (!a) return DF_CJ_FAIL(c, DF_ERR_INVALID, "architectures", hint, "required key is missing (or null)");
   if (!json_is_array(a) || json_array_size(a) != 1)
@@ -45,6 +49,11 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
   }
   if (!strcmp(name, "DominoDraftModel")) {
     cfg->kind = DF_DRAFT_DOMINO;
+    return DF_OK;
+  }
+  // SpecForge's and SGLang's EAGLE-3 class; vLLM's name for the same checkpoint layout.
+  if (!strcmp(name, "LlamaForCausalLMEagle3") || !strcmp(name, "Eagle3LlamaForCausalLM")) {
+    cfg->kind = DF_DRAFT_EAGLE3;
     return DF_OK;
   }
   // DSparkDraftModel is SpecForge's training class; Qwen3DSparkModel is the name its exporter writes for SGLang.
@@ -202,6 +211,7 @@ static df_status build(const df_cj *c, json_t *root, df_draft_config_owned *o) {
   df_draft_config *cfg = &o->pub;
   cfg->json = root;
   DF_TRY(parse_architecture(c, root, cfg));
+  if (cfg->kind == DF_DRAFT_EAGLE3) return df_draft_parse_eagle3(c, root, o);
   DF_TRY(parse_fixed_choices(c, root, cfg));
   DF_TRY(parse_sizes(c, root, cfg));
   DF_TRY(check_heads(c, cfg));
@@ -268,6 +278,10 @@ bool df_draft_config_layer_is_sliding(const df_draft_config *cfg, int64_t layer)
 
 df_status df_draft_config_check_target(const df_draft_config *cfg, const df_target_config *t, df_error *err) {
   df_cj c = {.source = cfg->source, .err = err};
+  if (cfg->kind == DF_DRAFT_EAGLE3 && cfg->dflash.num_target_layer_ids != 3)
+    return DF_CJ_FAIL(&c, DF_ERR_INVALID, "eagle_config.eagle_aux_hidden_state_layer_ids",
+                      "resolve the capture layers against the target first (df_draft_config_resolve_capture)",
+                      "the EAGLE-3 capture layers are not resolved");
   if (cfg->hidden_size != t->hidden_size)
     return DF_CJ_FAIL(&c, DF_ERR_INVALID, "hidden_size", "the draft's hidden_size must equal the target's",
                       "%lld, but the target %s has hidden_size %lld", (long long)cfg->hidden_size, t->source,
@@ -276,7 +290,7 @@ df_status df_draft_config_check_target(const df_draft_config *cfg, const df_targ
     return DF_CJ_FAIL(
         &c, DF_ERR_INVALID, "vocab_size", "the draft uses the target's embedding and lm_head: copy its vocab_size",
         "%lld, but the target %s has vocab_size %lld", (long long)cfg->vocab_size, t->source, (long long)t->vocab_size);
-  if (cfg->num_target_layers != t->num_hidden_layers)
+  if (cfg->kind != DF_DRAFT_EAGLE3 && cfg->num_target_layers != t->num_hidden_layers)
     return DF_CJ_FAIL(&c, DF_ERR_INVALID, "num_target_layers", "set it to the target's num_hidden_layers",
                       "%lld, but the target %s has %lld decoder layers", (long long)cfg->num_target_layers, t->source,
                       (long long)t->num_hidden_layers);

@@ -25,7 +25,7 @@ enum {
   DF_DRAFT_MAX_TARGET_LAYERS = 8192 // num_target_layers
 };
 
-typedef enum { DF_DRAFT_DFLASH = 0, DF_DRAFT_DSPARK = 1, DF_DRAFT_DOMINO = 2 } df_draft_kind;
+typedef enum { DF_DRAFT_DFLASH = 0, DF_DRAFT_DSPARK = 1, DF_DRAFT_DOMINO = 2, DF_DRAFT_EAGLE3 = 3 } df_draft_kind;
 
 typedef enum { DF_LAYER_FULL_ATTENTION = 0, DF_LAYER_SLIDING_ATTENTION = 1 } df_layer_type;
 
@@ -112,6 +112,14 @@ typedef struct df_draft_config {
   const struct df_ffn_kind *ffn_kind;
   const struct df_moe_config *moe;
   const json_t *json; // the whole document as read (unknown keys included); read-only
+  // EAGLE-3 drafts (LlamaForCausalLMEagle3, modeling/draft_config_eagle3.c); zero for the block kinds. Their three
+  // capture layers are dflash.target_layer_ids (num_target_layer_ids 3) once resolved, 0 ids before.
+  struct {
+    int64_t draft_vocab_size;   // D: the rows of lm_head (d2t [D], t2d [vocab_size])
+    int64_t target_hidden_size; // Ht: fc reads 3·Ht (equal to hidden_size: the draft embeds with the target's table)
+    bool fc_norm;               // EAGLE 3.1: an RMSNorm per captured layer before fc
+    bool norm_output;           // false: the logits read the un-normed layer output
+  } eagle3;
 } df_draft_config;
 
 // Builds a config from a file, or from len bytes of JSON text (name is used in messages). On success *out
@@ -155,6 +163,16 @@ int df_draft_config_serving_variants(const json_t *root, bool dspark, const char
 
 // The resolved values, defaults included (`draftforge inspect config.json`).
 void df_draft_config_print(const df_draft_config *cfg, FILE *fp);
+
+// EAGLE-3 (modeling/draft_config_eagle3.c). SpecForge's default capture layers for a target of L decoder layers:
+// [1, L/2 − 1, L − 4] (id k = the output of decoder layer k, transformers' hidden_states[k + 1]).
+void df_eagle3_default_aux_layers(int64_t num_target_layers, int out[3]);
+// The draft's capture layers resolved against its target: ids (n = 3; model.aux_hidden_state_layer_ids) when given,
+// else the config's eagle_config.eagle_aux_hidden_state_layer_ids, else the default for the target's depth. *out is
+// a new config whose eagle_config carries them (what checkpoints and exports write), or NULL for a block draft
+// (nothing to resolve: keep cfg).
+df_status df_draft_config_resolve_capture(const df_draft_config *cfg, int64_t num_target_layers, const int *ids, int n,
+                                          const df_draft_config **out, df_error *err);
 
 // The draft must fit the target it trains against: equal hidden and vocab sizes, num_target_layers equal to
 // the target's layer count, and every target layer id inside it.

@@ -44,6 +44,10 @@ static int64_t attention_layer_params(const df_draft_config *cfg) {
 }
 
 void df_draft_config_param_counts(const df_draft_config *cfg, int64_t *total, int64_t *active) {
+  if (cfg->kind == DF_DRAFT_EAGLE3) {
+    *total = *active = df_eagle3_param_count(cfg);
+    return;
+  }
   const int64_t H = cfg->hidden_size, K = cfg->dflash.num_target_layer_ids;
   // fc (K·H → H, no bias), hidden_norm, the final norm, and the heads.
   // Domino's head: prefix_gru (3G·H + 3G·G) and embed_proj (E·(H + G) + V·E), no biases.

@@ -3,6 +3,8 @@
 #ifndef DF_MODELING_DRAFT_CONFIG_INTERNAL_H
 #define DF_MODELING_DRAFT_CONFIG_INTERNAL_H
 
+#include <stdio.h>
+
 #include "base/config_json.h"
 #include "modeling/draft_config.h"
 
@@ -25,5 +27,12 @@ df_status df_draft_parse_dflash(const df_cj *c, const json_t *root, df_draft_con
 
 // rope_theta, rope_scaling and rope_parameters into cfg->rope. Needs head_dim and max_position_embeddings.
 df_status df_draft_parse_rope(const df_cj *c, const json_t *root, df_draft_config *cfg);
+
+// An EAGLE-3 document (LlamaForCausalLMEagle3), after the architecture: everything else it needs.
+df_status df_draft_parse_eagle3(const df_cj *c, const json_t *root, df_draft_config_owned *o);
+// Its resolved serving form, printout and parameter count (draft_config_serving.c, _print.c and _ffn.c delegate).
+df_status df_eagle3_resolved_json(const df_draft_config *cfg, json_t **out, df_error *err);
+void df_eagle3_config_print(const df_draft_config *cfg, FILE *fp);
+int64_t df_eagle3_param_count(const df_draft_config *cfg);
 
 #endif

@@ -1,7 +1,7 @@
 // `draftforge inspect config.json`: every resolved value, defaults included, and the keys kept verbatim.
 #include <string.h>
 
-#include "modeling/draft_config.h"
+#include "modeling/draft_config_internal.h"
 #include "modeling/ffn.h"
 
 #define ROW "  %-36s "
@@ -43,7 +43,14 @@ static bool known_top_key(const char *key) {
                                      "enable_confidence_head",
                                      "confidence_head_with_markov",
                                      "emb_dim",
-                                     "gru_hidden_dim"};
+                                     "gru_hidden_dim",
+                                     "draft_vocab_size",
+                                     "fc_norm",
+                                     "norm_output",
+                                     "eagle_config",
+                                     "eagle_aux_hidden_state_layer_ids",
+                                     "pretraining_tp",
+                                     "mlp_bias"};
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
     if (!strcmp(key, keys[i])) return true;
   for (int i = 0; i < df_ffn_num_kinds; i++)
@@ -155,9 +162,13 @@ void df_draft_config_print(const df_draft_config *cfg, FILE *fp) {
   fprintf(fp, "draft config %s\n", cfg->source);
   fprintf(fp, ROW "%s (%s)\n", "kind", df_draft_kind_name(cfg->kind), cfg->architecture);
   fprintf(fp, ROW "%s\n", "model_type", cfg->model_type);
-  fprintf(fp, ROW "%lld\n", "block_size", (long long)cfg->block_size);
-  print_dflash(cfg, fp);
-  fprintf(fp, ROW "%lld\n", "num_target_layers", (long long)cfg->num_target_layers);
+  if (cfg->kind == DF_DRAFT_EAGLE3) {
+    df_eagle3_config_print(cfg, fp);
+  } else {
+    fprintf(fp, ROW "%lld\n", "block_size", (long long)cfg->block_size);
+    print_dflash(cfg, fp);
+    fprintf(fp, ROW "%lld\n", "num_target_layers", (long long)cfg->num_target_layers);
+  }
   print_layers(cfg, fp);
   fprintf(fp, ROW "%lld\n", "hidden_size", (long long)cfg->hidden_size);
   fprintf(fp, ROW "%lld\n", "intermediate_size", (long long)cfg->intermediate_size);

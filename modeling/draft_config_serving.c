@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "modeling/draft_config.h"
+#include "modeling/draft_config_internal.h"
 
 // obj[key] = v (a new reference, stolen). False when out of memory.
 static bool put(json_t *obj, const char *key, json_t *v) { return v && json_object_set_new(obj, key, v) == 0; }
@@ -176,9 +176,52 @@ int df_draft_config_serving_variants(const json_t *root, bool dspark, const char
   return n;
 }
 
+// EAGLE-3: what SGLang's LlamaForCausalLMEagle3 and vLLM's Eagle3LlamaForCausalLM read, written out: the Llama sizes,
+// draft_vocab_size (absent, both would read the target's head), the capture layers in eagle_config (SGLang adds one
+// to each: its "before layer k+1" is the output of layer k) and, one higher, at the top level (vLLM reads them there as
+// they stand), and every bias / tying switch off (SGLang ties lm_head to
+// the embedding when tie_word_embeddings is set; vLLM gives q/k/v a bias when attention_bias is set; SpecForge trains
+// neither).
+df_status df_eagle3_resolved_json(const df_draft_config *cfg, json_t **out, df_error *err) {
+  *out = NULL;
+  json_t *root = json_deep_copy(cfg->json);
+  json_t *ec = root ? object_at(root, "eagle_config") : NULL;
+  bool ok = ec != NULL;
+  ok = ok && put(root, "architectures", json_pack("[s]", "LlamaForCausalLMEagle3")) &&
+       put(root, "model_type", json_string(cfg->model_type)) &&
+       put(root, "num_hidden_layers", json_integer(cfg->num_hidden_layers)) &&
+       put(root, "hidden_size", json_integer(cfg->hidden_size)) &&
+       put(root, "intermediate_size", json_integer(cfg->intermediate_size)) &&
+       put(root, "num_attention_heads", json_integer(cfg->num_attention_heads)) &&
+       put(root, "num_key_value_heads", json_integer(cfg->num_key_value_heads)) &&
+       put(root, "head_dim", json_integer(cfg->head_dim)) && put(root, "vocab_size", json_integer(cfg->vocab_size)) &&
+       put(root, "draft_vocab_size", json_integer(cfg->eagle3.draft_vocab_size)) &&
+       put(root, "target_hidden_size", json_integer(cfg->eagle3.target_hidden_size)) &&
+       put(root, "max_position_embeddings", json_integer(cfg->max_position_embeddings)) &&
+       put(root, "rms_norm_eps", json_real(cfg->rms_norm_eps)) &&
+       put(root, "hidden_act", json_string(cfg->hidden_act)) && put(root, "attention_bias", json_false()) &&
+       put(root, "mlp_bias", json_false()) && put(root, "tie_word_embeddings", json_false()) &&
+       put(root, "fc_norm", json_boolean(cfg->eagle3.fc_norm)) &&
+       put(root, "norm_output", json_boolean(cfg->eagle3.norm_output)) && put_rope(cfg, root) &&
+       put(ec, "use_aux_hidden_state", json_true());
+  if (ok && cfg->dflash.num_target_layer_ids == 3) { // SGLang: output-of-layer ids; vLLM: before-layer ids (+ 1)
+    const int *a = cfg->dflash.target_layer_ids, before[3] = {a[0] + 1, a[1] + 1, a[2] + 1};
+    ok = put(ec, "eagle_aux_hidden_state_layer_ids", int_list(a, 3)) &&
+         put(root, "eagle_aux_hidden_state_layer_ids", int_list(before, 3));
+  }
+  if (!ok) {
+    json_decref(root);
+    return oom(cfg, err);
+  }
+  json_object_del(root, "dflash_config");
+  *out = root;
+  return DF_OK;
+}
+
 df_status df_draft_config_resolved_json(const df_draft_config *cfg, int64_t mask_token_id, json_t **out,
                                         df_error *err) {
   *out = NULL;
+  if (cfg->kind == DF_DRAFT_EAGLE3) return df_eagle3_resolved_json(cfg, out, err);
   const char *key = NULL, *what = NULL;
   if (df_draft_config_serving_variants(cfg->json, cfg->kind == DF_DRAFT_DSPARK, &key, &what, 1) > 0)
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, key,

@@ -12,6 +12,7 @@
 #include "modeling/domino_head.h"
 #include "modeling/draft_layer.h"
 #include "modeling/dspark_heads.h"
+#include "modeling/eagle3_model.h"
 #include "modeling/strict_load.h"
 
 struct df_draft_model {
@@ -29,6 +30,7 @@ struct df_draft_model {
   float *inv_freq;                    // (hd/2) on dev
   float mscale;
   df_dspark_heads *dspark; // DSpark drafts: the Markov/confidence heads (parameters after norm)
+  df_eagle3_model *eagle3; // EAGLE-3 drafts: the whole model (no backbone layers: L = 0)
   df_domino_head *domino;  // Domino drafts: the GRU correction head (parameters after norm)
 
   // Activation arena, laid out for dims.
@@ -58,6 +60,10 @@ struct df_draft_model {
 
 static df_status build_table(df_draft_model *m, df_error *err) {
   DF_TRY(df_params_new(&m->params, err));
+  if (m->cfg->kind == DF_DRAFT_EAGLE3) {
+    DF_TRY(df_eagle3_add_params(m->cfg, m->params, err));
+    return df_params_finalize(m->params, err);
+  }
   DF_TRY(df_params_add_f32(m->params, "fc.weight", DF_ROLE_WEIGHT, 2, m->H, m->K * m->H, err));
   DF_TRY(df_params_add_f32(m->params, "hidden_norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
   for (int64_t i = 0; i < m->L; i++) DF_TRY(draft_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
@@ -72,6 +78,7 @@ static df_status bind_top(df_draft_model *m, const char *name, dflash_pview *v, 
 }
 
 static df_status check_config(const df_draft_config *cfg, df_error *err) {
+  if (cfg->kind == DF_DRAFT_EAGLE3) return DF_OK; // modeling/draft_config_eagle3.c checked it
   if (cfg->num_hidden_layers < 1 || cfg->hidden_size < 1 || cfg->head_dim < 2 || cfg->head_dim % 2)
     return DF_FAIL(err, DF_ERR_INVALID, cfg->source, "check num_hidden_layers, hidden_size and head_dim",
                    "the draft needs >= 1 layer, hidden_size >= 1 and an even head_dim (got %lld, %lld, %lld)",
@@ -125,6 +132,8 @@ static df_status alloc_state(df_draft_model *m, df_error *err) {
   // Alignment padding belongs to no parameter: zero it once so whole-buffer comparisons are defined.
   DF_TRY(zero_device(m, m->weights, m->numel, err));
   df_draft_model_zero_grads(m);
+  if (m->cfg->kind == DF_DRAFT_EAGLE3)
+    return df_eagle3_model_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->eagle3, err);
   DF_TRY(bind_top(m, "fc.weight", &m->fc, err));
   DF_TRY(bind_top(m, "hidden_norm.weight", &m->hidden_norm, err));
   DF_TRY(bind_top(m, "norm.weight", &m->norm, err));
@@ -158,16 +167,17 @@ df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draf
   m->ctx = ctx;
   m->dev = df_ctx_device(ctx);
   copy_sizes(m, cfg);
-  m->layers = calloc((size_t)m->L, sizeof *m->layers);
-  m->acts = calloc((size_t)m->L, sizeof *m->acts);
+  if (cfg->kind == DF_DRAFT_EAGLE3) m->L = 0; // its one layer is the EAGLE-3 model's (modeling/eagle3_model.h)
+  m->layers = calloc((size_t)m->L + 1, sizeof *m->layers);
+  m->acts = calloc((size_t)m->L + 1, sizeof *m->acts);
   m->h = calloc((size_t)m->L + 1, sizeof *m->h);
-  m->ffns = calloc((size_t)m->L, sizeof *m->ffns);
+  m->ffns = calloc((size_t)m->L + 1, sizeof *m->ffns);
   df_status st = m->layers && m->acts && m->h && m->ffns
                      ? DF_OK
                      : DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "cannot allocate %lld layers", (long long)m->L);
   if (st == DF_OK) st = build_table(m, err);
   if (st == DF_OK) st = alloc_state(m, err);
-  if (st == DF_OK) st = build_rope(m, err);
+  if (st == DF_OK && !m->eagle3) st = build_rope(m, err);
   if (st != DF_OK) {
     df_draft_model_free(m);
     return st;
@@ -180,6 +190,7 @@ void df_draft_model_free(df_draft_model *m) {
   if (!m) return;
   for (int64_t i = 0; m->layers && i < m->L; i++) draft_layer_free(&m->layers[i]);
   df_dspark_heads_free(m->dspark);
+  df_eagle3_model_free(m->eagle3);
   df_domino_head_free(m->domino);
   df_buffer_free(m->ctx, m->weights);
   df_buffer_free(m->ctx, m->grads);
@@ -198,8 +209,11 @@ void df_draft_model_free(df_draft_model *m) {
 const df_params *df_draft_model_params(const df_draft_model *m) { return m->params; }
 float *df_draft_model_weights(df_draft_model *m) { return m->weights; }
 float *df_draft_model_grads(df_draft_model *m) { return m->grads; }
-int64_t df_draft_model_activation_bytes(const df_draft_model *m) { return (int64_t)m->arena_used; }
+int64_t df_draft_model_activation_bytes(const df_draft_model *m) {
+  return m->eagle3 ? df_eagle3_activation_bytes(m->eagle3) : (int64_t)m->arena_used;
+}
 df_dspark_heads *df_draft_model_dspark_heads(df_draft_model *m) { return m->dspark; }
+df_eagle3_model *df_draft_model_eagle3(df_draft_model *m) { return m->eagle3; }
 df_domino_head *df_draft_model_domino_head(df_draft_model *m) { return m->domino; }
 
 df_ffn *const *df_draft_model_ffns(const df_draft_model *m, int *n) {
@@ -266,6 +280,7 @@ df_status df_draft_model_init(df_draft_model *m, uint64_t seed, df_error *err) {
   for (int i = 0; i < df_params_count(m->params); i++)
     init_entry(df_params_at(m->params, i), host, &rng, m->cfg->initializer_range,
                df_domino_head_init_bound(m->cfg, df_params_at(m->params, i)->name));
+  if (m->eagle3) df_eagle3_init_buffers(m->params, host); // the identity vocabulary mapping
   return host_flat_commit(m, host, DF_OK, err);
 }
 
@@ -283,8 +298,10 @@ df_status df_draft_model_load_ex(df_draft_model *m, const char *path, bool cente
     return st;
   }
   // inv_freq is derived from the config, never a parameter (older HF checkpoints persisted it).
-  static const char *const ignore[] = {"rotary_emb.inv_freq"};
-  df_load_options opt = {.ignore_suffixes = ignore, .n_ignore = 1};
+  // EAGLE-3 checkpoints may carry the frozen target embedding (SpecForge keeps it when it is not frozen): the draft
+  // always embeds with the target's.
+  static const char *const ignore[] = {"rotary_emb.inv_freq", "embed_tokens.weight"};
+  df_load_options opt = {.ignore_suffixes = ignore, .n_ignore = m->eagle3 ? 2 : 1};
   if (m->dspark) opt.renames = df_dspark_heads_legacy_renames(&opt.n_renames); // logit_head.* (SpecForge)
   if (m->domino) opt.renames = df_domino_head_legacy_renames(&opt.n_renames);
   // A sparse FFN kind's tensors pass through its checkpoint layout; a dense draft loads strictly.
@@ -505,6 +522,9 @@ df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch,
                                  df_error *err) {
   if (out_hidden) *out_hidden = NULL;
   m->have_forward = false;
+  if (m->eagle3)
+    return DF_FAIL(err, DF_ERR_INVALID, "draft", "run EAGLE-3 drafts through their strategy (strategies/eagle3/)",
+                   "an EAGLE-3 draft has no block forward");
   DF_TRY(check_batch(m, batch, err));
   const dflash_dims d = make_dims(m, batch);
   DF_TRY(ensure_arena(m, &d, err));

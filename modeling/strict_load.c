@@ -2,6 +2,7 @@
 // clean, so a bad checkpoint never leaves a half-loaded model; saving is the writer over the flat buffer.
 #include "modeling/strict_load.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,28 @@ df_st_dtype df_save_dtype(const df_save_options *o, const char *name) {
   return o->dtype;
 }
 
+static bool is_int_dtype(df_dtype dt) { return dt == DF_I64 || dt == DF_I32 || dt == DF_U8 || dt == DF_BOOL; }
+
+// An integer or bool buffer (EAGLE-3's d2t / t2d) is held as exact fp32 values in the flat buffer and stored in its
+// own dtype, as the checkpoints it was loaded from.
+static df_status add_int_tensor(df_st_writer *w, const df_param *e, const float *src, void **owned, df_error *err) {
+  const df_st_dtype dt = df_st_dtype_from_df(e->dtype);
+  const size_t es = df_st_dtype_size(dt);
+  unsigned char *buf = malloc(es * (size_t)(e->numel > 0 ? e->numel : 1));
+  if (!buf) return DF_FAIL(err, DF_ERR_NOMEM, e->name, NULL, "out of memory");
+  *owned = buf;
+  for (int64_t i = 0; i < e->numel; i++) {
+    const long long v = llrintf(src[i]);
+    switch (e->dtype) {
+    case DF_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DF_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DF_BOOL: buf[i] = src[i] != 0.0f; break;
+    default: buf[i] = (unsigned char)v; break;
+    }
+  }
+  return df_st_writer_add(w, e->name, dt, e->ndim, e->shape, buf, err);
+}
+
 df_status df_params_save(const df_params *p, const float *flat, const char *path, const df_save_options *opt,
                          df_error *err) {
   df_save_options none = {.dtype = DF_ST_F32};
@@ -157,15 +180,23 @@ df_status df_params_save(const df_params *p, const float *flat, const char *path
     return DF_FAIL(err, DF_ERR_INVALID, path, "call df_params_finalize first", "parameter table not finalized");
   df_st_writer *w;
   DF_TRY(df_st_writer_new(&w, err));
-  df_status st = df_st_writer_set_metadata(w, "format", "pt", err);
+  const int n = df_params_count(p);
+  void **ints = calloc((size_t)n + 1, sizeof *ints); // integer buffers' converted bytes, alive until the write
+  df_status st = ints ? df_st_writer_set_metadata(w, "format", "pt", err)
+                      : DF_FAIL(err, DF_ERR_NOMEM, path, NULL, "out of memory");
   for (int i = 0; i < o->n_metadata && st == DF_OK; i++)
     st = df_st_writer_set_metadata(w, o->metadata[2 * i], o->metadata[2 * i + 1], err);
-  for (int i = 0; i < df_params_count(p) && st == DF_OK; i++) {
+  for (int i = 0; i < n && st == DF_OK; i++) {
     const df_param *e = df_params_at(p, i);
-    if (o->trainable_only && !e->trainable) continue;
-    st = df_st_writer_add_f32_as(w, e->name, df_save_dtype(o, e->name), e->ndim, e->shape, flat + e->offset, err);
+    if ((o->trainable_only && !e->trainable) || (o->integer_only && !is_int_dtype(e->dtype))) continue;
+    if (is_int_dtype(e->dtype))
+      st = add_int_tensor(w, e, flat + e->offset, &ints[i], err);
+    else
+      st = df_st_writer_add_f32_as(w, e->name, df_save_dtype(o, e->name), e->ndim, e->shape, flat + e->offset, err);
   }
   if (st == DF_OK) st = df_st_writer_write(w, path, err);
   df_st_writer_free(w);
+  for (int i = 0; ints && i < n; i++) free(ints[i]);
+  free(ints);
   return st;
 }

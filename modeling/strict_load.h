@@ -78,6 +78,7 @@ bool df_load_dtype_fits(df_st_dtype file_dt, df_dtype param_dt);
 typedef struct {
   df_st_dtype dtype;           // DF_ST_F32 (default), DF_ST_BF16 or DF_ST_F16 (round to nearest even)
   bool trainable_only;         // skip frozen entries (gradient dumps)
+  bool integer_only;           // only the integer / bool buffers (EAGLE-3's vocabulary mapping in a step dump)
   const char *const *metadata; // key, value, key, value, … added to __metadata__ ("format": "pt" always is)
   int n_metadata;              // number of pairs
   // Tensors whose file name contains one of these stay F32 whatever dtype says (the DSpark confidence head and

@@ -5,7 +5,7 @@
 
 #include "strategies/strategy.h"
 
-#define DF_STRATEGIES(X) X(dflash) X(dspark) X(domino)
+#define DF_STRATEGIES(X) X(dflash) X(dspark) X(domino) X(eagle3)
 
 #define DECLARE(n) extern const df_strategy df_strategy_##n;
 DF_STRATEGIES(DECLARE)

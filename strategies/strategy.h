@@ -130,6 +130,30 @@ typedef struct {
   df_tensor lm_head;
 } df_propose_in;
 
+// The training data as a strategy may read it once before the first step of a fresh run (EAGLE-3's vocabulary
+// mapping): the samples in dataset order, each one's tokens and loss mask truncated to data.max_length.
+typedef struct {
+  void *self;
+  int64_t count;
+  // Sample i (0 <= i < count): *ids, *mask point at len entries, valid until the next call.
+  df_status (*sample)(void *self, int64_t i, const int32_t **ids, const uint8_t **mask, int64_t *len, df_error *err);
+  const char *vocab_mapping_path; // model.vocab_mapping_path (NULL: none)
+  bool write_files;               // this process writes shared files (rank 0)
+  FILE *log;                      // one line on what was prepared (NULL: quiet)
+} df_strategy_data;
+
+// One round of speculative decoding (eval --spec-decode) as a strategy drafts it: the committed tokens seq[0 ..
+// start] (seq[start] is the last one, which the target has not read yet) and the target's captured features of
+// positions 0 .. start − 1 in feats (rows of K·H on the device; row start and later may be used as scratch).
+// The strategy proposes the tokens after seq[start].
+typedef struct {
+  float *feats;       // (cap, K·H) on the device
+  int64_t cap;        // rows feats holds (>= start + proposals + 1)
+  const int32_t *seq; // (start + 1) host
+  int64_t start;
+  df_tensor embed, lm_head; // the target's, on the device
+} df_draft_round;
+
 // ---- the table -------------------------------------------------------------------------------------------------
 
 typedef struct df_strategy {
@@ -164,9 +188,18 @@ typedef struct df_strategy {
   // The positions accuracy is reported for (per-position arrays), and the first one that is supervised.
   int64_t (*first_position)(const df_strategy_run *r);
 
-  // Speculative decoding: proposals per block, and the proposals of one block.
+  // Speculative decoding: proposals per round, and the proposals of one block (block strategies).
   int64_t (*proposals)(const df_strategy_run *r);
   df_status (*propose)(df_strategy_run *r, const df_propose_in *in, int32_t *props, df_error *err);
+  // One drafting round (block strategies: the block forward, then propose; EAGLE-3: autoregressive drafting with
+  // the draft's own KV cache), and the start of a new sequence (drop what was cached; NULL: nothing cached).
+  df_status (*draft)(df_strategy_run *r, const df_draft_round *in, int32_t *props, df_error *err);
+  void (*draft_reset)(df_strategy_run *r);
+  // A fresh run's last word on the weights, after their init or warm start and before the first step (EAGLE-3:
+  // the vocabulary mapping from the data, replacing a warm start's). NULL: nothing to do.
+  df_status (*prepare)(df_strategy_run *r, const df_strategy_data *data, df_error *err);
+  // Its drafts fill blocks of MASK slots after an anchor: they carry dflash_config, a block size and a mask token.
+  bool blocks;
 
   // Export: config.json normalised the way SpecForge exports these drafts (architectures, head keys), and the
   // serving class of these drafts with an FFN kind (an MoE draft: SGLang's MoE class).

@@ -2,7 +2,10 @@
 """Convert a SpecForge offline hidden-state directory into draftforge shards (docs/data-format.md).
 
 SpecForge writes one torch.save dict per sample (rows_*/data_*.ckpt or .ckpt.gz): input_ids [L] int64,
-loss_mask [L] int64, hidden_states [1, L, K*H] bf16 and, for DSpark, target_last_hidden_states [1, L, H].
+loss_mask [L] int64, hidden_states [1, L, K*H] bf16 and, for DSpark, target_last_hidden_states [1, L, H]. An
+EAGLE-3 capture (specforge_hidden_states_v1) names them aux_hidden_state [1, L, 3*H] (the three captured layers) and
+hidden_state [1, L, H] (the target's final post-norm state, EAGLE-3's teacher): they become hidden_states and
+target_last_hidden_states, and --target-layer-ids names the three aux layers.
 Files are found recursively and taken in lexical path order (SpecForge numbers samples the same way).
 Each sample goes through what SpecForge's offline normalizer does (dflash_family_offline_v1 /
 dspark_offline_v1): truncate to --max-length, accept [L, W] or [1, L, W], require equal lengths; right
@@ -83,10 +86,15 @@ def normalize(raw, path, max_len):
     """SpecForge's normalizer: truncate, squeeze the batch axis, check lengths. Returns a dict of tensors."""
     if not isinstance(raw, dict):
         raise SourceError(f"{path}: expected a dict of tensors, got {type(raw).__name__}")
+    if "hidden_states" not in raw and "aux_hidden_state" in raw:  # an EAGLE-3 record
+        if raw.get("hidden_state") is None:
+            raise SourceError(f"{path}: an EAGLE-3 record needs 'hidden_state' (the target's final state, the "
+                              f"teacher) beside 'aux_hidden_state'")
+        raw = dict(raw, hidden_states=raw["aux_hidden_state"], target_last_hidden_states=raw["hidden_state"])
     for key in ("input_ids", "loss_mask", "hidden_states"):
         if key not in raw:
-            raise SourceError(f"{path}: no '{key}' (EAGLE3 captures use hidden_state/aux_hidden_state and "
-                               f"are not DFlash-family data)")
+            raise SourceError(f"{path}: no '{key}' (neither a DFlash-family record nor an EAGLE-3 one with "
+                              f"aux_hidden_state / hidden_state)")
     cut = slice(0, max_len) if max_len else slice(None)
     s = {"input_ids": _token_row(raw["input_ids"], "input_ids", path)[cut],
          "loss_mask": _token_row(raw["loss_mask"], "loss_mask", path)[cut],

@@ -30,6 +30,8 @@ void df_cpu_register_markov(df_backend *be);
 void df_cpu_register_gru(df_backend *be);
 void df_cpu_register_lmhead_domino(df_backend *be);
 void df_cpu_register_domino_metrics(df_backend *be);
+void df_cpu_register_ttt_attn(df_backend *be);
+void df_cpu_register_eagle3_loss(df_backend *be);
 
 static df_status cpu_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err) {
   (void)ctx;
@@ -114,6 +116,8 @@ static void cpu_build(void) {
   df_cpu_register_moe_aux(&cpu_table);
   df_cpu_register_moe_experts(&cpu_table);
   df_cpu_register_causal_attn(&cpu_table);
+  df_cpu_register_ttt_attn(&cpu_table);
+  df_cpu_register_eagle3_loss(&cpu_table);
   df_cpu_register_markov(&cpu_table);
   df_cpu_register_gru(&cpu_table);
   df_cpu_register_lmhead_domino(&cpu_table);

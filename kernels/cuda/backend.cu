@@ -87,7 +87,15 @@ static bool cuda_supports(const df_ctx *ctx, df_op op, df_dtype storage) {
   case DF_OP_DSPARK_BLOCK_METRICS:
   case DF_OP_ADAMW_STEP:
   case DF_OP_GLOBAL_NORM:
-  case DF_OP_CLIP_BY_NORM: return false;
+  case DF_OP_CLIP_BY_NORM:
+  case DF_OP_TTT_ATTN_FORWARD: // EAGLE-3's ops keep fp32 storage
+  case DF_OP_TTT_ATTN_BACKWARD:
+  case DF_OP_LMHEAD_LSE_ARGMAX:
+  case DF_OP_EAGLE3_TEACHER:
+  case DF_OP_EAGLE3_LOSS_FORWARD:
+  case DF_OP_EAGLE3_LOSS_BACKWARD:
+  case DF_OP_EAGLE3_STEP_SUMS:
+  case DF_OP_EAGLE3_ACCEPT: return false;
   default: return true;
   }
 }
@@ -198,6 +206,8 @@ static void cuda_build(void) {
   df_cuda_register_gru(&cuda_table);
   df_cuda_register_lmhead_domino(&cuda_table);
   df_cuda_register_domino_metrics(&cuda_table);
+  df_cuda_register_ttt_attn(&cuda_table);
+  df_cuda_register_eagle3_loss(&cuda_table);
 }
 
 extern "C" const df_backend *df_cuda_backend(void) {

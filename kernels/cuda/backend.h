@@ -75,6 +75,8 @@ void df_cuda_register_causal_attn(df_backend *be);
 void df_cuda_register_gru(df_backend *be);
 void df_cuda_register_lmhead_domino(df_backend *be);
 void df_cuda_register_domino_metrics(df_backend *be);
+void df_cuda_register_ttt_attn(df_backend *be);
+void df_cuda_register_eagle3_loss(df_backend *be);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,7 @@
 // Descriptors and the heuristic's algorithm are cached per shape, dtype and pointer alignment (cuBLASLt assumes
 // 256-byte alignment unless told, so the actual alignment is part of the key). One workspace serves every call:
 // all GEMMs of a context run on one stream, so they never overlap. The grouped expert GEMMs use
-// cublasGemmGroupedBatchedEx with host-side sizes.
+// cublasGemmGroupedBatchedEx with host-side sizes (one cublasGemmEx per expert where C's type differs from A's).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <stdlib.h>
@@ -253,9 +253,28 @@ typedef struct {
   const void *ptrs[3 * kMaxGroups];
 } grouped_host;
 
+// cublasGemmGroupedBatchedEx takes A, B and C of one type only (bf16, fp16 or fp32: cuBLAS's table of supported
+// types); bf16 operands into fp32 C (fp32 weight gradients and outputs) run as one cublasGemmEx per group instead, on
+// the same stream, from the host pointers (no upload).
+static df_status run_per_group(df_cu_gemm_ctx *g, df_cu_stream s, const grouped_host *h, int groups, df_dtype ab_dt,
+                               df_dtype c_dt, df_error *err) {
+  cublasStatus_t st = cublasSetStream(g->blas, (cudaStream_t)s);
+  for (int i = 0; i < groups && st == CUBLAS_STATUS_SUCCESS; i++)
+    st = cublasGemmEx(g->blas, h->ta[i], h->tb[i], h->m[i], h->n[i], h->k[i], &h->alpha[i], h->ptrs[i],
+                      cuda_type(ab_dt), h->lda[i], h->ptrs[kMaxGroups + i], cuda_type(ab_dt), h->ldb[i], &h->beta[i],
+                      (void *)h->ptrs[2 * kMaxGroups + i], cuda_type(c_dt), h->ldc[i], CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return DF_FAIL(err, DF_ERR_INVALID, "cublasGemmEx", "check the expert shapes and dtypes",
+                   "grouped GEMM (one cublasGemmEx per expert) over %d experts failed (cuBLAS status %d)", groups,
+                   (int)st);
+  return DF_OK;
+}
+
 static df_status run_grouped(df_cu_gemm_ctx *g, df_cu_stream s, grouped_host *h, int groups, df_dtype ab_dt,
                              df_dtype c_dt, void *workspace, df_error *err) {
   if (groups == 0) return DF_OK;
+  if (ab_dt != c_dt) return run_per_group(g, s, h, groups, ab_dt, c_dt, err);
   // Pack the pointers of the used groups contiguously: A[0..groups), B, C.
   const void *packed[3 * kMaxGroups];
   for (int w = 0; w < 3; w++)

@@ -17,7 +17,8 @@ enum { GT = 64, GK = 16, GTHREADS = 256 };
 template <typename T>
 __global__ void grouped_rows_kernel(const T *a, const T *b, T *c, const int32_t *off, int E, int64_t K, int64_t N,
                                     int64_t bk, int64_t bn, int64_t b_expert, bool accumulate) {
-  __shared__ float as[GK][GT + 1], bs_[GK][GT + 1];
+  __shared__ float as[GK][GT + 1];
+  __shared__ float bs_[GK][GT + 1];
   // Which (expert, row tile) this block owns.
   int64_t tile = blockIdx.x, e = 0, r0 = -1, r1 = -1;
   for (; e < E; e++) {
@@ -64,7 +65,8 @@ __global__ void grouped_rows_kernel(const T *a, const T *b, T *c, const int32_t 
 // dw_e[o, i] += Σ_{r in segment e} dy[r, o] · x[r, i]; grid (out tiles, in tiles, E).
 template <typename T>
 __global__ void grouped_wgrad_kernel(const T *dy, const T *x, T *dw, const int32_t *off, int64_t out, int64_t in) {
-  __shared__ float ds[GK][GT + 1], xs[GK][GT + 1];
+  __shared__ float ds[GK][GT + 1];
+  __shared__ float xs[GK][GT + 1];
   const int64_t e = blockIdx.z, o0 = (int64_t)blockIdx.x * GT, i0 = (int64_t)blockIdx.y * GT;
   const int64_t r0 = off[e], r1 = off[e + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;

@@ -493,6 +493,92 @@ static df_status s_domino_block_metrics(df_ctx *ctx, int64_t bs, const df_domino
   return cpu()->domino_block_metrics(in(ctx), bs, &i, &S, err);
 }
 
+// ---- EAGLE-3 (kernels/eagle3.h) --------------------------------------------------------------------------------
+
+static df_status s_ttt_attn_forward(df_ctx *ctx, const df_ttt_attn_desc *desc, const df_tensor *q, const df_tensor *k,
+                                    const df_tensor *v, const df_tensor *lengths, df_tensor *out, df_tensor *lse,
+                                    df_error *err) {
+  df_tensor Q = u(q), K = u(k), V = u(v), L = u(lengths), O = u(out), S = u(lse);
+  return cpu()->ttt_attn_forward(in(ctx), desc, &Q, &K, &V, &L, &O, &S, err);
+}
+
+static df_status s_ttt_attn_backward(df_ctx *ctx, const df_ttt_attn_desc *desc, const df_tensor *q, const df_tensor *k,
+                                     const df_tensor *v, const df_tensor *lengths, const df_tensor *out,
+                                     const df_tensor *lse, const df_tensor *dout, df_tensor *dq, df_tensor *dk,
+                                     df_tensor *dv, df_error *err) {
+  df_tensor Q = u(q), K = u(k), V = u(v), L = u(lengths), O = u(out), S = u(lse), DO = u(dout), DQ = u(dq);
+  df_tensor DK = u(dk), DV = u(dv);
+  return cpu()->ttt_attn_backward(in(ctx), desc, &Q, &K, &V, &L, &O, &S, &DO, &DQ, &DK, &DV, err);
+}
+
+static df_status s_lmhead_lse_argmax(df_ctx *ctx, int64_t chunk_rows, const df_tensor *hidden, const df_tensor *head,
+                                     df_tensor *lse, df_tensor *argmax, df_error *err) {
+  df_tensor X = u(hidden), W = u(head), L = u(lse), A = u(argmax);
+  return cpu()->lmhead_lse_argmax(in(ctx), chunk_rows, &X, &W, &L, &A, err);
+}
+
+static df_status s_eagle3_teacher(df_ctx *ctx, df_tensor *logits, const df_tensor *lse_v, const df_tensor *argmax,
+                                  const df_tensor *t2d, const df_tensor *loss_mask, df_tensor *ratio, df_tensor *pm,
+                                  df_error *err) {
+  df_tensor Z = u(logits), L = u(lse_v), A = u(argmax), T = u(t2d), M = u(loss_mask), R = u(ratio), P = u(pm);
+  return cpu()->eagle3_teacher(in(ctx), &Z, &L, &A, &T, &M, &R, &P, err);
+}
+
+// The teacher rows with every tensor untagged (views in the caller's storage).
+typedef struct {
+  df_tensor tp, ratio, pm, lm, tok, d2t;
+  df_eagle3_teacher_rows rows;
+} s_teacher;
+
+static void s_teacher_of(const df_eagle3_teacher_rows *t, s_teacher *s) {
+  s->tp = u(t->target_p), s->ratio = u(t->ratio), s->pm = u(t->pm), s->lm = u(t->loss_mask);
+  s->tok = u(t->tokens), s->d2t = u(t->d2t);
+  s->rows = (df_eagle3_teacher_rows){&s->tp, &s->ratio, &s->pm, &s->lm, &s->tok, &s->d2t};
+}
+
+typedef struct {
+  df_tensor t[6];
+  df_eagle3_row_terms terms;
+} s_terms;
+
+static void s_terms_of(const df_eagle3_row_terms *r, s_terms *s) {
+  df_tensor *const in_t[6] = {r->kl, r->alpha, r->log_alpha, r->pm, r->correct, r->mask};
+  for (int i = 0; i < 6; i++) s->t[i] = u(in_t[i]);
+  s->terms = (df_eagle3_row_terms){&s->t[0], &s->t[1], &s->t[2], &s->t[3], &s->t[4], &s->t[5]};
+}
+
+static df_status s_eagle3_loss_forward(df_ctx *ctx, const df_eagle3_loss_desc *desc, const df_tensor *z,
+                                       const df_eagle3_teacher_rows *t, const df_eagle3_row_terms *out, df_error *err) {
+  df_tensor Z = u(z);
+  s_teacher st;
+  s_terms so;
+  s_teacher_of(t, &st), s_terms_of(out, &so);
+  return cpu()->eagle3_loss_forward(in(ctx), desc, &Z, &st.rows, &so.terms, err);
+}
+
+static df_status s_eagle3_loss_backward(df_ctx *ctx, const df_eagle3_loss_desc *desc, const df_tensor *z,
+                                        const df_eagle3_teacher_rows *t, const df_tensor *local, df_tensor *dz,
+                                        df_error *err) {
+  df_tensor Z = u(z), L = u(local), D = u(dz);
+  s_teacher st;
+  s_teacher_of(t, &st);
+  return cpu()->eagle3_loss_backward(in(ctx), desc, &Z, &st.rows, &L, &D, err);
+}
+
+static df_status s_eagle3_step_sums(df_ctx *ctx, const df_eagle3_sums_desc *desc, const df_eagle3_row_terms *rows,
+                                    df_tensor *local, df_tensor *stats, df_error *err) {
+  df_tensor L = u(local), S = u(stats);
+  s_terms so;
+  s_terms_of(rows, &so);
+  return cpu()->eagle3_step_sums(in(ctx), desc, &so.terms, &L, &S, err);
+}
+
+static df_status s_eagle3_accept(df_ctx *ctx, const df_tensor *correct, const df_tensor *mask, int64_t accept_sum,
+                                 int64_t blocks, df_tensor *stats, df_error *err) {
+  df_tensor C = u(correct), M = u(mask), S = u(stats);
+  return cpu()->eagle3_accept(in(ctx), &C, &M, accept_sum, blocks, &S, err);
+}
+
 // ---- the table -------------------------------------------------------------------------------------------------
 
 static df_backend strict_table;
@@ -540,6 +626,10 @@ static void strict_build(void) {
   t->gru_forward = s_gru_forward, t->gru_backward = s_gru_backward;
   t->masked_silu_forward = s_masked_silu_forward, t->masked_silu_backward = s_masked_silu_backward;
   t->lmhead_domino = s_lmhead_domino, t->domino_block_metrics = s_domino_block_metrics;
+  t->ttt_attn_forward = s_ttt_attn_forward, t->ttt_attn_backward = s_ttt_attn_backward;
+  t->lmhead_lse_argmax = s_lmhead_lse_argmax, t->eagle3_teacher = s_eagle3_teacher;
+  t->eagle3_loss_forward = s_eagle3_loss_forward, t->eagle3_loss_backward = s_eagle3_loss_backward;
+  t->eagle3_step_sums = s_eagle3_step_sums, t->eagle3_accept = s_eagle3_accept;
 }
 
 const df_backend *df_fake_strict_backend(void) {

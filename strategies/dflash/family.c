@@ -21,7 +21,14 @@ df_status df_block_open(df_block_run *b, const df_strategy *table, const df_stra
 }
 
 void df_block_close(df_block_run *b) {
-  if (b) df_stage_free(b->stage);
+  if (!b) return;
+  df_stage_free(b->stage);
+  df_ctx *ctx = b->env.ctx;
+  if (b->dids) df_buffer_free(ctx, b->dids);
+  if (b->dints) df_buffer_free(ctx, b->dints);
+  if (b->block_embed) df_buffer_free(ctx, b->block_embed);
+  if (b->dkeep) df_buffer_free(ctx, b->dkeep);
+  free(b->ids), free(b->ints);
 }
 
 df_tensor df_block_head(const df_block_run *b) {
@@ -147,4 +154,67 @@ df_status df_block_micro(df_block_run *b, const df_micro_args *a, df_micro_info 
   if (st == DF_OK && an.N > 0) st = staged_step(b, a, &an, info, err);
   df_dflash_anchors_free(&an);
   return st;
+}
+
+// ---- speculative decoding ------------------------------------------------------------------------------------------
+
+// Buffers for a context of S rows (grown, never shrunk).
+static df_status draft_buffers(df_block_run *b, int64_t S, df_error *err) {
+  const int64_t bs = b->env.cfg->block_size, need = 1 + bs + S + bs, H = b->env.frozen.hidden;
+  df_ctx *ctx = b->env.ctx;
+  if (!b->ids) {
+    if (!(b->ids = malloc(sizeof(int32_t) * (size_t)bs)))
+      return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", NULL, "out of memory");
+    DF_TRY(df_buffer_alloc(ctx, sizeof(int32_t) * (size_t)bs, (void **)&b->dids, err));
+    DF_TRY(df_buffer_alloc(ctx, sizeof(float) * (size_t)(bs * H), (void **)&b->block_embed, err));
+    DF_TRY(df_buffer_alloc(ctx, 1, (void **)&b->dkeep, err));
+    const uint8_t keep = 1;
+    DF_TRY(df_copy(ctx, b->dkeep, df_ctx_device(ctx), &keep, DF_DEV_CPU, 1, err));
+  }
+  if (need <= b->ints_cap) return DF_OK;
+  const int64_t cap = 2 * need;
+  free(b->ints);
+  if (b->dints) df_buffer_free(ctx, b->dints), b->dints = NULL;
+  if (!(b->ints = malloc(sizeof(int32_t) * (size_t)cap)))
+    return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", NULL, "out of memory");
+  DF_TRY(df_buffer_alloc(ctx, sizeof(int32_t) * (size_t)cap, (void **)&b->dints, err));
+  b->ints_cap = cap;
+  return DF_OK;
+}
+
+df_status df_block_draft(df_strategy_run *r, const df_draft_round *in, int32_t *props, df_error *err) {
+  df_block_run *b = (df_block_run *)r;
+  const df_strategy_env *e = &b->env;
+  const df_device dev = df_ctx_device(e->ctx);
+  const int64_t bs = e->cfg->block_size, S = in->start + 1, H = e->frozen.hidden;
+  const int64_t W = (int64_t)e->cfg->dflash.num_target_layer_ids * H;
+  DF_TRY(draft_buffers(b, S, err));
+  b->ids[0] = in->seq[in->start];
+  for (int64_t k = 1; k < bs; k++) b->ids[k] = (int32_t)e->mask_token_id;
+  // two uploads: the block's ids, and [anchor, pos_q, pos_kv]
+  const uint8_t keep = 1;
+  b->ints[0] = (int32_t)in->start;
+  df_draft_fill_positions(1, S, 1, bs, b->ints, &keep, b->ints + 1, b->ints + 1 + bs);
+  DF_TRY(df_copy(e->ctx, b->dids, dev, b->ids, DF_DEV_CPU, sizeof(int32_t) * (size_t)bs, err));
+  DF_TRY(df_copy(e->ctx, b->dints, dev, b->ints, DF_DEV_CPU, sizeof(int32_t) * (size_t)(1 + bs + S + bs), err));
+  df_tensor ids = df_view(b->dids, DF_I32, dev, 1, (const int64_t[]){bs});
+  df_tensor out = df_view(b->block_embed, DF_F32, dev, 2, (const int64_t[]){bs, H});
+  DF_TRY(df_embedding_forward(e->ctx, &in->embed, &ids, &out, err));
+  // Row `start` of the context is masked (keys j < anchor), so any value serves; it holds zeros.
+  df_tensor row = df_view(in->feats + in->start * W, DF_F32, dev, 1, (const int64_t[]){W});
+  DF_TRY(df_fill(e->ctx, &row, 0.0, err));
+  df_draft_batch db = {.B = 1,
+                       .S = S,
+                       .N = 1,
+                       .target_hidden = in->feats,
+                       .block_embed = b->block_embed,
+                       .anchors = b->dints,
+                       .keep = b->dkeep,
+                       .pos_q = b->dints + 1,
+                       .pos_kv = b->dints + 1 + bs,
+                       .on_device = true};
+  const float *hidden = NULL;
+  DF_TRY(df_draft_model_forward(e->model, &db, &hidden, err));
+  const df_propose_in pin = {.hidden = hidden, .anchor_token = in->seq[in->start], .lm_head = in->lm_head};
+  return r->table->propose(r, &pin, props, err);
 }

@@ -30,6 +30,11 @@ struct df_block_run {
   df_block_hooks hooks;
   df_stage *stage;
   int64_t stats_len;
+  // speculative decoding (df_block_draft): the block's ids, positions and embedding, grown with the context
+  int32_t *ids, *ints, *dids, *dints;
+  float *block_embed;
+  uint8_t *dkeep;
+  int64_t ints_cap;
 };
 
 // Opens the shared part: the stage (last_hidden: it uploads the teacher rows); stats_len is the strategy's.
@@ -40,6 +45,10 @@ void df_block_close(df_block_run *b);
 df_status df_block_micro(df_block_run *b, const df_micro_args *args, df_micro_info *info, df_error *err);
 // The frozen LM head as a tensor on the run's device.
 df_tensor df_block_head(const df_block_run *b);
+// df_strategy.draft for a block strategy: block = [last token, MASK × (bs−1)] at positions start .. start+bs−1 over the
+// context features of positions < start (the training mask: keys j < anchor), the backbone forward, then the
+// strategy's propose. The base of a df_block_run.
+df_status df_block_draft(df_strategy_run *r, const df_draft_round *in, int32_t *props, df_error *err);
 // The first index of a row's largest logit (torch.argmax's tie rule): a greedy proposal.
 int32_t df_block_argmax(const float *z, int64_t V);
 

@@ -186,6 +186,8 @@ const df_strategy df_strategy_dflash = {.name = "dflash",
                                         .first_position = first_position,
                                         .proposals = proposals,
                                         .propose = propose,
+                                        .draft = df_block_draft,
+                                        .blocks = true,
                                         .export_normalize = export_normalize,
                                         .serving_class_ffn = "DFlashMoEDraftModel",
                                         .has_confidence_head = no_confidence_head};

@@ -316,6 +316,8 @@ const df_strategy df_strategy_domino = {.name = "domino",
                                         .first_position = first_position,
                                         .proposals = proposals,
                                         .propose = propose,
+                                        .draft = df_block_draft,
+                                        .blocks = true,
                                         .export_normalize = export_normalize,
                                         .serving_class_ffn = "DFlashMoEDraftModel",
                                         .has_confidence_head = no_confidence_head};

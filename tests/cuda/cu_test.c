@@ -4,14 +4,36 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define CU_CHECK(call)                                                                                                 \
   do {                                                                                                                 \
     cudaError_t e_ = (call);                                                                                           \
     cr_assert_eq(e_, cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                                            \
   } while (0)
+
+// The suite's count of what ran and what was skipped, each skip with its reason (a CUDA test skips only for a
+// missing cuDNN or a shape marked GPU-only, and on machines without a device). Tests left out by --filter are
+// "skipped" without a message for Criterion: they are not counted.
+ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
+  size_t ran = 0, skipped = 0;
+  for (struct criterion_suite_stats *s = stats->suites; s; s = s->next)
+    for (struct criterion_test_stats *t = s->tests; t; t = t->next) {
+      if (t->test_status == CR_STATUS_SKIPPED) {
+        if (!t->message || !*t->message) continue;
+        skipped++;
+        printf("[SKIP] %s::%s: %s\n", t->test->category, t->test->name, t->message ? t->message : "");
+      } else {
+        ran++;
+      }
+    }
+  printf("tests/cuda: %zu ran, %zu skipped\n", ran, skipped);
+  fflush(stdout);
+}
 
 bool cu_gpu_visible(void) {
   int n = 0;
@@ -38,6 +60,20 @@ cu_env cu_env_open(void) {
   return e;
 }
 
+// In the CUDA emulator: device memory still allocated once a test's stream or contexts are gone is reported (a test
+// frees what it allocates).
+static void report_live(const char *what) {
+#ifdef DF_CUDA_EMU
+  const size_t live = df_emu_live_device_bytes();
+  if (live == 0) return;
+  cr_log_warn("%s: %zu bytes of device memory in %d allocations still allocated", what, live,
+              df_emu_live_device_allocations());
+  df_emu_print_live(stderr);
+#else
+  (void)what;
+#endif
+}
+
 void cu_env_close(cu_env *e) {
   cudaStreamSynchronize((cudaStream_t)e->s);
   df_cu_gemm_ctx_destroy(e->g);
@@ -45,6 +81,7 @@ void cu_env_close(cu_env *e) {
   cublasDestroy((cublasHandle_t)e->blas);
   cublasLtDestroy((cublasLtHandle_t)e->lt);
   cudaStreamDestroy((cudaStream_t)e->s);
+  report_live("cu_env_close");
 }
 
 void *cu_alloc(size_t bytes) {
@@ -132,7 +169,10 @@ cu_pair cu_pair_open(void) {
   return p;
 }
 
-void cu_pair_close(cu_pair *p) { df_ctx_destroy(p->gpu), df_ctx_destroy(p->cpu); }
+void cu_pair_close(cu_pair *p) {
+  df_ctx_destroy(p->gpu), df_ctx_destroy(p->cpu);
+  report_live("cu_pair_close");
+}
 
 df_tensor cu_pair_dev(cu_pair *p, const df_tensor *h) {
   df_error err = {0};
@@ -143,4 +183,41 @@ df_tensor cu_pair_dev(cu_pair *p, const df_tensor *h) {
   df_tensor t = *h;
   t.data = d, t.device = DF_DEV_CUDA;
   return t;
+}
+
+// ---- the program -------------------------------------------------------------------------------------------------
+
+const char *cu_env_or(const char *name, const char *fallback) {
+  const char *v = getenv(name);
+  return v && *v ? v : fallback;
+}
+
+void cu_tmpdir(char *buf, size_t n, const char *tag) {
+  snprintf(buf, n, "/tmp/df_gpu_%s_XXXXXX", tag);
+  cr_assert_not_null(mkdtemp(buf), "mkdtemp");
+}
+
+void cu_rmtree(const char *dir) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_expect_eq(system(cmd), 0, "cleanup of %s", dir);
+}
+
+int cu_run_cli(const char *args, const char *log) {
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>&1", CU_BIN_PATH, args, log);
+  int rc = system(cmd);
+  rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  if (rc != 0) {
+    char tail[2048] = "";
+    FILE *f = fopen(log, "r");
+    if (f) {
+      size_t n = fread(tail, 1, sizeof tail - 1, f);
+      tail[n] = 0;
+      fclose(f);
+    }
+    cr_log_error("draftforge %s exited %d:\n%s", args, rc, tail);
+  }
+  cr_assert_neq(rc, 2, "draftforge rejected the device option: the CUDA backend is not wired into the op table yet");
+  return rc;
 }

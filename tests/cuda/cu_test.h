@@ -20,6 +20,13 @@
 
 bool cu_gpu_visible(void);
 
+// A shape labelled GPU-only: skipped in the CUDA emulator (DF_CUDA=EMU), where it would take minutes, with the reason.
+#ifdef DF_CUDA_EMU
+#define CU_GPU_ONLY_SHAPE(why) cr_skip_test("GPU-only shape (too slow in the CUDA emulator): %s", why)
+#else
+#define CU_GPU_ONLY_SHAPE(why) ((void)0)
+#endif
+
 typedef struct {
   df_cu_stream s;
   void *lt, *blas; // cublasLtHandle_t, cublasHandle_t
@@ -58,5 +65,21 @@ cu_pair cu_pair_open(void);
 void cu_pair_close(cu_pair *p);
 // A device copy of a host tensor (same dtype and shape), allocated on p->gpu.
 df_tensor cu_pair_dev(cu_pair *p, const df_tensor *h);
+
+// ---- the program (whole-program tests) --------------------------------------------------------------------------
+
+// The program, sources and fixtures: the environment's DF_DRAFTFORGE_BIN / DF_SOURCE_DIR / DF_FIXTURE_DIR first (a
+// prebuilt suite run from another checkout, scripts/gpu-check.sh --packed), else the build's paths.
+const char *cu_env_or(const char *name, const char *fallback);
+#define CU_BIN_PATH     cu_env_or("DF_DRAFTFORGE_BIN", DF_DRAFTFORGE_BIN)
+#define CU_SOURCE_PATH  cu_env_or("DF_SOURCE_DIR", DF_SOURCE_DIR)
+#define CU_FIXTURE_PATH cu_env_or("DF_FIXTURE_DIR", DF_FIXTURE_DIR)
+
+// A fresh /tmp/df_gpu_<tag>_XXXXXX directory into buf; removing a tree (the test fails if it cannot).
+void cu_tmpdir(char *buf, size_t n, const char *tag);
+void cu_rmtree(const char *dir);
+// Runs `draftforge ARGS` with its output in log; returns the exit code (its output is logged when it fails). A usage
+// error (exit 2) fails the test: the CUDA backend would not be wired into the op table.
+int cu_run_cli(const char *args, const char *log);
 
 #endif

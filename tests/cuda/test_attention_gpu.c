@@ -367,11 +367,13 @@ static const shp LARGE = {
 
 Test(cuda_attention, large_shape_tensor_cores_match_cudnn, .timeout = 300) {
   CU_REQUIRE_GPU();
+  CU_GPU_ONLY_SHAPE("the Qwen3-8B DFlash shape (S 3072, 512 anchors x 16, 32/8 heads of 128)");
   check_cudnn(&LARGE, 1700, true);
 }
 
 Test(cuda_attention, large_shape_tensor_cores_match_fp32_path_and_cpu_forward, .timeout = 300) {
   CU_REQUIRE_GPU();
+  CU_GPU_ONLY_SHAPE("the Qwen3-8B DFlash shape (S 3072, 512 anchors x 16, 32/8 heads of 128)");
   const shp *s = &LARGE;
   cu_env e = cu_env_open();
   inputs in = random_inputs(s, 1800, true);

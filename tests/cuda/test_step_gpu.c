@@ -5,7 +5,10 @@
 //     fp32 loss, every gradient tensor max|Δ| ≤ 1e-4·max|ref| + 1e-6 (a bf16-storage run would get 1e-2);
 //   - 50 training steps of the synthetic-data demo recipes on GPU and CPU: mean relative loss gap ≤ 2e-2 over the
 //     curve, and the last 10 steps' mean loss within 3e-2 (recipes/demo-dflash.yaml needs captured data);
-//   - resume on the GPU: 25 steps, resume to 50, against 50 straight: every logged loss bit for bit.
+//   - resume on the GPU: 25 steps, resume to 50, against 50 straight (one LR horizon, training.total_steps, for all
+//     three runs): every logged loss bit for bit.
+// In the CUDA emulator (DF_CUDA=EMU), where a demo step costs about a hundred times the CPU backend's, the demo runs
+// take 20 steps of batch 2 with 4 anchors (the last 5 steps as the tail), under the same checks.
 // These need the CUDA backend wired into the op table (training.device: cuda / --device cuda); on a machine without
 // a GPU they skip. On a GPU machine where the device option is still missing they fail and say so.
 #include <dirent.h>
@@ -20,48 +23,15 @@
 #include "modeling/safetensors.h"
 #include "tests/cuda/cu_test.h"
 
-// The program, sources and fixtures: the environment's DF_DRAFTFORGE_BIN / DF_SOURCE_DIR / DF_FIXTURE_DIR first (a
-// prebuilt suite run from another checkout, scripts/gpu-check.sh --packed), else the build's paths.
-static const char *env_or(const char *name, const char *fallback) {
-  const char *v = getenv(name);
-  return v && *v ? v : fallback;
-}
-#define BIN_PATH     env_or("DF_DRAFTFORGE_BIN", DF_DRAFTFORGE_BIN)
-#define SOURCE_PATH  env_or("DF_SOURCE_DIR", DF_SOURCE_DIR)
-#define FIXTURE_PATH env_or("DF_FIXTURE_DIR", DF_FIXTURE_DIR)
-
-static void make_tmp(char *buf, size_t n, const char *tag) {
-  snprintf(buf, n, "/tmp/df_gpu_%s_XXXXXX", tag);
-  cr_assert_not_null(mkdtemp(buf), "mkdtemp");
-}
-
-static void remove_tree(const char *dir) {
-  char cmd[1200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  cr_expect_eq(system(cmd), 0, "cleanup of %s", dir);
-}
-
-// Runs the CLI; a usage error (exit 2) means this build has no --device / training.device yet.
-static int run_cli(const char *args, const char *log) {
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>&1", BIN_PATH, args, log);
-  int rc = system(cmd);
-  rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-  if (rc != 0) {
-    char tail[2048] = "";
-    FILE *f = fopen(log, "r");
-    if (f) {
-      size_t n = fread(tail, 1, sizeof tail - 1, f);
-      tail[n] = 0;
-      fclose(f);
-    }
-    cr_log_error("draftforge %s exited %d:\n%s", args, rc, tail);
-  }
-  cr_assert_neq(rc, 2, "draftforge rejected the device option: the CUDA backend is not wired into the op table yet");
-  return rc;
-}
-
 static double json_num(json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
+
+#ifdef DF_CUDA_EMU
+enum { STEPS = 20, TAIL = 5 };
+#define DEMO_SHAPE "--set training.batch_size=2 --set training.num_anchors=4"
+#else
+enum { STEPS = 50, TAIL = 10 };
+#define DEMO_SHAPE ""
+#endif
 
 static void expect_grads_close(const char *name, const char *want_path, const char *got_path) {
   df_st_file *wf = NULL, *gf = NULL;
@@ -90,7 +60,7 @@ static void expect_grads_close(const char *name, const char *want_path, const ch
 
 static void step_cases(const char *sub) {
   char dir[600];
-  snprintf(dir, sizeof dir, "%s/%s", FIXTURE_PATH, sub);
+  snprintf(dir, sizeof dir, "%s/%s", CU_FIXTURE_PATH, sub);
   DIR *d = opendir(dir);
   cr_assert_not_null(d, "%s", dir);
   struct dirent *ent;
@@ -102,10 +72,10 @@ static void step_cases(const char *sub) {
     if (access(recipe, R_OK) != 0) continue;
     snprintf(want, sizeof want, "%s/%s/expected/step.json", dir, ent->d_name);
     snprintf(wantg, sizeof wantg, "%s/%s/expected/grads.safetensors", dir, ent->d_name);
-    make_tmp(out, sizeof out, "step");
+    cu_tmpdir(out, sizeof out, "step");
     snprintf(log, sizeof log, "%s/log.txt", out);
     snprintf(args, sizeof args, "step '%s' --dump '%s' --device cuda", recipe, out);
-    cr_expect_eq(run_cli(args, log), 0, "%s/%s: draftforge step on the GPU failed", sub, ent->d_name);
+    cr_expect_eq(cu_run_cli(args, log), 0, "%s/%s: draftforge step on the GPU failed", sub, ent->d_name);
     snprintf(got, sizeof got, "%s/step.json", out);
     snprintf(gotg, sizeof gotg, "%s/grads.safetensors", out);
     json_error_t je;
@@ -117,7 +87,7 @@ static void step_cases(const char *sub) {
       expect_grads_close(ent->d_name, wantg, gotg);
     }
     json_decref(w), json_decref(g);
-    remove_tree(out);
+    cu_rmtree(out);
     ran++;
   }
   closedir(d);
@@ -164,57 +134,75 @@ static int read_losses(const char *run, double *loss, int n) {
   return k;
 }
 
+// max_steps: STEPS unless extra sets it (a later --set wins).
 static void train_run(const char *recipe, const char *out, const char *device, const char *extra) {
   char args[2400], log[500];
   snprintf(log, sizeof log, "%s.log", out);
   snprintf(args, sizeof args,
-           "train '%s/%s' --set output_dir='%s' --set training.device=%s --set training.max_steps=50 "
-           "--set training.eval_interval=0 --set training.log_interval=1 %s",
-           SOURCE_PATH, recipe, out, device, extra ? extra : "");
-  cr_assert_eq(run_cli(args, log), 0, "training %s on %s failed", recipe, device);
+           "train '%s/%s' --set output_dir='%s' --set training.device=%s --set training.max_steps=%d "
+           "--set training.eval_interval=0 --set training.log_interval=1 %s %s",
+           CU_SOURCE_PATH, recipe, out, device, STEPS, DEMO_SHAPE, extra ? extra : "");
+  cr_assert_eq(cu_run_cli(args, log), 0, "training %s on %s failed", recipe, device);
 }
 
 static void curves_agree(const char *recipe) {
   char root[128], cpu[300], gpu[300];
-  make_tmp(root, sizeof root, "curve");
+  cu_tmpdir(root, sizeof root, "curve");
   snprintf(cpu, sizeof cpu, "%s/cpu", root), snprintf(gpu, sizeof gpu, "%s/gpu", root);
   train_run(recipe, cpu, "cpu", NULL);
   train_run(recipe, gpu, "cuda", NULL);
-  double lc[50], lg[50];
-  const int nc = read_losses(cpu, lc, 50), ng = read_losses(gpu, lg, 50);
-  cr_assert_eq(nc, 50, "%s: CPU logged %d steps", recipe, nc);
-  cr_assert_eq(ng, 50, "%s: GPU logged %d steps", recipe, ng);
+  double lc[STEPS], lg[STEPS];
+  const int nc = read_losses(cpu, lc, STEPS), ng = read_losses(gpu, lg, STEPS);
+  cr_assert_eq(nc, STEPS, "%s: CPU logged %d steps", recipe, nc);
+  cr_assert_eq(ng, STEPS, "%s: GPU logged %d steps", recipe, ng);
   double mean_rel = 0, tail_c = 0, tail_g = 0;
-  for (int i = 0; i < 50; i++) {
-    mean_rel += fabs(lg[i] - lc[i]) / fmax(fabs(lc[i]), 1e-30) / 50.0;
-    if (i >= 40) tail_c += lc[i] / 10, tail_g += lg[i] / 10;
+  for (int i = 0; i < STEPS; i++) {
+    mean_rel += fabs(lg[i] - lc[i]) / fmax(fabs(lc[i]), 1e-30) / STEPS;
+    if (i >= STEPS - TAIL) tail_c += lc[i] / TAIL, tail_g += lg[i] / TAIL;
   }
   cr_expect_leq(mean_rel, 2e-2, "%s: mean relative loss gap GPU vs CPU %.3g", recipe, mean_rel);
-  cr_expect_leq(fabs(tail_g - tail_c) / tail_c, 3e-2, "%s: last-10 mean loss GPU %.6g vs CPU %.6g", recipe, tail_g,
-                tail_c);
-  remove_tree(root);
+  cr_expect_leq(fabs(tail_g - tail_c) / tail_c, 3e-2, "%s: last-%d mean loss GPU %.6g vs CPU %.6g", recipe, TAIL,
+                tail_g, tail_c);
+  cu_rmtree(root);
 }
 
-Test(cuda_step, demo_loss_curves_gpu_vs_cpu, .timeout = 600) {
+Test(cuda_step, demo_loss_curve_dflash_gpu_vs_cpu, .timeout = 300) {
   CU_REQUIRE_GPU();
   curves_agree("recipes/demo-dflash-synthetic.yaml");
+}
+
+Test(cuda_step, demo_loss_curve_dspark_gpu_vs_cpu, .timeout = 300) {
+  CU_REQUIRE_GPU();
   curves_agree("recipes/demo-dspark.yaml");
+}
+
+Test(cuda_step, demo_loss_curve_moe_gpu_vs_cpu, .timeout = 300) {
+  CU_REQUIRE_GPU();
   curves_agree("recipes/demo-dflash-moe.yaml");
+}
+
+Test(cuda_step, demo_loss_curve_dspark_moe_gpu_vs_cpu, .timeout = 300) {
+  CU_REQUIRE_GPU();
+  curves_agree("recipes/demo-dspark-moe.yaml");
 }
 
 Test(cuda_step, resume_on_gpu_is_bit_exact, .timeout = 600) {
   CU_REQUIRE_GPU();
-  char root[128], straight[300], split[300], extra[400];
-  make_tmp(root, sizeof root, "resume");
+  char root[128], straight[300], split[300], extra[700];
+  cu_tmpdir(root, sizeof root, "resume");
   snprintf(straight, sizeof straight, "%s/straight", root), snprintf(split, sizeof split, "%s/split", root);
-  train_run("recipes/demo-dflash-synthetic.yaml", straight, "cuda", "--set training.save_interval=25");
-  train_run("recipes/demo-dflash-synthetic.yaml", split, "cuda",
-            "--set training.save_interval=25 --set training.max_steps=25");
-  snprintf(extra, sizeof extra, "--set training.save_interval=25 --resume '%s'", split);
-  train_run("recipes/demo-dflash-synthetic.yaml", split, "cuda", extra); // the later max_steps=50 wins
-  double a[50], b[50];
-  cr_assert_eq(read_losses(straight, a, 50), 50);
-  cr_assert_eq(read_losses(split, b, 50), 50);
-  for (int i = 0; i < 50; i++) cr_expect(a[i] == b[i], "step %d: loss %.17g vs resumed %.17g", i + 1, a[i], b[i]);
-  remove_tree(root);
+  // One LR horizon for the three runs (training.total_steps): the resumed run must continue the split run's schedule,
+  // and the trainer refuses a resume whose horizon differs from the checkpoint's.
+  char common[200], first[300];
+  snprintf(common, sizeof common, "--set training.save_interval=%d --set training.total_steps=%d", STEPS / 2, STEPS);
+  train_run("recipes/demo-dflash-synthetic.yaml", straight, "cuda", common);
+  snprintf(first, sizeof first, "%s --set training.max_steps=%d", common, STEPS / 2);
+  train_run("recipes/demo-dflash-synthetic.yaml", split, "cuda", first);
+  snprintf(extra, sizeof extra, "%s --resume '%s'", common, split);
+  train_run("recipes/demo-dflash-synthetic.yaml", split, "cuda", extra); // max_steps back to STEPS
+  double a[STEPS], b[STEPS];
+  cr_assert_eq(read_losses(straight, a, STEPS), STEPS);
+  cr_assert_eq(read_losses(split, b, STEPS), STEPS);
+  for (int i = 0; i < STEPS; i++) cr_expect(a[i] == b[i], "step %d: loss %.17g vs resumed %.17g", i + 1, a[i], b[i]);
+  cu_rmtree(root);
 }

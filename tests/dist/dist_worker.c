@@ -6,6 +6,8 @@
 //                        the MoE deferred-update hook (moe/balance.h) over the communicator
 //   gpu-init             df_dist_init for GPU ranks: NCCL's id over MPI, then the NCCL communicator; prints
 //                        the outcome (on a machine without a GPU: the CUDA error of each rank's device)
+//   gpu-collectives      GPU ranks as in gpu-init, then every collective of the NCCL communicator on device
+//                        buffers against host sums (builds with NCCL; the CUDA emulator runs it without a GPU)
 //   hang RANK TIMEOUT_S  RANK stops answering after two collectives; the others must fail naming it
 //   kill RANK            RANK is killed (SIGKILL) after two collectives; the job must end
 // Prints "rank R: ok N checks" and exits 0, or prints what differed and exits 1.
@@ -356,9 +358,100 @@ static int run_gpu_init(void) {
   return 4;
 }
 
+#ifdef DF_HAVE_NCCL
+#include <cuda_runtime.h>
+
+// rank r's input x_r[i] = (r + 1)·(i % 97) − r, exactly representable, so sums over ranks are exact.
+static float gpu_input(int r, int64_t i) { return (float)((r + 1) * (int)(i % 97) - r); }
+
+static float *gpu_buffer(int64_t n) {
+  float *d = NULL;
+  CHECK(cudaMalloc((void **)&d, sizeof(float) * (size_t)n) == cudaSuccess, "cudaMalloc");
+  return d;
+}
+
+static void gpu_put(float *d, const float *h, int64_t n) {
+  CHECK(cudaMemcpy(d, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice) == cudaSuccess, "upload");
+}
+
+// Waits for the communicator's stream, then copies back.
+static void gpu_get(df_comm *c, float *h, const float *d, int64_t n) {
+  df_error err = {0};
+  CHECK(df_comm_wait(c, &err) == DF_OK, "wait: %s", err.msg);
+  CHECK(cudaMemcpy(h, d, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost) == cudaSuccess, "download");
+}
+
+static int run_gpu_collectives(void) {
+  df_dist_options o = {.gpu = true, .cuda_device = -1, .timeout_s = 60, .deploy = {.nnodes = 1, .nproc_per_node = 1}};
+  df_dist d;
+  df_error err = {0};
+  if (df_dist_init(&o, &d, &err) != DF_OK) {
+    df_error_print(&err);
+    df_dist_abort(&d, 4);
+    return 4;
+  }
+  df_comm *c = d.comm;
+  g_rank = df_comm_rank(c);
+  const int R = df_comm_size(c);
+  CHECK(df_comm_backend_of(c) == DF_COMM_NCCL && df_comm_device_buffers(c), "an NCCL communicator");
+  enum { N = 3000 };
+  float *h = malloc(sizeof(float) * N * (size_t)R), *want = malloc(sizeof(float) * N * (size_t)R);
+  float *dx = gpu_buffer(N * R), *dy = gpu_buffer(N * R);
+  for (int op = DF_COMM_SUM; op <= DF_COMM_MIN; op++) { // all-reduce, in place and out of place
+    for (int64_t i = 0; i < N; i++) h[i] = gpu_input(g_rank, i);
+    gpu_put(dx, h, N);
+    CHECK(df_comm_all_reduce(c, dx, dy, N, DF_COMM_F32, (df_comm_op)op, &err) == DF_OK, "all-reduce: %s", err.msg);
+    CHECK(df_comm_all_reduce(c, dx, dx, N, DF_COMM_F32, (df_comm_op)op, &err) == DF_OK, "all-reduce: %s", err.msg);
+    for (int64_t i = 0; i < N; i++) {
+      double s = 0, mx = -1e30, mn = 1e30;
+      for (int r = 0; r < R; r++) s += gpu_input(r, i), mx = fmax(mx, gpu_input(r, i)), mn = fmin(mn, gpu_input(r, i));
+      want[i] = (float)(op == DF_COMM_SUM ? s : op == DF_COMM_AVG ? s / R : op == DF_COMM_MAX ? mx : mn);
+    }
+    gpu_get(c, h, dy, N);
+    CHECK(!memcmp(h, want, sizeof(float) * N), "all-reduce %s (out of place)", df_comm_op_name((df_comm_op)op));
+    gpu_get(c, h, dx, N);
+    CHECK(!memcmp(h, want, sizeof(float) * N), "all-reduce %s (in place)", df_comm_op_name((df_comm_op)op));
+  }
+  // reduce-scatter of R·N, all-gather back, broadcast from the last rank, barrier.
+  for (int64_t i = 0; i < N * R; i++) h[i] = gpu_input(g_rank, i);
+  gpu_put(dx, h, N * R);
+  CHECK(df_comm_reduce_scatter(c, dx, dy, N, DF_COMM_F32, DF_COMM_SUM, &err) == DF_OK, "reduce-scatter: %s", err.msg);
+  for (int64_t i = 0; i < N; i++) {
+    double s = 0;
+    for (int r = 0; r < R; r++) s += gpu_input(r, g_rank * (int64_t)N + i);
+    want[i] = (float)s;
+  }
+  gpu_get(c, h, dy, N);
+  CHECK(!memcmp(h, want, sizeof(float) * N), "reduce-scatter: this rank's block of the sum");
+  CHECK(df_comm_all_gather(c, dy, dx, N, DF_COMM_F32, &err) == DF_OK, "all-gather: %s", err.msg);
+  for (int64_t i = 0; i < N * R; i++) {
+    double s = 0;
+    for (int r = 0; r < R; r++) s += gpu_input(r, i);
+    want[i] = (float)s;
+  }
+  gpu_get(c, h, dx, N * R);
+  CHECK(!memcmp(h, want, sizeof(float) * N * R), "all-gather of the reduce-scatter blocks: the whole sum");
+  for (int64_t i = 0; i < N; i++) h[i] = gpu_input(g_rank, i);
+  gpu_put(dy, h, N);
+  CHECK(df_comm_broadcast(c, dy, N, DF_COMM_F32, R - 1, &err) == DF_OK, "broadcast: %s", err.msg);
+  for (int64_t i = 0; i < N; i++) want[i] = gpu_input(R - 1, i);
+  gpu_get(c, h, dy, N);
+  CHECK(!memcmp(h, want, sizeof(float) * N), "broadcast from rank %d", R - 1);
+  CHECK(df_comm_barrier(c, &err) == DF_OK, "barrier: %s", err.msg);
+  cudaFree(dx), cudaFree(dy), free(h), free(want);
+  CHECK(df_dist_finish(&d, &err) == DF_OK, "finish: %s", err.msg);
+  printf("rank %d: %s %d checks\n", g_rank, g_fails ? "FAILED" : "ok", g_checks);
+  fflush(stdout);
+  return g_fails ? 1 : 0;
+}
+#endif
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "collectives";
   if (!strcmp(mode, "gpu-init")) return run_gpu_init();
+#ifdef DF_HAVE_NCCL
+  if (!strcmp(mode, "gpu-collectives")) return run_gpu_collectives();
+#endif
   double timeout = 60;
   int victim = -1;
   if (!strcmp(mode, "hang") || !strcmp(mode, "kill")) {

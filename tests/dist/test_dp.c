@@ -470,3 +470,33 @@ Test(dp, killed_rank_ends_the_job_without_a_partial_latest, .timeout = 300) {
   rmdir_all(run);
   unlink(logp);
 }
+
+// EAGLE-3: SpecForge averages each rank's own micro-batch loss (a mean over that batch's B·S positions) across the
+// ranks, so the grouping of samples into micro-batches is part of the loss. With one sample per rank, two ranks are
+// one process accumulating two one-sample micro-batches (the feed hands rank r the global batch's slot r, the
+// single process its r-th micro-batch): the same curve and, up to the order of the gradient sum, the same weights.
+Test(dp, eagle3_two_ranks_equal_one_process_accumulating, .timeout = 300) {
+  need_mpirun();
+  char one[200], two[300], recipe[400];
+  tmpdir(one, sizeof one, "eagle3");
+  snprintf(two, sizeof two, "%s_w2", one);
+  rmdir_all(two);
+  snprintf(recipe, sizeof recipe, "%s.yaml", one);
+  FILE *fp = fopen(recipe, "w");
+  cr_assert_not_null(fp);
+  fputs("model:\n  target_model_path: " DF_FIXTURE_DIR "/eagle3_step/target\n"
+        "  draft_model_config: " DF_FIXTURE_DIR "/eagle3_step/eagle3.json\n"
+        "data:\n  hidden_states_path: " DF_FIXTURE_DIR "/eagle3_step/data\n  max_length: 64\n"
+        "training:\n  strategy: eagle3\n  ttt_length: 3\n  batch_size: 1\n  num_epochs: 4\n  learning_rate: 3e-3\n"
+        "  seed: 5\n",
+        fp);
+  fclose(fp);
+  train_ok(0, recipe, one, "--set training.max_steps=4 --set training.accumulation_steps=2");
+  train_ok(2, recipe, two, "--set training.max_steps=4");
+  expect_same_curve(one, two, 4, 1e-6);
+  char a[400], b[400];
+  ckpt(a, sizeof a, one, 4), ckpt(b, sizeof b, two, 4);
+  expect_same_weights(a, b, 5e-5);
+  rmdir_all(one), rmdir_all(two);
+  remove(recipe);
+}

@@ -2,7 +2,8 @@
 // read back (bf16 and fp32 captures, DSpark's final states too, prefetch on and off); `draftforge train` on a token
 // JSONL gives the same weights and metrics, bit for bit, as capture-then-train on the same data and seed (with
 // online eval against offline eval), and an fp32 online run differs from a bf16 capture (the rounding is what
-// makes them equal); resume and prefetch keep the bits; conversations are prepared once through
+// makes them equal); an EAGLE-3 run (its capture layers, final states and vocabulary mapping) likewise; resume and
+// prefetch keep the bits; conversations are prepared once through
 // tools/prepare_data.py (when the tools venv exists); bad data and refused deployments are named; the bundled
 // online demo recipe loads; on the strict fake device an online run uploads one batch per micro-batch and equals
 // the CPU run.
@@ -381,6 +382,38 @@ static void online_vs_offline(bool dspark, df_dtype dtype) {
 Test(online, train_equals_bf16_capture_then_train) { online_vs_offline(false, DF_BF16); }
 Test(online, train_equals_f32_capture_then_train) { online_vs_offline(false, DF_F32); }
 Test(online, dspark_train_equals_capture_then_train) { online_vs_offline(true, DF_BF16); }
+
+// EAGLE-3 online (SpecForge's default strategy): the target computes the three capture layers and the final state per
+// batch; the vocabulary mapping (128 of 264) is derived from the online source's tokens before step 1, the same as
+// from the capture's. Three TTT steps keep it short.
+Test(online, eagle3_train_equals_capture_then_train) {
+  odir d;
+  odir_open(&d, "train_eagle3", false);
+  json_t *c = df_test_config_doc("tiny-target-eagle3.json");
+  cr_assert_eq(json_dump_file(c, d.cfg, JSON_INDENT(1)), 0);
+  json_decref(c);
+  FILE *fp = fopen(d.recipe, "w");
+  cr_assert(fp);
+  fprintf(fp, "%s  strategy: eagle3\n  ttt_length: 3\n", RECIPE);
+  fclose(fp);
+  capture(&d, d.tokens, "cap_train", DF_BF16, 15);
+  capture(&d, d.eval_tokens, "cap_eval", DF_BF16, 5);
+  char hs[400], ehs[400], td[400], ed[400];
+  snprintf(hs, sizeof hs, "data.hidden_states_path=%s/cap_train", d.root);
+  snprintf(ehs, sizeof ehs, "data.eval_hidden_states_path=%s/cap_eval", d.root);
+  snprintf(td, sizeof td, "data.train_data_path=%s", d.tokens);
+  snprintf(ed, sizeof ed, "data.eval_data_path=%s", d.eval_tokens);
+  const char *offline[] = {hs, ehs, "training.eval_interval=3", NULL};
+  const char *online[] = {td, ed, "data.online_feature_dtype=bfloat16", "training.eval_interval=3", NULL};
+  df_train_summary so, sn;
+  train_ok(&d, "offline", offline, false, &so);
+  train_ok(&d, "online", online, false, &sn);
+  cr_expect_eq(so.last_step, 6);
+  cr_expect_eq(sn.last_step, 6);
+  cr_expect_gt(sn.online_samples, 0);
+  expect_same_run(&d, "offline", "online", 6, 6 + 2);
+  odir_close(&d);
+}
 
 static void sigterm_at(void *ctx, int64_t step, int64_t micro, float *grads, int64_t n) {
   (void)grads, (void)n;

@@ -194,16 +194,36 @@ Test(recipe, unsupported_non_default_value) {
   e = parse_fail(HEAD "deployment:\n  disaggregated:\n    control_dir: /x\ntraining:\n  strategy: dflash\n",
                  DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "deployment.disaggregated");
-  e = parse_fail("model:\n  target_model_path: /t\n  aux_hidden_state_layer_ids: [1, 2]\ndata:\n  hidden_states_path: "
+  e = parse_fail("model:\n  target_model_path: /t\n  draft_block_size: 8\ndata:\n  hidden_states_path: "
                  "/d\ntraining:\n  strategy: dflash\n",
                  DF_ERR_UNSUPPORTED);
-  cr_expect_str_eq(e.where, "model.aux_hidden_state_layer_ids");
+  cr_expect_str_eq(e.where, "model.draft_block_size");
 }
 
-Test(recipe, default_strategy_is_not_implemented) {
-  df_error e = parse_fail(HEAD, DF_ERR_UNSUPPORTED);
-  cr_expect_str_eq(e.where, "training.strategy");
-  cr_expect(strstr(e.msg, "defaults to 'eagle3'"), "%s", e.msg);
+// SpecForge's default strategy, and EAGLE-3's own keys (model.aux_hidden_state_layer_ids, vocab_mapping_path, the
+// training keys of its strategy table).
+Test(recipe, default_strategy_is_eagle3) {
+  const df_recipe *r = parse_ok("model:\n  target_model_path: /t\n  aux_hidden_state_layer_ids: [2, 5, 9]\n"
+                                "  vocab_mapping_path: cache/map.pt\ndata:\n  hidden_states_path: /d\n");
+  cr_expect_str_eq(r->training.strategy, "eagle3");
+  cr_expect_eq(r->model.num_aux_layer_ids, 3);
+  cr_expect_eq(r->model.aux_layer_ids[2], 9);
+  cr_expect_str_eq(r->model.vocab_mapping_path, "cache/map.pt");
+  const df_strategy_values v = df_recipe_strategy_values(r);
+  cr_expect_eq(df_strategy_number(&v, "ttt_length", 0), 7.0);
+  cr_expect_null(df_strategy_text(&v, "lk_loss_type", NULL), "null: the forward KL");
+  df_recipe_free(r);
+  r = parse_ok(HEAD "training:\n  ttt_length: 3\n  lk_loss_type: lambda\n  kl_decay: 2\n  compact_teacher: true\n");
+  const df_strategy_values w = df_recipe_strategy_values(r);
+  cr_expect_eq(df_strategy_number(&w, "ttt_length", 0), 3.0);
+  cr_expect_str_eq(df_strategy_text(&w, "lk_loss_type", NULL), "lambda");
+  cr_expect_eq(df_strategy_number(&w, "kl_decay", 0), 2.0);
+  cr_expect_eq(df_strategy_number(&w, "compact_teacher", 0), 1.0, "a bool reads as 0 / 1");
+  df_recipe_free(r);
+  df_error e = parse_fail(HEAD "training:\n  ttt_length: 0\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.ttt_length");
+  e = parse_fail(HEAD "training:\n  lk_loss_type: beta\n", DF_ERR_INVALID);
+  cr_expect_str_eq(e.where, "training.lk_loss_type");
 }
 
 Test(recipe, missing_required_key) {

@@ -252,12 +252,12 @@ static df_error refused(const char *text, const char *const *sets, int n) {
 }
 
 Test(recipe_paths, recipes_that_need_a_missing_feature_are_refused_naming_the_key) {
-  // EAGLE-3 first, even though the recipe also sets an EAGLE-only key
+  // P-EAGLE first, even though the recipe also sets an EAGLE-only key
   df_error e = refused("model:\n  target_model_path: data\n  vocab_mapping_path: x.pt\n"
-                       "data:\n  hidden_states_path: data/hs\ntraining:\n  strategy: eagle3\n",
+                       "data:\n  hidden_states_path: data/hs\ntraining:\n  strategy: peagle\n",
                        NULL, 0);
   cr_expect_str_eq(e.where, "training.strategy");
-  cr_expect(strstr(e.msg, "r.yaml:7:13: training.strategy = eagle3 asks for EAGLE-3 drafts"), "%s", e.msg);
+  cr_expect(strstr(e.msg, "r.yaml:7:13: training.strategy = peagle asks for P-EAGLE drafts"), "%s", e.msg);
   cr_expect(strstr(e.hint, "training.strategy: dflash | dspark"), "what to do instead: %s", e.hint);
   e = refused("model:\n  target_model_path: data\ndata:\n  train_data_path: chats.jsonl\n"
               "training:\n  strategy: dflash\ndeployment:\n  mode: disaggregated\n",

@@ -16,12 +16,14 @@
 #include "kernels/ops_domino.h"
 #include "modeling/draft_config.h"
 #include "moe/config.h"
+#include "strategies/eagle3/eagle3.h"
 #include "tests/common/fixture.h"
 #include "train/observe/metrics_log.h"
 #include "train/trainer/trainer.h"
 
 #define DFX DF_FIXTURE_DIR "/dflash_step"
 #define SFX DF_FIXTURE_DIR "/dspark_step"
+#define EFX DF_FIXTURE_DIR "/eagle3_step"
 
 enum { STEPS = 3, ACCUM = 2 };
 
@@ -37,22 +39,24 @@ static void on_step(void *ctx, int64_t step, df_transfer_stats s) {
 
 typedef struct {
   const char *name, *draft, *data, *strategy, *extra;
-  bool eval; // also evaluate (on the training data) at the last step: eval's lines must match too
+  bool eval;          // also evaluate (on the training data) at the last step: eval's lines must match too
+  const char *target; // the fixture folder of the target (NULL: dflash_step's)
 } rcase;
 
 static void write_recipe(const char *path, const rcase *c) {
   FILE *fp = fopen(path, "w");
   cr_assert(fp);
   fprintf(fp,
-          "model:\n  target_model_path: " DFX "/target\n  draft_model_config: %s\n"
+          "model:\n  target_model_path: %s/target\n  draft_model_config: %s\n"
           "data:\n  hidden_states_path: %s\n%s%s%s  max_length: 64\n"
           "training:\n  strategy: %s\n  batch_size: 2\n  accumulation_steps: %d\n  num_anchors: 4\n"
           "  objective_chunk_blocks: 2\n  num_epochs: 4\n  total_steps: %d\n  learning_rate: 1e-3\n"
           "  warmup_ratio: 0.0\n  max_grad_norm: 1.0\n  weight_decay: 0.1\n  log_interval: 1\n  seed: 7\n"
           "  eval_interval: %d\n%s"
           "run_id: residency\n",
-          c->draft, c->data, c->eval ? "  eval_hidden_states_path: " : "", c->eval ? c->data : "", c->eval ? "\n" : "",
-          c->strategy, ACCUM, STEPS, c->eval ? STEPS : 0, c->extra ? c->extra : "");
+          c->target ? c->target : DFX, c->draft, c->data, c->eval ? "  eval_hidden_states_path: " : "",
+          c->eval ? c->data : "", c->eval ? "\n" : "", c->strategy, ACCUM, STEPS, c->eval ? STEPS : 0,
+          c->extra ? c->extra : "");
   fclose(fp);
 }
 
@@ -128,6 +132,7 @@ static void run_case(const rcase *c, const df_backend *be) {
   int64_t nstats = cfg->kind == DF_DRAFT_DSPARK   ? DF_DSPARK_STATS(bs)
                    : cfg->kind == DF_DRAFT_DOMINO ? DF_DOMINO_STATS(bs)
                                                   : DF_BLOCK_STATS(bs);
+  if (cfg->kind == DF_DRAFT_EAGLE3) nstats = DF_EAGLE3_STATS(3); // the case's ttt_length
   // MoE drafts (every layer MoE): each layer's statistics sums ride in the same block (kernels/ops_moe.h).
   if (cfg->moe) nstats += cfg->num_hidden_layers * DF_MOE_STATS(cfg->moe->n_routed_experts);
   df_draft_config_free(cfg);
@@ -164,8 +169,8 @@ Test(residency, dflash_step_moves_only_the_batch_and_one_read) {
 }
 
 Test(residency, dpace_step_moves_only_the_batch_and_one_read) {
-  rcase c = {"dpace", DFX "/tiny-dflash.json", DFX "/data", "dflash", "  loss_type: dpace\n  dpace_alpha: 0.5\n",
-             false};
+  rcase c = {"dpace",      DFX "/tiny-dflash.json", DFX "/data", "dflash", "  loss_type: dpace\n  dpace_alpha: 0.5\n",
+             .eval = false};
   run_case(&c, df_fake_strict_backend());
 }
 
@@ -207,6 +212,16 @@ Test(residency, moe_step_moves_only_the_batch_and_one_read) {
 }
 
 Test(residency, moe_deepseek_step_moves_only_the_batch_and_one_read) {
-  rcase c = {"moe_ds", DF_SOURCE_DIR "/configs/tiny-dflash-moe-deepseek.json", DFX "/data", "dflash", NULL, false};
+  rcase c = {"moe_ds",     DF_SOURCE_DIR "/configs/tiny-dflash-moe-deepseek.json", DFX "/data", "dflash", NULL,
+             .eval = false};
+  run_case(&c, df_fake_strict_backend());
+}
+
+// EAGLE-3: the TTT attention, the compact teacher and the objective are ops; the vocabulary mapping derived from the
+// data is written into the weights before the first step (its transfers are the run's setup, not a step's), so a
+// step moves the batch and one read. Also on the strict device.
+Test(residency, eagle3_step_moves_only_the_batch_and_one_read) {
+  rcase c = {"eagle3",     EFX "/eagle3.json", EFX "/data", "eagle3", "  ttt_length: 3\n  lk_loss_type: lambda\n",
+             .eval = true, .target = EFX};
   run_case(&c, df_fake_strict_backend());
 }

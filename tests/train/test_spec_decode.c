@@ -9,6 +9,7 @@
 
 #include "../common/fixture.h"
 #include "../common/json_edit.h"
+#include "modeling/eagle3_model.h"
 #include "modeling/strict_load.h"
 #include "train/eval/spec_decode.h"
 
@@ -181,9 +182,9 @@ Test(spec_decode, cli_report_has_the_documented_keys) {
   df_draft_model *m = NULL;
   DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
   DF_ASSERT_OK(df_draft_model_init(m, 3, &err), &err);
-  DF_ASSERT_OK(df_params_save(df_draft_model_params(m), df_draft_model_weights(m), TMP "/export/model.safetensors",
-                              NULL, &err),
-               &err);
+  DF_ASSERT_OK(
+      df_params_save(df_draft_model_params(m), df_draft_model_weights(m), TMP "/export/model.safetensors", NULL, &err),
+      &err);
   df_draft_model_free(m);
   df_draft_config_free(cfg);
   df_ctx_destroy(ctx);
@@ -210,4 +211,78 @@ Test(spec_decode, cli_report_has_the_documented_keys) {
   snprintf(cmd, sizeof cmd, "%s eval --spec-decode --target %s --data x.jsonl > /dev/null 2>&1", DF_DRAFTFORGE_BIN,
            TARGET);
   cr_assert_eq(WEXITSTATUS(system(cmd)), 2, "a missing --draft is a usage error");
+}
+
+// ---- EAGLE-3: chain drafting with the draft's own KV cache ------------------------------------------------------
+
+static const df_draft_config *eagle3_config(void) {
+  static const char text[] =
+      "{\"architectures\": [\"LlamaForCausalLMEagle3\"], \"hidden_size\": 32, \"intermediate_size\": 64, "
+      "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16, \"vocab_size\": 96, "
+      "\"draft_vocab_size\": 40, \"initializer_range\": 0.5, \"rope_theta\": 10000, "
+      "\"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": [0, 1, 0]}}";
+  const df_draft_config *cfg = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_draft_config_from_json(text, strlen(text), "eagle3", &cfg, &err), &err);
+  return cfg;
+}
+
+// A random EAGLE-3 draft (its mapping: the first 40 ids but every third one shifted, so d2t matters) decoding the
+// three prompts on ctx (taken), num_steps tokens per round.
+static df_spec_report decode_eagle3(df_ctx *ctx, int64_t num_steps, const char *seq_path) {
+  df_error err = {0};
+  df_target *t = NULL;
+  DF_ASSERT_OK(df_target_load(TARGET, ctx, &t, &err), &err);
+  const df_draft_config *cfg = eagle3_config();
+  df_draft_model *m = NULL;
+  DF_ASSERT_OK(df_draft_model_create(cfg, ctx, &m, &err), &err);
+  DF_ASSERT_OK(df_draft_model_init(m, 7, &err), &err);
+  int64_t d2t[40];
+  uint8_t t2d[96] = {0};
+  for (int d = 0; d < 40; d++) d2t[d] = d >= 20 ? 30 : 0, t2d[d + d2t[d]] = 1;
+  DF_ASSERT_OK(df_eagle3_vocab_write(df_draft_model_eagle3(m), d2t, t2d, &err), &err);
+  df_spec_options o = {.max_new_tokens = 24, .mask_token_id = -1, .num_steps = num_steps, .sequences_out = seq_path};
+  df_spec_report rep;
+  DF_ASSERT_OK(df_spec_decode_run(t, m, cfg, TMP "/data.jsonl", &o, &rep, &err), &err);
+  df_draft_model_free(m);
+  df_draft_config_free(cfg);
+  df_target_free(t);
+  df_ctx_destroy(ctx);
+  return rep;
+}
+
+Test(spec_decode, eagle3_chain_output_equals_greedy) {
+  fx_file *e = fx_load("target/qwen3_gqa_untied_f32/expected.safetensors");
+  write_prompts(fx_get(e, "input_ids")->data);
+  fx_free(e);
+  for (int64_t steps = 1; steps <= 4; steps += 3) {
+    df_spec_report rep = decode_eagle3(df_test_cpu_ctx(2), steps, NULL);
+    cr_assert(rep.identical_to_greedy, "%lld steps: first mismatch prompt %lld token %lld", (long long)steps,
+              (long long)rep.first_mismatch_prompt, (long long)rep.first_mismatch_pos);
+    cr_expect_eq(rep.proposals, steps);
+    cr_expect_eq(rep.generated_tokens, 3 * 24);
+    cr_expect_eq(rep.target_forwards, rep.verifications + 3);
+    cr_expect_leq(rep.committed, rep.verifications * (rep.proposals + 1));
+    cr_expect(rep.tau >= 1.0 && rep.tau <= steps + 1, "tau %g", rep.tau);
+    for (int64_t k = 1; k < rep.proposals; k++) cr_expect_eq(rep.reached[k], rep.accepted[k - 1]);
+    df_spec_report_free(&rep);
+  }
+}
+
+// The chain on the strict fake device: the draft's KV cache, its hidden states and the target's features stay on
+// the device; every count and the sequences equal the CPU run's.
+Test(spec_decode, eagle3_on_the_strict_device_equals_cpu) {
+  fx_file *e = fx_load("target/qwen3_gqa_untied_f32/expected.safetensors");
+  write_prompts(fx_get(e, "input_ids")->data);
+  fx_free(e);
+  df_spec_report a = decode_eagle3(df_test_cpu_ctx(1), 3, TMP "/e3_cpu.jsonl");
+  df_spec_report b = decode_eagle3(df_test_strict_fake_ctx(1), 3, TMP "/e3_fake.jsonl");
+  cr_assert(a.identical_to_greedy && b.identical_to_greedy);
+  cr_expect_eq(a.verifications, b.verifications);
+  cr_expect_eq(a.committed, b.committed);
+  for (int64_t k = 0; k < a.proposals; k++) cr_expect_eq(a.accepted[k], b.accepted[k], "slot %lld", (long long)k);
+  char *sa = slurp(TMP "/e3_cpu.jsonl"), *sb = slurp(TMP "/e3_fake.jsonl");
+  cr_expect_str_eq(sa, sb);
+  free(sa), free(sb);
+  df_spec_report_free(&a), df_spec_report_free(&b);
 }

@@ -97,13 +97,49 @@ static const row *manifest_row(const char *file) {
 
 // An accepted recipe's draft config (SpecForge's configs/*.json, unchanged) builds the draft its strategy
 // trains, with the mask id and capture layers SpecForge's loader would use, resolved for serving.
+// An EAGLE-3 recipe's draft (SpecForge's LlamaForCausalLMEagle3 config): one midlayer, a draft vocabulary, capture
+// layers from its eagle_config or, for a 36-layer target, SpecForge's default [1, 17, 32]; served as SGLang's class.
+static void check_eagle3_draft(const char *file, const df_draft_config *cfg) {
+  df_error err = {0};
+  cr_expect_eq(cfg->kind, DF_DRAFT_EAGLE3, "%s: the draft config is %s", file, df_draft_kind_name(cfg->kind));
+  cr_expect_eq(cfg->num_hidden_layers, 1, "%s", file);
+  cr_expect(cfg->eagle3.draft_vocab_size > 0 && cfg->eagle3.draft_vocab_size <= cfg->vocab_size, "%s", file);
+  const bool own = cfg->dflash.num_target_layer_ids == 3;
+  const int first = own ? cfg->dflash.target_layer_ids[1] : 17;
+  const df_draft_config *resolved = NULL;
+  cr_assert_eq(df_draft_config_resolve_capture(cfg, 100, NULL, 0, &resolved, &err), DF_OK, "%s: %s", file, err.msg);
+  cr_assert_not_null(resolved);
+  cr_expect_eq(resolved->dflash.num_target_layer_ids, 3, "%s", file);
+  if (!own) {
+    df_draft_config_free(resolved);
+    cr_assert_eq(df_draft_config_resolve_capture(cfg, 36, NULL, 0, &resolved, &err), DF_OK, "%s", file);
+  }
+  cr_expect_eq(resolved->dflash.target_layer_ids[1], first, "%s", file);
+  json_t *served = NULL;
+  cr_assert_eq(df_draft_config_resolved_json(resolved, -1, &served, &err), DF_OK, "%s: %s", file, err.msg);
+  const json_t *arch = json_array_get(json_object_get(served, "architectures"), 0);
+  cr_expect_str_eq(json_string_value(arch), "LlamaForCausalLMEagle3", "%s", file);
+  cr_expect_eq(json_integer_value(json_object_get(served, "draft_vocab_size")), cfg->eagle3.draft_vocab_size, "%s",
+               file);
+  cr_expect_eq(
+      json_array_size(json_object_get(json_object_get(served, "eagle_config"), "eagle_aux_hidden_state_layer_ids")), 3,
+      "%s", file);
+  json_decref(served);
+  df_draft_config_free(resolved);
+}
+
 static void check_draft(const char *file, const df_recipe *rc) {
   const df_draft_config *cfg = NULL;
   df_error err = {0};
   cr_assert_eq(df_draft_config_from_file(rc->model.draft_model_config, &cfg, &err), DF_OK, "%s: %s: %s [%s]", file,
                rc->model.draft_model_config, err.msg, err.where);
-  bool dspark = !strcmp(rc->training.strategy, "dspark"), domino = !strcmp(rc->training.strategy, "domino");
   cr_expect_eq(df_strategy_of(cfg), df_strategy_find(rc->training.strategy), "%s: the strategy trains the draft", file);
+  if (!strcmp(rc->training.strategy, "eagle3")) {
+    check_eagle3_draft(file, cfg);
+    df_draft_config_free(cfg);
+    return;
+  }
+  bool dspark = !strcmp(rc->training.strategy, "dspark"), domino = !strcmp(rc->training.strategy, "domino");
   cr_expect_eq(cfg->kind,
                dspark   ? DF_DRAFT_DSPARK
                : domino ? DF_DRAFT_DOMINO

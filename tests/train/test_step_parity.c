@@ -24,6 +24,7 @@
 #define DSPARK_DIR DF_FIXTURE_DIR "/dspark_step"
 #define MOE_DIR    DF_FIXTURE_DIR "/moe_step"
 #define DOMINO_DIR DF_FIXTURE_DIR "/domino_step"
+#define EAGLE3_DIR DF_FIXTURE_DIR "/eagle3_step"
 
 enum { MAX_CASES = 64 };
 
@@ -338,6 +339,89 @@ Test(step_parity, every_domino_fixture_case, .timeout = 600) {
   fprintf(stderr, "domino step parity: %d/%d cases pass\n", passed, n);
   cr_expect_eq(passed, n);
   for (int i = 0; i < n; i++) free(names[i]);
+}
+
+// ---- EAGLE-3 (tests/fixtures/eagle3_step: tools/reference/make_eagle3_fixtures.py, docs/eagle3-step.md) ---------
+
+// Every TTT step's terms (rel 1e-5 on the losses and rates; counts exact), the total loss, and the vocabulary mapping
+// the step used equal to expected/vocab.safetensors (SpecForge's, derived from the case's data).
+static bool expect_eagle3_terms(const char *name, const df_step_result *r, const char *dump) {
+  char p[1024];
+  snprintf(p, sizeof p, "%s/%s/expected/step.json", EAGLE3_DIR, name);
+  json_error_t je;
+  json_t *want = json_load_file(p, 0, &je);
+  cr_assert_not_null(want, "%s: %s", p, je.text);
+  bool ok = expect_close_key(name, want, "loss", r->loss);
+  cr_expect_str_eq(json_string_value(json_object_get(r->report, "strategy")), "eagle3", "%s", name);
+  const char *keys[] = {"kl_loss",         "step_loss",           "acc_correct",      "acc_denom",
+                        "acceptance_rate", "log_acceptance_rate", "position_mask_sum"};
+  double worst = rel_err(r->loss, json_number_value(json_object_get(want, "loss")));
+  for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+    json_t *w = json_object_get(want, keys[k]), *g = json_object_get(r->report, keys[k]);
+    cr_expect_eq(json_array_size(g), json_array_size(w), "%s: %s has %zu steps", name, keys[k], json_array_size(g));
+    for (size_t i = 0; i < json_array_size(w) && i < json_array_size(g); i++) {
+      const double wv = json_number_value(json_array_get(w, i)), gv = json_number_value(json_array_get(g, i));
+      const double e = wv == 0 ? fabs(gv) : rel_err(gv, wv);
+      cr_expect_leq(e, 1e-5, "%s: %s[%zu] = %.10g, expected %.10g", name, keys[k], i, gv, wv);
+      ok = ok && e <= 1e-5;
+      worst = fmax(worst, e);
+    }
+  }
+  json_decref(want);
+  // the mapping: d2t and t2d equal SpecForge's
+  char q[1024];
+  snprintf(p, sizeof p, "%s/%s/expected/vocab.safetensors", EAGLE3_DIR, name);
+  snprintf(q, sizeof q, "%s/vocab.safetensors", dump);
+  df_st_file *wf = NULL, *gf = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_st_open(p, &wf, &err), &err);
+  DF_ASSERT_OK(df_st_open(q, &gf, &err), &err);
+  const char *bufs[] = {"d2t", "t2d"};
+  for (int b = 0; b < 2; b++) {
+    const df_st_tensor *w = df_st_find(wf, bufs[b]), *g = df_st_find(gf, bufs[b]);
+    cr_assert(w && g, "%s: %s missing", name, bufs[b]);
+    cr_assert_eq(g->numel, w->numel, "%s: %s size", name, bufs[b]);
+    float *x = read_all(gf, g), *y = read_all(wf, w);
+    bool same = true;
+    for (int64_t i = 0; i < w->numel; i++) same = same && x[i] == y[i];
+    cr_expect(same, "%s: the %s the step used is not SpecForge's", name, bufs[b]);
+    ok = ok && same;
+    free(x), free(y);
+  }
+  df_st_close(wf), df_st_close(gf);
+  fprintf(stderr, "  %-26s loss %.9f, worst per-step rel err %.1e\n", name, r->loss, worst);
+  return ok;
+}
+
+// Every case: TTT 1 .. 5, the forward KL, LK alpha and LK lambda, draft vocabularies 64 / 48 / the full one,
+// EAGLE 3.1's fc_norm, cold and warm starts (a warm start's stale mapping replaced by the data's), truncation,
+// compact_teacher.
+Test(step_parity, every_eagle3_fixture_case, .timeout = 600) {
+  char *names[MAX_CASES];
+  int n = list_cases_in(EAGLE3_DIR, names, MAX_CASES);
+  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_eagle3_fixtures.py writes it)", EAGLE3_DIR);
+  cr_assert_geq(n, 6, "the EAGLE-3 fixtures have six step cases");
+  int passed = 0;
+  for (int i = 0; i < n; i++) {
+    char recipe[1024], dump[64], p[1100];
+    snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", EAGLE3_DIR, names[i]);
+    tmpdir_make(dump, sizeof dump);
+    df_step_result r;
+    df_error err = {0};
+    df_status st = df_step_run(recipe, dump, 2, NULL, &r, &err);
+    cr_expect_eq(st, DF_OK, "%s: %s [%s]", names[i], err.msg, err.where);
+    if (st == DF_OK) {
+      bool ok = expect_eagle3_terms(names[i], &r, dump);
+      ok = expect_grads(EAGLE3_DIR, names[i], dump) && ok;
+      passed += ok;
+      df_step_result_free(&r);
+    }
+    snprintf(p, sizeof p, "%s/vocab.safetensors", dump);
+    remove(p);
+    tmpdir_remove(dump);
+    free(names[i]);
+  }
+  fprintf(stderr, "eagle3 step parity: %d/%d cases pass\n", passed, n);
 }
 
 // The CLI entry point: exit codes and the two files.

@@ -252,6 +252,30 @@ def test_import_specforge_order_values_and_skips(tmp_path, last):
     assert report["samples"] == 5 and report["skipped"][0]["reason"].startswith("NaN")
 
 
+def test_import_eagle3_records(tmp_path):
+    """SpecForge's EAGLE-3 records (aux_hidden_state: the three layers, hidden_state: the final state) import as
+    hidden_states and target_last_hidden_states; one without hidden_state is refused naming it."""
+    src, out = tmp_path / "sf", tmp_path / "out"
+    samples = []
+    for i, n in enumerate((5, 7)):
+        s = sf_sample(i + 1, n, True)
+        samples.append({"input_ids": s["input_ids"], "loss_mask": s["loss_mask"],
+                        "aux_hidden_state": s["hidden_states"], "hidden_state": s["target_last_hidden_states"]})
+        save(src / f"rows_0/data_{i}.ckpt", samples[-1])
+    r = run_tool("import_specforge.py", src, "--out", out, "--target-layer-ids", "1,9,17")
+    assert r.returncode == 0, r.stderr
+    ds = hs.Dataset(out)
+    assert len(ds) == 2 and ds.has_last and ds.target_layer_ids == [1, 9, 17]
+    for i, s in enumerate(samples):
+        assert np.array_equal(ds[i]["hidden_states"], s["aux_hidden_state"].reshape(-1, K * H).float().numpy())
+        assert np.array_equal(ds[i]["target_last_hidden_states"], s["hidden_state"][0].float().numpy())
+    bad = dict(samples[0])
+    del bad["hidden_state"]
+    save(tmp_path / "bad" / "data_0.ckpt", bad)
+    r = run_tool("import_specforge.py", tmp_path / "bad", "--out", tmp_path / "out2", "--target-layer-ids", "1,9,17")
+    assert r.returncode == 1 and "hidden_state" in r.stderr
+
+
 def test_import_max_length_float32_and_hidden_size(tmp_path):
     src, out = tmp_path / "sf", tmp_path / "out"
     layout = make_specforge_dir(src, last=False)

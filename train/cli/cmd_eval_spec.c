@@ -25,13 +25,15 @@ static const df_cli_opt SPEC_OPTS[] = {
     {"--spec-decode", NULL, DF_CLI_FLAG, "required", "real speculative decoding (this command)"},
     {"--target", "DIR", DF_CLI_VALUE, "required", "the target: an HF directory (Qwen3, Qwen2 or Llama, dense)"},
     {"--draft", "CKPT_OR_EXPORT", DF_CLI_VALUE, "required",
-     "a DFlash or DSpark draft: a checkpoint, a run directory (its latest checkpoint) or an export"},
+     "a DFlash, DSpark or EAGLE-3 draft: a checkpoint, a run directory (its latest checkpoint) or an export"},
     {"--data", "FILE.jsonl", DF_CLI_VALUE, "required",
      "token JSONL (tools/prepare_data.py); each line's prompt is its tokens before the first supervised one"},
     {"--out", "FILE", DF_CLI_VALUE, "none: printed only", "also write the report as JSON"},
     {"--max-new-tokens", "N", DF_CLI_VALUE, "64", "tokens generated per prompt, at most (or up to end-of-sequence)"},
     {"--max-samples", "N", DF_CLI_VALUE, "every line", "decode the first N prompts"},
     {"--num-anchors", "N", DF_CLI_VALUE, "512", "the simulated eval's blocks per sample, at most"},
+    {"--num-steps", "N", DF_CLI_VALUE, "7",
+     "chain drafts (EAGLE-3): tokens drafted per round, SGLang's --speculative-num-steps (topk 1)"},
     {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "auto",
      "where the target and the draft run (auto: the GPU when the build has CUDA and one is visible)"},
     {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
@@ -51,7 +53,7 @@ static const df_cli_spec SPEC_CLI = {
 
 typedef struct {
   const char *target, *draft, *data, *out;
-  int64_t max_new, max_samples, num_anchors;
+  int64_t max_new, max_samples, num_anchors, num_steps;
   int threads;
   df_device_choice device;
   bool verbose;
@@ -62,12 +64,12 @@ static int parse(int argc, char **argv, spec_args *a) {
   df_cli_args c;
   int rc = df_cli_parse(&SPEC_CLI, argc, argv, &c);
   static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
-  long long mnt = 0, ms = 0, na = 0, th = 0;
+  long long mnt = 0, ms = 0, na = 0, th = 0, ns = 0;
   int device = 0;
   if (!rc && !(df_cli_int(&c, "--max-new-tokens", 1, 1 << 20, 64, &mnt) &&
                df_cli_int(&c, "--max-samples", 0, INT32_MAX, 0, &ms) &&
                df_cli_int(&c, "--num-anchors", 1, 1 << 20, 512, &na) && df_cli_int(&c, "--threads", 0, 4096, 0, &th) &&
-               df_cli_choice(&c, "--device", devices, 0, &device)))
+               df_cli_int(&c, "--num-steps", 1, 64, 7, &ns) && df_cli_choice(&c, "--device", devices, 0, &device)))
     rc = DF_EXIT_USAGE;
   *a = (spec_args){.target = df_cli_get(&c, "--target"),
                    .draft = df_cli_get(&c, "--draft"),
@@ -76,6 +78,7 @@ static int parse(int argc, char **argv, spec_args *a) {
                    .max_new = mnt,
                    .max_samples = ms,
                    .num_anchors = na,
+                   .num_steps = ns,
                    .threads = (int)th,
                    .device = (df_device_choice)device,
                    .verbose = c.verbose};
@@ -131,10 +134,14 @@ static df_status load(const spec_args *a, spec_run *r, df_error *err) {
   DF_TRY(df_checkpoint_dir_resolve(a->draft, r->dir, sizeof r->dir, err));
   snprintf(r->cfg_path, sizeof r->cfg_path, "%s/config.json", r->dir);
   DF_TRY(df_draft_config_from_file(r->cfg_path, &r->cfg, err));
+  const df_draft_config *resolved = NULL; // an EAGLE-3 export carries its capture layers; else the default
+  DF_TRY(df_draft_config_resolve_capture(r->cfg, r->tcfg->num_hidden_layers, NULL, 0, &resolved, err));
+  if (resolved) df_draft_config_free(r->cfg), r->cfg = resolved;
   DF_TRY(df_draft_config_check_target(r->cfg, r->tcfg, err));
   DF_TRY(df_capture_check_layer_ids(r->cfg->dflash.target_layer_ids, r->cfg->dflash.num_target_layer_ids,
                                     r->tcfg->num_hidden_layers, err));
-  if (r->cfg->dflash.mask_token_id < 0)
+  const df_strategy *s = df_strategy_of(r->cfg);
+  if ((!s || s->blocks) && r->cfg->dflash.mask_token_id < 0)
     return DF_FAIL(err, DF_ERR_INVALID, "dflash_config.mask_token_id", "set the MASK token id in the draft config",
                    "%s has no mask_token_id", r->cfg_path);
   DF_TRY(df_draft_model_create(r->cfg, r->ctx, &r->model, err));
@@ -223,6 +230,7 @@ static df_status run(const spec_args *a, spec_run *r, df_spec_report *s, df_eval
   df_spec_options o = {.max_new_tokens = a->max_new,
                        .max_samples = a->max_samples,
                        .mask_token_id = r->cfg->dflash.mask_token_id,
+                       .num_steps = a->num_steps,
                        .eos = r->eos,
                        .n_eos = r->n_eos,
                        .sequences_out = seqs,

@@ -66,7 +66,10 @@ int df_cmd_export(int argc, char **argv) {
   }
   printf("export: %s (%s) -> %s (%d tensors, %lld parameters, %s)\n", c.ckpt, c.note, out, info.num_tensors,
          (long long)info.num_params, opt.dtype == DF_ST_BF16 ? "bfloat16" : "float32");
-  printf("export: architectures [\"%s\"], mask_token_id %lld\n", info.architecture, (long long)info.mask_token_id);
+  if (info.mask_token_id >= 0)
+    printf("export: architectures [\"%s\"], mask_token_id %lld\n", info.architecture, (long long)info.mask_token_id);
+  else
+    printf("export: architectures [\"%s\"]\n", info.architecture);
   if (info.needs_external)
     printf("note: %s is not part of stock SGLang 0.5.23: serve it with SGLANG_EXTERNAL_MODEL_PACKAGE naming a "
            "package that provides it (docs/export-and-eval.md)\n",

@@ -11,6 +11,9 @@ typedef struct {
   df_batch_source base;
   df_hs_dataset *ds;
   char *path;
+  int32_t *ids; // (cap) hs_tokens' sample
+  uint8_t *mask;
+  int64_t cap;
 } hs_source;
 
 static df_status hs_read(df_batch_source *s, const int64_t *index, int64_t B, int64_t max_length, bool last_hidden,
@@ -21,11 +24,29 @@ static df_status hs_read(df_batch_source *s, const int64_t *index, int64_t B, in
 static void hs_close(df_batch_source *s) {
   hs_source *h = (hs_source *)s;
   df_hs_close(h->ds);
-  free(h->path);
+  free(h->path), free(h->ids), free(h->mask);
   free(h);
 }
 
-static const df_batch_source_vt HS_VT = {hs_read, hs_close};
+static df_status hs_tokens(df_batch_source *s, int64_t i, int64_t max_length, const int32_t **ids, const uint8_t **mask,
+                           int64_t *len, df_error *err) {
+  hs_source *h = (hs_source *)s;
+  int64_t L = 0;
+  DF_TRY(df_hs_sample_length(h->ds, i, &L, err));
+  if (max_length > 0 && L > max_length) L = max_length;
+  if (L > h->cap) {
+    free(h->ids), free(h->mask);
+    h->ids = malloc(sizeof(int32_t) * (size_t)L), h->mask = malloc((size_t)L);
+    h->cap = h->ids && h->mask ? L : 0;
+    if (!h->cap) return DF_FAIL(err, DF_ERR_NOMEM, h->path, NULL, "out of memory for sample %lld", (long long)i);
+  }
+  const df_hs_sample_bufs bufs = {.input_ids = h->ids, .loss_mask = h->mask};
+  DF_TRY(df_hs_read_sample(h->ds, i, L, &bufs, len, err));
+  *ids = h->ids, *mask = h->mask;
+  return DF_OK;
+}
+
+static const df_batch_source_vt HS_VT = {hs_read, hs_close, hs_tokens};
 
 const df_hs_dataset *df_batch_source_dataset(const df_batch_source *s) {
   return s && s->vt == &HS_VT ? ((const hs_source *)s)->ds : NULL;
@@ -37,7 +58,8 @@ static df_status hs_check(const hs_source *h, const df_draft_config *cfg, bool n
     DF_TRY(df_hs_check_target(h->ds, cfg->dflash.num_target_layer_ids, cfg->dflash.target_layer_ids, cfg->hidden_size,
                               err));
   if (need_last_hidden && !info->has_last_hidden)
-    return DF_FAIL(err, DF_ERR_INVALID, h->path, "recapture the data with target_last_hidden_states (DSpark)",
+    return DF_FAIL(err, DF_ERR_INVALID, h->path,
+                   "recapture the data with target_last_hidden_states (draftforge capture --last-hidden yes)",
                    "the data has no %s dataset, which this draft needs", DF_HS_DS_LAST_HIDDEN);
   return DF_OK;
 }

@@ -25,6 +25,10 @@ typedef struct {
   df_status (*read)(df_batch_source *s, const int64_t *index, int64_t B, int64_t max_length, bool last_hidden,
                     df_batch *out, df_error *err);
   void (*close)(df_batch_source *s);
+  // Sample i's token ids and loss mask alone (no features computed or read), truncated to max_length rows (<= 0: no
+  // limit); *ids / *mask stay valid until the next call on s. NULL: the source cannot.
+  df_status (*tokens)(df_batch_source *s, int64_t i, int64_t max_length, const int32_t **ids, const uint8_t **mask,
+                      int64_t *len, df_error *err);
 } df_batch_source_vt;
 
 // The common head of every source (the implementation's struct starts with it).

@@ -88,6 +88,9 @@ static df_status setup(capture_run *r, df_error *err) {
   const df_capture_options *o = r->o;
   DF_TRY(df_draft_config_from_file(o->draft_config_path, &r->draft, err));
   DF_TRY(df_target_config_from_dir(o->target_dir, &r->tcfg, err));
+  const df_draft_config *resolved = NULL; // EAGLE-3: its capture layers, else SpecForge's default for this target
+  DF_TRY(df_draft_config_resolve_capture(r->draft, r->tcfg->num_hidden_layers, NULL, 0, &resolved, err));
+  if (resolved) df_draft_config_free(r->draft), r->draft = resolved;
   DF_TRY(df_draft_config_check_target(r->draft, r->tcfg, err));
   const df_dflash_config *dc = &r->draft->dflash;
   DF_TRY(df_capture_check_layer_ids(dc->target_layer_ids, dc->num_target_layer_ids, r->tcfg->num_hidden_layers, err));

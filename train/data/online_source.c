@@ -267,7 +267,17 @@ static void online_close(df_batch_source *src) {
   free(s);
 }
 
-static const df_batch_source_vt ONLINE_VT = {online_read, online_close};
+// The kept sample's tokens from its line (the target does not run).
+static df_status online_tokens(df_batch_source *bs, int64_t i, int64_t max_length, const int32_t **ids,
+                               const uint8_t **mask, int64_t *len, df_error *err) {
+  online_source *s = (online_source *)bs;
+  DF_TRY(df_token_jsonl_read_at(&s->in, s->offset[i], s->line[i], err));
+  *len = max_length > 0 && s->len[i] > max_length ? max_length : s->len[i];
+  *ids = s->in.ids, *mask = s->in.mask;
+  return DF_OK;
+}
+
+static const df_batch_source_vt ONLINE_VT = {online_read, online_close, online_tokens};
 
 static online_source *source_new(df_online_target *t, const char *label) {
   online_source *s = calloc(1, sizeof *s);

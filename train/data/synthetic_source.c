@@ -25,7 +25,8 @@ static df_status synthetic_read(df_batch_source *src, const int64_t *index, int6
 
 static void synthetic_close(df_batch_source *src) { free(src); }
 
-static const df_batch_source_vt SYNTHETIC_VT = {synthetic_read, synthetic_close};
+// No tokens: a plan derives no data-dependent state (EAGLE-3's vocabulary mapping is not read on a measuring context).
+static const df_batch_source_vt SYNTHETIC_VT = {synthetic_read, synthetic_close, NULL};
 
 df_status df_synthetic_source_open(int64_t n, int64_t length, int64_t width, int64_t last_hidden_size,
                                    df_batch_source **out, df_error *err) {

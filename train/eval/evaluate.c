@@ -39,7 +39,8 @@ static df_status eval_check(const df_draft_config *cfg, const df_frozen *fz, con
   if (o->set.num_anchors < 1)
     return DF_FAIL(err, DF_ERR_INVALID, "training.num_anchors", "use at least one anchor per sample",
                    "eval num_anchors %lld", (long long)o->set.num_anchors);
-  if (o->set.mask_token_id < 0 || o->set.mask_token_id >= fz->vocab)
+  const df_strategy *s = df_strategy_of(cfg);
+  if ((!s || s->blocks) && (o->set.mask_token_id < 0 || o->set.mask_token_id >= fz->vocab))
     return DF_FAIL(err, DF_ERR_INVALID, "model.mask_token_id", "the mask token must be a row of the target embedding",
                    "mask_token_id %lld outside the vocabulary of %lld", (long long)o->set.mask_token_id,
                    (long long)fz->vocab);

@@ -1,10 +1,10 @@
-// Speculative decoding (train/eval/spec_decode.h) with a block draft: block = [last token, MASK × (bs−1)] at positions
-// start..start+bs−1 over the context features of positions < start (the draft's training mask: keys j < anchor). The
-// draft's strategy turns the block's output into proposals (strategies/strategy.h propose: DFlash's slots 1..bs−1;
-// DSpark's every slot k = 0..bs−1 with the Markov bias of the previous token applied one slot at a time, as SGLang's
-// DSpark worker decodes it). The target then verifies [last token, proposals]. Everything the target and the draft
-// compute stays on the context's device: the context features, the block's embedding and the draft's output never
-// leave it; per block the host uploads the block ids and positions, and the strategy reads back the logits it needs.
+// Speculative decoding (train/eval/spec_decode.h): per round the draft's strategy proposes tokens after the last
+// committed one (strategies/strategy.h draft: a block strategy runs one block [last token, MASK × (bs−1)] over the
+// context features of positions < start, as it trains, and reads its proposals from it — DFlash's slots 1..bs−1,
+// DSpark's every slot with the Markov bias of the previous token, as SGLang's DSpark worker decodes it; EAGLE-3 drafts
+// autoregressively with its own KV cache). The target then verifies [last token, proposals]. Everything the target
+// and the draft compute stays on the context's device: the context features never leave it; the strategy uploads
+// what it builds and reads back the logits it needs.
 #include "train/eval/spec_decode.h"
 
 #include <stdlib.h>
@@ -29,35 +29,27 @@ typedef struct {
   df_ctx *ctx;
   df_device dev;
   df_target_cache *cache;
-  int64_t cap, H, V, K, bs, nprop;
+  int64_t cap, H, V, K, nprop;
   int32_t eos[DF_TARGET_MAX_EOS];
   int n_eos;
-  df_strategy_run *strategy; // the draft's strategy, opened for eval: its proposals
-  // host
-  int32_t *seq, *greedy, *block_ids, *verify, *targ;
-  int32_t *ints; // [anchor, pos_q (bs), pos_kv (S + bs)] of the block being proposed
-  // the context's device
-  float *feats, *vfeats, *block_embed;
-  int32_t *dblock_ids, *dints;
-  uint8_t *dkeep;
+  df_strategy_run *strategy; // the draft's strategy, opened for eval: its drafting rounds
+  df_strategy_values values; // its keys (num_steps), read while it drafts
+  df_strategy_value_list list;
+  df_strategy_value steps;
+  int32_t *seq, *greedy, *verify, *targ; // host
+  float *feats, *vfeats;                 // the context's device: committed and verified features
 } sd_run;
 
 static void sd_free_device(sd_run *r) {
-  void *dev[] = {r->feats, r->vfeats, r->block_embed, r->dblock_ids, r->dints, r->dkeep};
-  for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) df_buffer_free(r->ctx, dev[i]);
-  r->feats = r->vfeats = r->block_embed = NULL;
-  r->dblock_ids = r->dints = NULL, r->dkeep = NULL;
+  df_buffer_free(r->ctx, r->feats), df_buffer_free(r->ctx, r->vfeats);
+  r->feats = r->vfeats = NULL;
 }
 
 static void sd_free(sd_run *r) {
   df_target_cache_free(r->cache);
-  free(r->seq), free(r->greedy), free(r->block_ids), free(r->verify), free(r->targ), free(r->ints);
+  free(r->seq), free(r->greedy), free(r->verify), free(r->targ);
   sd_free_device(r);
   df_strategy_close(r->strategy);
-}
-
-static df_status to_device(sd_run *r, void *dst, const void *src, size_t bytes, df_error *err) {
-  return df_copy(r->ctx, dst, r->dev, src, DF_DEV_CPU, bytes, err);
 }
 
 void df_spec_report_free(df_spec_report *r) {
@@ -71,38 +63,15 @@ static bool is_eos(const sd_run *r, int32_t tok) {
   return false;
 }
 
-// The draft's proposals for the block anchored at start (context = feats rows < start).
-static df_status propose(sd_run *r, int64_t start, int32_t last, int32_t *props, df_error *err) {
-  const int64_t bs = r->bs, S = start + 1;
-  r->block_ids[0] = last;
-  for (int64_t k = 1; k < bs; k++) r->block_ids[k] = (int32_t)r->o->mask_token_id;
-  // two uploads: the block's ids, and [anchor, pos_q, pos_kv]
-  const uint8_t keep = 1;
-  r->ints[0] = (int32_t)start;
-  df_draft_fill_positions(1, S, 1, bs, r->ints, &keep, r->ints + 1, r->ints + 1 + bs);
-  DF_TRY(to_device(r, r->dblock_ids, r->block_ids, sizeof(int32_t) * (size_t)bs, err));
-  DF_TRY(to_device(r, r->dints, r->ints, sizeof(int32_t) * (size_t)(1 + bs + S + bs), err));
-  df_tensor emb = df_target_embed(r->t);
-  df_tensor ids = df_view(r->dblock_ids, DF_I32, r->dev, 1, (const int64_t[]){bs});
-  df_tensor out = df_view(r->block_embed, DF_F32, r->dev, 2, (const int64_t[]){bs, r->H});
-  DF_TRY(df_embedding_forward(r->ctx, &emb, &ids, &out, err));
-  // Row `start` of the context is masked (keys j < anchor), so any value serves; it holds zeros.
-  df_tensor row = df_view(r->feats + start * r->K * r->H, DF_F32, r->dev, 1, (const int64_t[]){r->K * r->H});
-  DF_TRY(df_fill(r->ctx, &row, 0.0, err));
-  df_draft_batch b = {.B = 1,
-                      .S = S,
-                      .N = 1,
-                      .target_hidden = r->feats,
-                      .block_embed = r->block_embed,
-                      .anchors = r->dints,
-                      .keep = r->dkeep,
-                      .pos_q = r->dints + 1,
-                      .pos_kv = r->dints + 1 + bs,
-                      .on_device = true};
-  const float *hidden = NULL;
-  DF_TRY(df_draft_model_forward(r->m, &b, &hidden, err));
-  const df_propose_in in = {.hidden = hidden, .anchor_token = last, .lm_head = df_target_lm_head(r->t)};
-  return r->strategy->table->propose(r->strategy, &in, props, err);
+// The draft's proposals after seq[start] (the strategy's drafting round over the committed features).
+static df_status propose(sd_run *r, int64_t start, int32_t *props, df_error *err) {
+  const df_draft_round in = {.feats = r->feats,
+                             .cap = r->cap,
+                             .seq = r->seq,
+                             .start = start,
+                             .embed = df_target_embed(r->t),
+                             .lm_head = df_target_lm_head(r->t)};
+  return r->strategy->table->draft(r->strategy, &in, props, err);
 }
 
 // Speculative decoding of one prompt into r->seq[P ..]; *n receives the generated count (<= max_new).
@@ -116,11 +85,12 @@ static df_status decode_one(sd_run *r, const int32_t *prompt, int64_t P, int64_t
       .num_capture = (int)r->K, .capture_ids = lids, .captured = r->feats, .logits_from = P - 1, .argmax = &r->seq[P]};
   DF_TRY(df_target_forward(r->t, r->cache, prompt, P, &pre, err));
   rep->target_forwards++;
+  if (r->strategy->table->draft_reset) r->strategy->table->draft_reset(r->strategy);
   *n = 1;
   int32_t *props = r->verify + 1;
   while (*n < max_new && !is_eos(r, r->seq[P + *n - 1])) {
     const int64_t start = P + *n - 1;
-    DF_TRY(propose(r, start, r->seq[start], props, err));
+    DF_TRY(propose(r, start, props, err));
     r->verify[0] = r->seq[start];
     df_target_outputs v = {
         .num_capture = (int)r->K, .capture_ids = lids, .captured = r->vfeats, .logits_from = 0, .argmax = r->targ};
@@ -150,22 +120,28 @@ static df_status decode_one(sd_run *r, const int32_t *prompt, int64_t P, int64_t
 // The draft's strategy opened for eval on the target's pieces (SpecForge's defaults for its keys).
 static df_status setup(sd_run *r, df_error *err) {
   const df_target_spec *s = df_target_get_spec(r->t);
-  r->H = s->hidden, r->V = s->vocab, r->K = r->cfg->dflash.num_target_layer_ids, r->bs = r->cfg->block_size;
+  r->H = s->hidden, r->V = s->vocab, r->K = r->cfg->dflash.num_target_layer_ids;
   r->ctx = df_target_ctx(r->t), r->dev = df_ctx_device(r->ctx);
   const df_strategy *st = df_strategy_of(r->cfg);
   if (!st)
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, r->cfg->source, NULL, "no strategy trains this draft (%s)",
                    df_draft_kind_name(r->cfg->kind));
   const df_tensor emb = df_target_embed(r->t), head = df_target_lm_head(r->t);
+  r->steps = (df_strategy_value){.key = "num_steps", .number = (double)r->o->num_steps};
+  r->list = (df_strategy_value_list){.v = &r->steps, .n = r->o->num_steps > 0};
+  r->values = df_strategy_values_of_list(&r->list); // kept in the run: the strategy reads it while drafting
   const df_strategy_env env = {.ctx = r->ctx,
                                .model = r->m,
                                .cfg = r->cfg,
                                .frozen = {.embed = emb.data, .lm_head = head.data, .vocab = r->V, .hidden = r->H},
                                .mask_token_id = r->o->mask_token_id,
                                .num_anchors = 1,
+                               .values = &r->values,
                                .eval = true};
   DF_TRY(df_strategy_open(st, &env, &r->strategy, err));
   r->nprop = st->proposals(r->strategy);
+  if (!st->draft)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, r->cfg->source, NULL, "the %s strategy does not draft", st->name);
   return DF_OK;
 }
 
@@ -177,7 +153,7 @@ static bool grow(void **p, size_t bytes) {
 
 // Buffers and a KV cache for a prompt of P tokens (grown, never shrunk).
 static df_status alloc_for(sd_run *r, int64_t P, df_error *err) {
-  const int64_t need = P + r->o->max_new_tokens + r->bs + 2, W = r->K * r->H, bs = r->bs;
+  const int64_t need = P + r->o->max_new_tokens + r->nprop + 2, W = r->K * r->H, np = r->nprop;
   if (need <= r->cap) return DF_OK;
   df_target_cache_free(r->cache);
   r->cache = NULL, r->cap = 0;
@@ -185,17 +161,10 @@ static df_status alloc_for(sd_run *r, int64_t P, df_error *err) {
   DF_TRY(df_target_cache_create(r->t, need, &r->cache, err));
   const size_t f = sizeof(float), i4 = sizeof(int32_t);
   bool ok = grow((void **)&r->seq, i4 * need) && grow((void **)&r->greedy, i4 * need) &&
-            grow((void **)&r->block_ids, i4 * bs) && grow((void **)&r->verify, i4 * (bs + 1)) &&
-            grow((void **)&r->targ, i4 * (bs + 1)) && grow((void **)&r->ints, i4 * (1 + bs + need + bs));
+            grow((void **)&r->verify, i4 * (np + 1)) && grow((void **)&r->targ, i4 * (np + 1));
   if (!ok) return DF_FAIL(err, DF_ERR_NOMEM, "spec decode", "lower --max-new-tokens", "out of memory");
   DF_TRY(df_buffer_alloc(r->ctx, f * need * W, (void **)&r->feats, err));
-  DF_TRY(df_buffer_alloc(r->ctx, f * (bs + 1) * W, (void **)&r->vfeats, err));
-  DF_TRY(df_buffer_alloc(r->ctx, f * bs * r->H, (void **)&r->block_embed, err));
-  DF_TRY(df_buffer_alloc(r->ctx, i4 * bs, (void **)&r->dblock_ids, err));
-  DF_TRY(df_buffer_alloc(r->ctx, i4 * (1 + bs + need + bs), (void **)&r->dints, err));
-  DF_TRY(df_buffer_alloc(r->ctx, 1, (void **)&r->dkeep, err));
-  const uint8_t keep = 1;
-  DF_TRY(to_device(r, r->dkeep, &keep, 1, err));
+  DF_TRY(df_buffer_alloc(r->ctx, f * (np + 1) * W, (void **)&r->vfeats, err));
   r->cap = need;
   return DF_OK;
 }
@@ -245,7 +214,8 @@ df_status df_spec_decode_run(df_target *t, df_draft_model *m, const df_draft_con
   memset(rep, 0, sizeof *rep);
   rep->identical_to_greedy = true;
   rep->first_mismatch_prompt = rep->first_mismatch_pos = -1;
-  if (o->mask_token_id < 0 || o->max_new_tokens < 1)
+  const df_strategy *strat = df_strategy_of(cfg);
+  if ((strat && strat->blocks && o->mask_token_id < 0) || o->max_new_tokens < 1)
     return DF_FAIL(err, DF_ERR_INVALID, "mask_token_id", "set dflash_config.mask_token_id; --max-new-tokens >= 1",
                    "bad spec-decode options (mask %lld, max_new_tokens %lld)", (long long)o->mask_token_id,
                    (long long)o->max_new_tokens);

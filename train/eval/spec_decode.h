@@ -1,7 +1,7 @@
-// Real greedy speculative decoding with a DFlash or DSpark draft (docs/target.md): per prompt the target
-// prefills; the draft proposes a block from the target's context features; the target verifies the block in
-// one forward; the accepted prefix plus the target's bonus token is committed and the context features
-// extend. The output is compared with plain greedy decoding of the target.
+// Real greedy speculative decoding with a DFlash, DSpark or EAGLE-3 draft (docs/target.md): per prompt the target
+// prefills; the draft proposes tokens from the target's context features (a block, or an EAGLE-3 chain); the target
+// verifies them in one forward; the accepted prefix plus the target's bonus token is committed and the context
+// features extend. The output is compared with plain greedy decoding of the target.
 #ifndef DF_TRAIN_EVAL_SPEC_DECODE_H
 #define DF_TRAIN_EVAL_SPEC_DECODE_H
 
@@ -10,14 +10,15 @@
 #include <stdio.h>
 
 #include "base/error.h"
-#include "modeling/draft_model.h"
 #include "modeling/draft_config.h"
+#include "modeling/draft_model.h"
 #include "modeling/target/target_model.h"
 
 typedef struct {
   int64_t max_new_tokens; // per prompt (default 64)
   int64_t max_samples;    // 0: every line of the data
-  int64_t mask_token_id;  // the draft's MASK id (>= 0)
+  int64_t mask_token_id;  // the draft's MASK id (>= 0; block drafts)
+  int64_t num_steps;      // chain drafts (EAGLE-3): tokens drafted per round (0: the draft's default)
   const int32_t *eos;     // the target's end-of-sequence ids (df_target_eos_ids): decoding stops after one
   int n_eos;
   const char *sequences_out; // when set, a token JSONL of prompt + greedy output (loss_mask 1 on the output)
@@ -26,11 +27,11 @@ typedef struct {
 
 typedef struct {
   int64_t prompts;
-  int64_t verifications;       // target forwards that verified a block
-  int64_t target_forwards;     // verifications + one prefill per prompt
-  int64_t generated_tokens;    // Σ tokens generated (the prefill's first token included)
-  int64_t committed;           // Σ over verifications of accepted + 1
-  int64_t proposals;           // tokens the draft proposes per block: bs − 1 (DFlash) or bs (DSpark)
+  int64_t verifications;    // target forwards that verified a block
+  int64_t target_forwards;  // verifications + one prefill per prompt
+  int64_t generated_tokens; // Σ tokens generated (the prefill's first token included)
+  int64_t committed;        // Σ over verifications of accepted + 1
+  int64_t proposals;        // tokens the draft proposes per round: bs − 1 (DFlash), bs (DSpark), num_steps (EAGLE-3)
   int64_t *reached, *accepted; // (proposals) slot k reached / accepted, k = 1..proposals at index k − 1
   double tau;                  // committed / verifications
   bool identical_to_greedy;

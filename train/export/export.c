@@ -56,7 +56,7 @@ static df_status norm_block_size(json_t *cfg, json_t *method, int64_t expect, co
 static df_status norm_method_choices(json_t *method, const df_strategy **s, const char *where, df_error *err) {
   json_t *pt = json_object_get(method, "projector_type"), *am = json_object_get(method, "attention_mode");
   const char *projector = pt ? (json_is_string(pt) ? json_string_value(pt) : "") : "dflash";
-  if (!(*s = df_strategy_for_projector(projector)))
+  if (!(*s = df_strategy_for_projector(projector)) || !(*s)->blocks)
     return DF_FAIL(err, DF_ERR_INVALID, where, "export a draft of a strategy draftforge trains (draftforge schema)",
                    "dflash_config.projector_type '%s' is not a projector of any strategy draftforge trains", projector);
   const char *mode = am ? (json_is_string(am) ? json_string_value(am) : "") : "gqa";
@@ -66,7 +66,27 @@ static df_status norm_method_choices(json_t *method, const df_strategy **s, cons
   return DF_OK;
 }
 
+// The non-block strategy whose serving class the config names (EAGLE-3: LlamaForCausalLMEagle3, which its resolved
+// config always writes); NULL for block drafts, which carry dflash_config.
+static const df_strategy *own_class(const json_t *cfg) {
+  const char *arch = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+  for (int i = 0; arch && df_strategies[i]; i++) {
+    const df_strategy *s = df_strategies[i];
+    if (s->blocks || !s->serving_class_ffn) continue;
+    if (!strcmp(arch, s->serving_class_ffn)) return s;
+  }
+  return NULL;
+}
+
 static df_status normalize(json_t *cfg, const char *torch_dtype, int64_t expect_bs, const char *where, df_error *err) {
+  const df_strategy *own = own_class(cfg);
+  if (own) { // no dflash_config: the strategy's serving names only
+    DF_TRY(own->export_normalize(cfg, where, err));
+    json_object_del(cfg, "auto_map");
+    json_object_set_new(cfg, "torch_dtype", json_string(torch_dtype));
+    if (json_object_get(cfg, "dtype")) json_object_set_new(cfg, "dtype", json_string(torch_dtype));
+    return DF_OK;
+  }
   json_t *method = json_object_get(cfg, "dflash_config");
   if (method && !json_is_null(method) && !json_is_object(method))
     return DF_FAIL(err, DF_ERR_INVALID, where, "dflash_config must be an object", "dflash_config is not an object");
@@ -270,8 +290,8 @@ df_status df_export(const char *checkpoint, const char *out_dir, const df_export
   const df_draft_config *ecfg = NULL; // MoE: the export draft (folded centering)
   df_draft_model *em = NULL;
   int64_t mask = -1;
-  df_status st = export_mask_id(cfg, opt, &mask, err);
   const df_strategy *strategy = df_strategy_of(cfg);
+  df_status st = strategy && !strategy->blocks ? DF_OK : export_mask_id(cfg, opt, &mask, err);
   if (st == DF_OK && !strategy)
     st = DF_FAIL(err, DF_ERR_UNSUPPORTED, cfg->source, NULL, "no strategy trains this draft (%s)",
                  df_draft_kind_name(cfg->kind));

@@ -46,11 +46,16 @@ static int class_index(const json_t *root) {
   return -1;
 }
 
+static bool is_eagle3(const json_t *root) {
+  const char *a = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
+  return a && (!strcmp(a, "LlamaForCausalLMEagle3") || !strcmp(a, "Eagle3LlamaForCausalLM"));
+}
+
 bool df_inspect_is_draft_dir(const char *dir) {
   char path[4200];
   snprintf(path, sizeof path, "%s/config.json", dir);
   json_t *root = json_load_file(path, 0, NULL);
-  bool yes = root && class_index(root) >= 0;
+  bool yes = root && (class_index(root) >= 0 || is_eagle3(root));
   json_decref(root);
   return yes;
 }
@@ -410,6 +415,11 @@ df_status df_inspect_export(const char *dir, FILE *out, int *problems, df_error 
   json_error_t jerr;
   json_t *root = json_load_file(path, 0, &jerr);
   if (!root) return DF_FAIL(err, DF_ERR_FORMAT, path, "fix the JSON", "%s:%d: %s", path, jerr.line, jerr.text);
+  if (is_eagle3(root)) {
+    df_status st = df_inspect_eagle3_export(dir, root, out, problems, err);
+    json_decref(root);
+    return st;
+  }
   int ci = class_index(root);
   df_serve_log log = {.out = out};
   reader r = {root, json_object_get(root, "dflash_config"), NULL, &log};

@@ -42,12 +42,17 @@ typedef struct {
 void df_serve_line(df_serve_log *log, const char *level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 // Whether dir looks like a serving directory: config.json whose architectures[0] is a DFlash-family class
-// (DFlashDraftModel, Qwen3DSparkModel, DSparkDraftModel, LingDSparkModel, DFlashMoEDraftModel, Qwen3MoeDSparkModel).
+// (DFlashDraftModel, Qwen3DSparkModel, DSparkDraftModel, LingDSparkModel, DFlashMoEDraftModel, Qwen3MoeDSparkModel)
+// or EAGLE-3's LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM.
 bool df_inspect_is_draft_dir(const char *dir);
 
 // The whole report for dir into out; *problems receives the number of PROBLEM lines. Fails only when dir
 // cannot be read (no config.json, bad JSON, unreadable safetensors).
 df_status df_inspect_export(const char *dir, FILE *out, int *problems, df_error *err);
+
+// The EAGLE-3 report (inspect_eagle3.c): SGLang's LlamaForCausalLMEagle3 and vLLM's Eagle3LlamaForCausalLM reading
+// the directory whose config.json is root.
+df_status df_inspect_eagle3_export(const char *dir, const json_t *root, FILE *out, int *problems, df_error *err);
 
 // The tensor part (inspect_export_tensors.c): every tensor the class expects against model.safetensors.
 df_status df_inspect_export_tensors(const char *dir, const df_serve_shape *s, df_serve_log *log, df_error *err);

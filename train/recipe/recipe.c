@@ -342,6 +342,11 @@ static void build_public(recipe_impl *r, const char *name) {
   p->model.lm_head_key = val(r, "model", "lm_head_key")->s;
   const df_rvalue *mask = val(r, "model", "mask_token_id");
   p->model.has_mask_token_id = !mask->is_null, p->model.mask_token_id = mask->is_null ? -1 : mask->i;
+  const df_rvalue *aux = val(r, "model", "aux_hidden_state_layer_ids");
+  p->model.num_aux_layer_ids = aux->is_null ? 0 : (aux->n < 8 ? aux->n : 8);
+  for (int i = 0; i < p->model.num_aux_layer_ids; i++) p->model.aux_layer_ids[i] = (int)aux->il[i];
+  p->model.vocab_mapping_path = str_or_null(val(r, "model", "vocab_mapping_path"));
+  if (p->model.vocab_mapping_path && !p->model.vocab_mapping_path[0]) p->model.vocab_mapping_path = NULL;
   p->data.hidden_states_path = str_or_null(val(r, "data", "hidden_states_path"));
   p->data.train_data_path = str_or_null(val(r, "data", "train_data_path"));
   if (!p->data.train_data_path) p->data.train_data_path = str_or_null(val(r, "data", "prompts_path"));
@@ -560,8 +565,8 @@ static const df_rvalue *training_value(const void *self, const char *key, df_rec
 static bool strategy_number(const void *self, const char *key, double *out) {
   df_recipe_type t;
   const df_rvalue *v = training_value(self, key, &t);
-  if (!v || (t != DF_RT_FLOAT && t != DF_RT_INT)) return false;
-  *out = t == DF_RT_INT ? (double)v->i : v->f;
+  if (!v || (t != DF_RT_FLOAT && t != DF_RT_INT && t != DF_RT_BOOL)) return false;
+  *out = t == DF_RT_INT ? (double)v->i : t == DF_RT_BOOL ? (double)v->b : v->f;
   return true;
 }
 

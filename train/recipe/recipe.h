@@ -48,6 +48,11 @@ typedef struct df_recipe {
     const char *lm_head_key;
     bool has_mask_token_id; // model.mask_token_id given (it overrides the draft config's)
     int64_t mask_token_id;
+    // EAGLE-3: model.aux_hidden_state_layer_ids (n 0: not given; they override the draft config's eagle_config) and
+    // model.vocab_mapping_path (NULL: derive the mapping from the data; strategies/eagle3/prepare.c).
+    int num_aux_layer_ids;
+    int aux_layer_ids[8];
+    const char *vocab_mapping_path;
   } model;
   struct {
     // Exactly one training source: captured shards (offline), or online data the target turns into features

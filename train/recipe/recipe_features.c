@@ -1,7 +1,7 @@
 // Whole features a SpecForge recipe may ask for that draftforge does not have, one table row each: a recipe
 // asking for one is refused before its keys are checked, with one line naming the key and the feature, and a
 // hint saying what to do instead
-// (so an EAGLE-3 recipe is refused for EAGLE-3, not for the first EAGLE-3-only key it sets). A row's
+// (so a P-EAGLE recipe is refused for P-EAGLE, not for the first EAGLE-only key it sets). A row's
 // `supported` flips to true when the feature lands (a strategy: when strategies/registry.c lists it); nothing else has
 // to change.
 #include <stdio.h>
@@ -23,8 +23,8 @@ typedef struct {
   const char *instead;
 } feature_row;
 
-static const char EAGLE_INSTEAD[] = "train it with SpecForge (specforge train), or train a DFlash or DSpark draft "
-                                    "here (training.strategy: dflash | dspark | domino)";
+static const char EAGLE_INSTEAD[] = "train it with SpecForge (specforge train), or train a DFlash, DSpark, Domino or "
+                                    "EAGLE-3 draft here (training.strategy: dflash | dspark | domino | eagle3)";
 static const char OFFLINE_INSTEAD[] = "capture the target's hidden states first (draftforge capture, or SpecForge's "
                                       "offline capture converted with tools/import_specforge.py) and set "
                                       "data.hidden_states_path";

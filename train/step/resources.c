@@ -48,8 +48,12 @@ static df_status load_pieces(const df_recipe *rc, df_run_resources *t, df_error 
   return DF_OK;
 }
 
-// model.mask_token_id overrides dflash_config.mask_token_id; one of them must be set, below the vocabulary.
+// model.mask_token_id overrides dflash_config.mask_token_id; one of them must be set, below the vocabulary. Only block
+// drafts read one (-1 for the others).
 static df_status resolve_mask_token(const df_recipe *rc, const df_run_resources *t, int64_t *out, df_error *err) {
+  const df_strategy *s = df_strategy_of(t->draft);
+  *out = -1;
+  if (s && !s->blocks) return DF_OK;
   int64_t id = rc->model.has_mask_token_id ? rc->model.mask_token_id : t->draft->dflash.mask_token_id;
   if (id < 0)
     return DF_FAIL(err, DF_ERR_INVALID, "model.mask_token_id",
@@ -89,6 +93,18 @@ static df_status check_strategy(const df_recipe *rc, const df_draft_config *cfg,
   return DF_OK;
 }
 
+// The captured layers of an EAGLE-3 draft against its target (model.aux_hidden_state_layer_ids, the config's
+// eagle_config, else SpecForge's default): the resolved config replaces the loaded one.
+static df_status resolve_capture(const df_recipe *rc, df_run_resources *t, df_error *err) {
+  const df_draft_config *resolved = NULL;
+  DF_TRY(df_draft_config_resolve_capture(t->draft, t->target->num_hidden_layers, rc->model.aux_layer_ids,
+                                         rc->model.num_aux_layer_ids, &resolved, err));
+  if (!resolved) return DF_OK;
+  df_draft_config_free(t->draft);
+  t->draft = resolved;
+  return DF_OK;
+}
+
 df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_error *err) {
   return df_run_resources_load_ex(rc, NULL, out, err);
 }
@@ -101,6 +117,7 @@ static df_status load(const df_recipe *rc, const char *draft_config_path, bool s
     st = draft_config_path ? df_draft_config_from_file(draft_config_path, &out->draft, err)
                            : load_draft_config(rc, &out->draft, err);
   if (st == DF_OK) st = check_strategy(rc, out->draft, err);
+  if (st == DF_OK) st = resolve_capture(rc, out, err);
   if (st == DF_OK) st = df_draft_config_check_target(out->draft, out->target, err);
   if (st == DF_OK) st = shapes ? size_pieces(out) : load_pieces(rc, out, err);
   if (st == DF_OK) st = resolve_mask_token(rc, out, &out->mask_token_id, err);

@@ -8,6 +8,7 @@
 
 #include "base/fsutil.h"
 #include "modeling/strict_load.h"
+#include "train/data/batch_source.h"
 #include "train/data/hs.h"
 #include "train/recipe/device.h"
 #include "train/recipe/recipe.h"
@@ -144,6 +145,32 @@ static df_status load_model(step_run *r, int threads, const df_device_choice *de
   return df_draft_model_load_ex(r->model, rc->model.draft_checkpoint_path, true, err);
 }
 
+// The strategy's reading of the data before the step, as a fresh training run does it (EAGLE-3's mapping).
+typedef struct {
+  df_batch_source *src;
+  int64_t max_length;
+} data_view;
+
+static df_status view_sample(void *self, int64_t i, const int32_t **ids, const uint8_t **mask, int64_t *len,
+                             df_error *err) {
+  data_view *v = self;
+  return v->src->vt->tokens(v->src, i, v->max_length, ids, mask, len, err);
+}
+
+static df_status prepare_strategy(const step_run *r, df_strategy_run *run, df_error *err) {
+  if (!run->table->prepare) return DF_OK;
+  data_view v = {.max_length = r->recipe->data.max_length};
+  DF_TRY(df_hs_source_open(r->recipe->data.hidden_states_path, NULL, false, &v.src, err));
+  const df_strategy_data data = {.self = &v,
+                                 .count = v.src->num_samples,
+                                 .sample = view_sample,
+                                 .vocab_mapping_path = r->recipe->model.vocab_mapping_path,
+                                 .write_files = false};
+  df_status st = run->table->prepare(run, &data, err);
+  df_batch_source_close(v.src);
+  return st;
+}
+
 // Recipe; configs, strategy check, frozen pieces and mask token (df_run_resources_load, as the trainer); model;
 // the first batch.
 static df_status load_all(step_run *r, const char *recipe, int threads, const df_device_choice *device, df_error *err) {
@@ -203,10 +230,39 @@ static df_status write_dump(const step_run *run, const df_step_result *r, const 
   DF_TRY(df_mkdirs(dir, "check the --dump directory", err));
   char path[4096];
   snprintf(path, sizeof path, "%s/grads.safetensors", dir);
-  // Every trainable parameter (no buffers), FFN-kind tensors named by the config's checkpoint layout.
+  // Every trainable parameter (no buffers), FFN-kind tensors named by the config's checkpoint layout. Gradients on a
+  // device are read through a host copy: the file writer reads host memory only.
+  const float *grads = df_draft_model_grads(run->model);
+  float *host = NULL;
+  if (!df_ctx_host_addressable(run->ctx)) {
+    const size_t bytes = sizeof(float) * (size_t)df_params_numel(df_draft_model_params(run->model));
+    host = malloc(bytes ? bytes : 1);
+    if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "grads", NULL, "cannot stage %zu bytes of gradients", bytes);
+    df_status st = df_copy(run->ctx, host, DF_DEV_CPU, grads, df_ctx_device(run->ctx), bytes, err);
+    if (st != DF_OK) return free(host), st;
+    grads = host;
+  }
   df_save_options so = {.dtype = DF_ST_F32, .trainable_only = true};
   const df_ffn_set fs = df_draft_model_ffn_set(run->model);
-  DF_TRY(df_ffn_set_save(&fs, df_draft_model_params(run->model), df_draft_model_grads(run->model), path, &so, err));
+  const df_params *p = df_draft_model_params(run->model);
+  df_status st = df_ffn_set_save(&fs, p, grads, path, &so, err);
+  free(host);
+  DF_TRY(st);
+  bool ints = false; // integer buffers (EAGLE-3's d2t / t2d): the mapping the step used, as vocab.safetensors
+  for (int i = 0; i < df_params_count(p); i++)
+    ints = ints || (df_params_at(p, i)->role == DF_ROLE_BUFFER && df_params_at(p, i)->dtype != DF_F32);
+  if (ints) {
+    snprintf(path, sizeof path, "%s/vocab.safetensors", dir);
+    const int64_t n = df_params_numel(p);
+    float *w = malloc(sizeof(float) * (size_t)n);
+    if (!w) return DF_FAIL(err, DF_ERR_NOMEM, dir, NULL, "out of memory");
+    const df_save_options vo = {.dtype = DF_ST_F32, .integer_only = true};
+    st = df_copy(run->ctx, w, DF_DEV_CPU, df_draft_model_weights(run->model), df_ctx_device(run->ctx),
+                 sizeof(float) * (size_t)n, err);
+    if (st == DF_OK) st = df_params_save(p, w, path, &vo, err);
+    free(w);
+    DF_TRY(st);
+  }
   return df_step_write_json(r, dir, err);
 }
 
@@ -241,6 +297,7 @@ df_status df_step_run(const char *recipe, const char *dump_dir, int threads, con
     const df_step_settings set = df_step_settings_of(r.recipe, r.res.mask_token_id, &values);
     st = df_step_open(r.ctx, r.model, r.res.draft, &r.res.frozen, &set, false, &run, err);
   }
+  if (st == DF_OK) st = prepare_strategy(&r, run, err);
   int64_t horizon = 0;
   if (st == DF_OK) st = schedule_horizon(r.recipe, &horizon, err);
   if (st == DF_OK) {

@@ -14,26 +14,34 @@
 // The training source (train/data/online_data.h): captured shards of data.hidden_states_path, or online data of
 // data.train_data_path; and, when the run evaluates, the eval source (data.eval_hidden_states_path or
 // data.eval_data_path), opened here so a bad eval set fails before the first step. Online sources share one target.
-static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **train_src, df_error *err) {
+static df_data_source_options train_source_options(df_trainer *t, bool need_last, const df_ctx_options *target_ctx) {
   const df_recipe *rc = t->recipe;
   const bool online = rc->data.train_data_path != NULL;
+  return (df_data_source_options){.rc = rc,
+                                  .path = online ? rc->data.train_data_path : rc->data.hidden_states_path,
+                                  .key = online ? "data.train_data_path" : "data.hidden_states_path",
+                                  .allow_hidden_states = !online,
+                                  .allow_online = online,
+                                  .cfg = t->draft,
+                                  .need_last_hidden = need_last,
+                                  .threads = t->opt->threads,
+                                  .overlap = t->opt->online_overlap,
+                                  .target_ctx = target_ctx,
+                                  .log = t->log,
+                                  .target = &t->online,
+                                  .synthetic = t->plan ? 2 * t->plan->batch : 0}; // two batches: both upload slots
+}
+
+static df_ctx_options target_ctx_of(const df_trainer *t) {
   // An online target runs on the run's device (the exact context options when a test gave them).
-  const df_ctx_options target_ctx =
-      t->opt->ctx_options ? *t->opt->ctx_options
-                          : (df_ctx_options){.device = df_ctx_device(t->ctx), .num_threads = t->opt->threads};
-  df_data_source_options so = {.rc = rc,
-                               .path = online ? rc->data.train_data_path : rc->data.hidden_states_path,
-                               .key = online ? "data.train_data_path" : "data.hidden_states_path",
-                               .allow_hidden_states = !online,
-                               .allow_online = online,
-                               .cfg = t->draft,
-                               .need_last_hidden = need_last,
-                               .threads = t->opt->threads,
-                               .overlap = t->opt->online_overlap,
-                               .target_ctx = &target_ctx,
-                               .log = t->log,
-                               .target = &t->online,
-                               .synthetic = t->plan ? 2 * t->plan->batch : 0}; // two batches: both upload slots
+  return t->opt->ctx_options ? *t->opt->ctx_options
+                             : (df_ctx_options){.device = df_ctx_device(t->ctx), .num_threads = t->opt->threads};
+}
+
+static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **train_src, df_error *err) {
+  const df_recipe *rc = t->recipe;
+  const df_ctx_options target_ctx = target_ctx_of(t);
+  df_data_source_options so = train_source_options(t, need_last, &target_ctx);
   DF_TRY(df_data_source_open(&so, train_src, err));
   if (rc->training.eval_interval <= 0) return DF_OK;
   const bool online_eval = rc->data.eval_data_path != NULL;
@@ -192,6 +200,40 @@ static df_status write_resolved(df_trainer *t, df_error *err) {
 
 // ---- fresh start or resume ---------------------------------------------------------------------------------
 
+// The strategy's reading of the training data before the first step (EAGLE-3: the vocabulary mapping), through a
+// source of its own: the feed's may be prefetching on its thread already.
+typedef struct {
+  df_batch_source *src;
+  int64_t max_length;
+} data_view;
+
+static df_status view_sample(void *self, int64_t i, const int32_t **ids, const uint8_t **mask, int64_t *len,
+                             df_error *err) {
+  data_view *v = self;
+  return v->src->vt->tokens(v->src, i, v->max_length, ids, mask, len, err);
+}
+
+static df_status prepare_strategy(df_trainer *t, df_error *err) {
+  if (!t->strategy->table->prepare) return DF_OK;
+  const df_ctx_options target_ctx = target_ctx_of(t);
+  df_data_source_options so = train_source_options(t, false, &target_ctx);
+  so.log = NULL;
+  data_view v = {.max_length = t->recipe->data.max_length};
+  DF_TRY(df_data_source_open(&so, &v.src, err));
+  df_status st = v.src->vt->tokens
+                     ? DF_OK
+                     : DF_FAIL(err, DF_ERR_UNSUPPORTED, v.src->label, NULL, "this data source cannot list its tokens");
+  const df_strategy_data data = {.self = &v,
+                                 .count = v.src->num_samples,
+                                 .sample = view_sample,
+                                 .vocab_mapping_path = t->recipe->model.vocab_mapping_path,
+                                 .write_files = t->dp.rank == 0,
+                                 .log = t->log};
+  if (st == DF_OK) st = t->strategy->table->prepare(t->strategy, &data, err);
+  df_batch_source_close(v.src);
+  return st;
+}
+
 // Only rank 0 looks at output_dir and opens metrics.jsonl: a refusal there ends the job on every rank.
 static df_status fresh_start(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
@@ -215,6 +257,7 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   } else {
     DF_TRY(df_draft_model_init(t->model, rc->training.seed, err));
   }
+  DF_TRY(prepare_strategy(t, err)); // after the weights: EAGLE-3's data-derived mapping replaces a warm start's
   df_dflash_sampler_init(&t->sampler, rc->training.seed);
   memset(&t->prog, 0, sizeof t->prog);
   t->prog.last_lr = 0.0;

@@ -1,0 +1,227 @@
+// EAGLE-3 through the trainer on the eagle3_step fixtures: the first step's loss is the step-parity loss (a warm
+// start whose stale mapping the data's replaces), the mapping is cached at model.vocab_mapping_path and read back by
+// the next run, resume is bit exact (accumulation, LK lambda), and the export is the layout SGLang and vLLM load
+// (draftforge inspect finds no problem; the weights are the checkpoint's).
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "modeling/safetensors.h"
+#include "tests/common/fixture.h"
+#include "train/export/export.h"
+#include "train/export/inspect_export.h"
+#include "train/observe/metrics_log.h"
+#include "train/trainer/trainer.h"
+
+#define EFX DF_FIXTURE_DIR "/eagle3_step"
+
+typedef struct {
+  char root[256], recipe[300];
+} tdir;
+
+static void tdir_open(tdir *d, const char *name, const char *training) {
+  snprintf(d->root, sizeof d->root, "/tmp/df_test_eagle3_train_%s_%ld", name, (long)getpid());
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", d->root, d->root);
+  cr_assert_eq(system(cmd), 0);
+  snprintf(d->recipe, sizeof d->recipe, "%s/recipe.yaml", d->root);
+  FILE *fp = fopen(d->recipe, "w");
+  cr_assert(fp);
+  fprintf(fp,
+          "model:\n  target_model_path: " EFX "/target\n  draft_model_config: " EFX "/eagle3.json\n"
+          "  vocab_mapping_path: %s/vocab.safetensors\n"
+          "data:\n  hidden_states_path: " EFX "/data\n  max_length: 64\n"
+          "training:\n  strategy: eagle3\n  learning_rate: 1e-3\n  max_grad_norm: 1.0\n  log_interval: 1\n%s"
+          "run_id: t\n",
+          d->root, training);
+  fclose(fp);
+}
+
+static void tdir_close(tdir *d) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", d->root);
+  cr_expect_eq(system(cmd), 0);
+}
+
+static void train_ok(const tdir *d, const char *run, const char *const *sets, const char *resume, df_train_summary *s) {
+  const char *all[16];
+  char out[400], res[400];
+  snprintf(out, sizeof out, "output_dir=%s/%s", d->root, run);
+  int n = 0;
+  all[n++] = out;
+  for (int i = 0; sets && sets[i]; i++) all[n++] = sets[i];
+  if (resume) snprintf(res, sizeof res, "%s/%s", d->root, resume);
+  df_train_options o = {.recipe_path = d->recipe,
+                        .overrides = all,
+                        .n_overrides = n,
+                        .resume = resume ? res : NULL,
+                        .threads = 1,
+                        .handle_signals = true};
+  omp_set_num_threads(1);
+  df_error err = {0};
+  DF_ASSERT_OK(df_train(&o, s, &err), &err);
+}
+
+static json_t *metrics(const tdir *d, const char *run) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s/metrics.jsonl", d->root, run);
+  FILE *fp = fopen(p, "r");
+  cr_assert(fp, "no %s", p);
+  json_t *rows = json_array();
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, fp) > 0) {
+    json_t *o = json_loads(line, 0, NULL);
+    cr_assert(o);
+    df_metrics_strip_timing(o);
+    json_array_append_new(rows, o);
+  }
+  free(line);
+  fclose(fp);
+  return rows;
+}
+
+Test(eagle3_train, first_step_is_the_step_parity_loss_and_the_mapping_is_cached) {
+  tdir d;
+  tdir_open(&d, "first", "  batch_size: 4\n  ttt_length: 1\n  seed: 42\n  max_steps: 1\n");
+  df_train_summary s;
+  const char *warm[] = {"model.draft_checkpoint_path=" EFX "/draft_ckpt", NULL};
+  train_ok(&d, "a", warm, NULL, &s);
+  json_t *m = metrics(&d, "a");
+  const double loss = json_number_value(json_object_get(json_array_get(m, 0), "loss"));
+  cr_expect(fabs(loss - 2.170304501) < 1e-6 * 2.17, "step 1 loss %.9f, the ttt1_kl_warm case's 2.170304501", loss);
+  json_decref(m);
+  // the cached mapping is SpecForge's (the fixture's vocab.safetensors) and the next run reads it
+  char p[400];
+  snprintf(p, sizeof p, "%s/vocab.safetensors", d.root);
+  df_st_file *got = NULL, *want = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_st_open(p, &got, &err), &err);
+  DF_ASSERT_OK(df_st_open(EFX "/ttt1_kl_warm/expected/vocab.safetensors", &want, &err), &err);
+  float a[256], b[256];
+  DF_ASSERT_OK(df_st_read_f32(got, df_st_find(got, "d2t"), a, 64, &err), &err);
+  DF_ASSERT_OK(df_st_read_f32(want, df_st_find(want, "d2t"), b, 64, &err), &err);
+  cr_expect_eq(memcmp(a, b, sizeof(float) * 64), 0, "the cached d2t is SpecForge's");
+  df_st_close(got), df_st_close(want);
+  // a mapping file that is not one: refused naming the key, before the first step
+  FILE *fp = fopen(p, "w");
+  fputs("not safetensors", fp);
+  fclose(fp);
+  const char *all[] = {"output_dir=/tmp/df_test_eagle3_never", "model.draft_checkpoint_path=" EFX "/draft_ckpt"};
+  df_train_options o = {.recipe_path = d.recipe, .overrides = all, .n_overrides = 2, .threads = 1};
+  cr_expect_neq(df_train(&o, &s, &err), DF_OK, "a broken mapping file fails the run");
+  cr_expect(strstr(err.where, "vocab.safetensors") != NULL, "%s [%s]", err.msg, err.where);
+  // a safetensors mapping that is not one mapping: a target id out of order, then t2d selecting one id too many
+  int64_t d2t[64];
+  uint8_t t2d[256] = {0};
+  for (int64_t i = 0; i < 64; i++) d2t[i] = i, t2d[2 * i] = 1; // draft id i is target id 2i
+  for (int bad = 0; bad < 2; bad++) {
+    if (bad == 0) d2t[5] = 2; // target id 7, after 8
+    if (bad == 1) d2t[5] = 5, t2d[1] = 1;
+    df_st_writer *w;
+    DF_ASSERT_OK(df_st_writer_new(&w, &err), &err);
+    const int64_t dn = 64, vn = 256;
+    DF_ASSERT_OK(df_st_writer_add(w, "d2t", DF_ST_I64, 1, &dn, d2t, &err), &err);
+    DF_ASSERT_OK(df_st_writer_add(w, "t2d", DF_ST_BOOL, 1, &vn, t2d, &err), &err);
+    DF_ASSERT_OK(df_st_writer_write(w, p, &err), &err);
+    df_st_writer_free(w);
+    err = (df_error){0};
+    cr_expect_eq(df_train(&o, &s, &err), DF_ERR_INVALID, "bad mapping %d", bad);
+    cr_expect(strstr(err.where, "vocab.safetensors") != NULL, "%s [%s]", err.msg, err.where);
+    cr_expect(strstr(err.msg, "draft id 5") != NULL || bad == 1, "%s", err.msg);
+  }
+  tdir_close(&d);
+}
+
+Test(eagle3_train, resume_is_bit_exact) {
+  tdir d;
+  tdir_open(&d, "resume",
+            "  batch_size: 2\n  accumulation_steps: 2\n  ttt_length: 3\n  lk_loss_type: lambda\n  kl_decay: 2.0\n"
+            "  num_epochs: 8\n  total_steps: 8\n  warmup_ratio: 0.25\n  seed: 7\n");
+  df_train_summary s;
+  const char *every4[] = {"training.save_interval=4", NULL};
+  train_ok(&d, "straight", every4, NULL, &s);
+  cr_expect_eq(s.last_step, 8);
+  const char *half[] = {"training.save_interval=4", "training.max_steps=4", NULL};
+  train_ok(&d, "split", half, NULL, &s);
+  cr_expect_eq(s.last_step, 4);
+  const char *rest[] = {"training.save_interval=4", "training.max_steps=8", NULL};
+  train_ok(&d, "split", rest, "split", &s);
+  cr_expect_eq(s.start_step, 4);
+  char a[400], b[400], cmd[1000];
+  snprintf(a, sizeof a, "%s/straight/checkpoints/step-00000008/model.safetensors", d.root);
+  snprintf(b, sizeof b, "%s/split/checkpoints/step-00000008/model.safetensors", d.root);
+  snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+  cr_expect_eq(system(cmd), 0, "the resumed run's weights differ");
+  json_t *ma = metrics(&d, "straight"), *mb = metrics(&d, "split");
+  char *ta = json_dumps(ma, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+  char *tb = json_dumps(mb, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+  cr_expect_str_eq(ta, tb);
+  const json_t *last = json_array_get(ma, 7);
+  cr_expect_eq(json_array_size(json_object_get(last, "step_loss")), 3, "per TTT step");
+  cr_expect_eq(json_array_size(json_object_get(last, "per_position_acc")), 3);
+  free(ta), free(tb);
+  json_decref(ma), json_decref(mb);
+  // the contract records the strategy's keys: another ttt_length is refused on resume
+  const char *other[] = {"training.save_interval=4", "training.max_steps=8", "training.ttt_length=4", NULL};
+  const char *all[8];
+  char out[400], res[400];
+  snprintf(out, sizeof out, "output_dir=%s/split", d.root);
+  snprintf(res, sizeof res, "%s/split/checkpoints/step-00000004", d.root);
+  int n = 0;
+  all[n++] = out;
+  for (int i = 0; other[i]; i++) all[n++] = other[i];
+  df_train_options o = {.recipe_path = d.recipe, .overrides = all, .n_overrides = n, .resume = res, .threads = 1};
+  df_error err = {0};
+  cr_expect_neq(df_train(&o, &s, &err), DF_OK, "ttt_length changed on resume");
+  cr_expect(strstr(err.msg, "ttt_length") != NULL, "%s", err.msg);
+  tdir_close(&d);
+}
+
+Test(eagle3_train, export_is_what_sglang_and_vllm_load) {
+  tdir d;
+  tdir_open(&d, "export", "  batch_size: 3\n  ttt_length: 2\n  max_steps: 2\n  seed: 3\n");
+  df_train_summary s;
+  train_ok(&d, "run", NULL, NULL, &s);
+  char run[400], out[400];
+  snprintf(run, sizeof run, "%s/run", d.root);
+  snprintf(out, sizeof out, "%s/export", d.root);
+  df_export_options eo = {.dtype = DF_ST_BF16, .threads = 1};
+  df_export_info info;
+  df_error err = {0};
+  DF_ASSERT_OK(df_export(run, out, &eo, &info, &err), &err);
+  cr_expect_str_eq(info.architecture, "LlamaForCausalLMEagle3");
+  char log[8192] = {0};
+  FILE *fp = fmemopen(log, sizeof log - 1, "w");
+  int problems = -1;
+  DF_ASSERT_OK(df_inspect_export(out, fp, &problems, &err), &err);
+  fclose(fp);
+  cr_expect_eq(problems, 0, "%s", log);
+  cr_expect(strstr(log, "--speculative-algorithm EAGLE3") != NULL, "%s", log);
+  char p[500];
+  snprintf(p, sizeof p, "%s/model.safetensors", out);
+  df_st_file *f = NULL;
+  DF_ASSERT_OK(df_st_open(p, &f, &err), &err);
+  cr_expect_eq(df_st_find(f, "fc.weight")->dtype, DF_ST_BF16);
+  cr_expect_eq(df_st_find(f, "d2t")->dtype, DF_ST_I64, "the mapping keeps its integer dtype");
+  cr_expect_eq(df_st_find(f, "t2d")->dtype, DF_ST_BOOL);
+  cr_expect_eq(df_st_count(f), 15);
+  df_st_close(f);
+  // a broken export is reported: a float d2t and a missing lm_head
+  snprintf(p, sizeof p, "%s/config.json", out);
+  json_t *cfg = json_load_file(p, 0, NULL);
+  json_object_set_new(cfg, "tie_word_embeddings", json_true());
+  json_object_del(cfg, "draft_vocab_size");
+  cr_assert_eq(json_dump_file(cfg, p, 0), 0);
+  json_decref(cfg);
+  fp = fmemopen(log, sizeof log - 1, "w");
+  DF_ASSERT_OK(df_inspect_export(out, fp, &problems, &err), &err);
+  fclose(fp);
+  cr_expect_geq(problems, 2, "%s", log);
+  cr_expect(strstr(log, "tie_word_embeddings") != NULL && strstr(log, "draft_vocab_size") != NULL, "%s", log);
+  tdir_close(&d);
+}
