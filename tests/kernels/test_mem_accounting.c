@@ -10,6 +10,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/context.h"
+#include "kernels/eagle3.h"
 #include "tests/common/fixture.h"
 
 static df_ctx *make(const df_ctx_options *o) {
@@ -216,6 +217,56 @@ Test(mem_measure, workspace_equals_what_the_ops_take) {
     cr_expect_eq(b.tag[DF_MEM_WORKSPACE].peak, a.tag[DF_MEM_WORKSPACE].peak,
                  "%d threads: workspace %lld measured, %lld taken", threads, (long long)b.tag[DF_MEM_WORKSPACE].peak,
                  (long long)a.tag[DF_MEM_WORKSPACE].peak);
+    cr_expect_eq(b.device.peak, a.device.peak);
+    df_ctx_destroy(real), df_ctx_destroy(meas);
+  }
+}
+
+// EAGLE-3's ops that take workspace (the TTT attention forward and backward, the compact teacher's lse/argmax), on
+// real data and on a measuring context of the same table and threads: the same workspace, to the byte.
+enum { ET = 3, EL = 10, EV = 300 }; // TTT steps, positions per sample, target vocabulary (two vocabulary blocks)
+
+static void run_eagle3_ops(df_ctx *ctx, bool teacher) { // teacher: the lse/argmax, else the TTT attention
+  const df_device d = df_ctx_device(ctx);
+  static float fq[B * EL * NH * HD], fk[ET * B * EL * NKV * HD], fh[B * EL * H], fw[EV * H];
+  df_test_fill_uniform(fq, B * EL * NH * HD, 5, -1, 1), df_test_fill_uniform(fk, ET * B * EL * NKV * HD, 6, -1, 1);
+  df_test_fill_uniform(fh, B * EL * H, 7, -1, 1), df_test_fill_uniform(fw, EV * H, 8, -1, 1);
+  const int32_t len[B] = {EL, EL - 3};
+  df_tensor q = df_f32_on(d, dev(ctx, sizeof fq, fq), B, EL, NH, HD),
+            k = df_f32_on(d, dev(ctx, sizeof fk, fk), ET * B, EL, NKV, HD),
+            v = df_f32_on(d, dev(ctx, sizeof fk, fk), ET * B, EL, NKV, HD),
+            lengths = df_i32_on(d, dev(ctx, sizeof len, len), B),
+            out = df_f32_on(d, dev(ctx, sizeof fq, NULL), B, EL, NH, HD),
+            lse = df_f32_on(d, dev(ctx, sizeof(float) * B * EL * NH, NULL), B * EL * NH),
+            dout = df_f32_on(d, dev(ctx, sizeof fq, fq), B, EL, NH, HD),
+            dq = df_f32_on(d, dev(ctx, sizeof fq, NULL), B, EL, NH, HD),
+            dk = df_f32_on(d, dev(ctx, sizeof fk, NULL), ET * B, EL, NKV, HD),
+            dv = df_f32_on(d, dev(ctx, sizeof fk, NULL), ET * B, EL, NKV, HD);
+  const df_ttt_attn_desc td = {.step = 1, .scale = 0.25f};
+  df_error err = {0};
+  if (!teacher) {
+    DF_ASSERT_OK(df_ttt_attn_forward(ctx, &td, &q, &k, &v, &lengths, &out, &lse, &err), &err);
+    DF_ASSERT_OK(df_ttt_attn_backward(ctx, &td, &q, &k, &v, &lengths, &out, &lse, &dout, &dq, &dk, &dv, &err), &err);
+    return;
+  }
+  df_tensor hid = df_f32_on(d, dev(ctx, sizeof fh, fh), B * EL, H), head = df_f32_on(d, dev(ctx, sizeof fw, fw), EV, H),
+            tl = df_f32_on(d, dev(ctx, sizeof(float) * B * EL, NULL), B * EL),
+            ta = df_i32_on(d, dev(ctx, sizeof(int32_t) * B * EL, NULL), B * EL);
+  DF_ASSERT_OK(df_lmhead_lse_argmax(ctx, 7, &hid, &head, &tl, &ta, &err), &err);
+}
+
+Test(mem_measure, eagle3_workspace_equals_what_the_ops_take) {
+  for (int run = 0; run < 4; run++) {
+    const int threads = run % 2 ? 3 : 1;
+    const bool teacher = run >= 2;
+    df_ctx *real = make(&(df_ctx_options){.device = DF_DEV_FAKE, .num_threads = threads});
+    df_ctx *meas = make(&(df_ctx_options){.device = DF_DEV_FAKE, .num_threads = threads, .measure = true});
+    run_eagle3_ops(real, teacher), run_eagle3_ops(meas, teacher);
+    const df_mem_stats a = df_ctx_mem_stats(real), b = df_ctx_mem_stats(meas);
+    cr_expect_gt(a.tag[DF_MEM_WORKSPACE].peak, 0);
+    cr_expect_eq(b.tag[DF_MEM_WORKSPACE].peak, a.tag[DF_MEM_WORKSPACE].peak,
+                 "%s, %d threads: workspace %lld measured, %lld taken", teacher ? "lse/argmax" : "TTT attention",
+                 threads, (long long)b.tag[DF_MEM_WORKSPACE].peak, (long long)a.tag[DF_MEM_WORKSPACE].peak);
     cr_expect_eq(b.device.peak, a.device.peak);
     df_ctx_destroy(real), df_ctx_destroy(meas);
   }

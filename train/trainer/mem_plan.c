@@ -144,15 +144,19 @@ static const char *const WHAT[DF_MEM_TAGS] = {
     [DF_MEM_WORKSPACE] = "op workspace: LM-head chunk logits, attention, norms",
     [DF_MEM_STATS] = "metric sums + {norm, coef, ok}, f64",
     [DF_MEM_FFN_STATE] = "the FFN kind's state (MoE statistics, stashes)",
-    [DF_MEM_FROZEN] = "target embed_tokens + lm_head, fp32",
+    [DF_MEM_FROZEN] = "target embed_tokens + lm_head, fp32 (EAGLE-3: + its vocab rows)",
     [DF_MEM_TARGET_WEIGHTS] = "online target's weights, fp32",
     [DF_MEM_KV_CACHE] = "online target's KV cache (data.max_length)",
     [DF_MEM_TARGET_ACTIVATIONS] = "online target's prefill scratch + output rows"};
 
 static void print_header(const df_mem_plan *p, FILE *fp) {
-  fprintf(fp, "memory plan: %s backend, micro-batch %lld x %lld tokens, %lld anchors x %lld (%lld block rows)",
-          p->backend, (long long)p->batch, (long long)p->S, (long long)p->N, (long long)p->bs,
-          (long long)(p->batch * p->N * p->bs));
+  fprintf(fp, "memory plan: %s backend, micro-batch %lld x %lld tokens, ", p->backend, (long long)p->batch,
+          (long long)p->S);
+  if (p->bs > 0)
+    fprintf(fp, "%lld anchors x %lld (%lld block rows)", (long long)p->N, (long long)p->bs,
+            (long long)(p->batch * p->N * p->bs));
+  else // a chain draft (EAGLE-3): N is the training-time-test length
+    fprintf(fp, "%lld training-time-test steps", (long long)p->N);
   fprintf(fp, ", %d rank%s%s\n", p->world, p->world > 1 ? "s" : "",
           p->world > 1 ? (p->zero ? " (ZeRO-1: rank 0's moment shard)" : " (replicated AdamW)") : "");
   fprintf(fp, "  draft %lld parameters; %s%s\n", (long long)p->params,

@@ -30,7 +30,8 @@ typedef struct {
 
 typedef struct {
   df_mem_stats mem;        // the trainer's context plus the online target's
-  int64_t batch, S, N, bs; // the micro-batch measured: B samples of S tokens, N blocks of bs per sample
+  int64_t batch, S, N, bs; // the micro-batch measured: B samples of S tokens, N blocks of bs per sample (bs 0:
+                           // EAGLE-3, N its TTT steps)
   int64_t params;          // the draft's parameters (flat elements, padding included)
   int world;               // ranks; the moments are rank 0's shard under ZeRO-1 (zero)
   bool zero, online, eval; // ZeRO-1; the target runs online (its weights and KV cache counted); one eval measured
