@@ -106,7 +106,7 @@ df_status df_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc, con
   DF_TRY(check_inputs(ctx, desc, q, k, v, anchors, keep, &d, err));
   DF_TRY(check_q_like(ctx, out, "out", &d, err));
   DF_TRY(check_lse(ctx, lse, &d, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_BLOCK_ATTN_FORWARD, d.st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_BLOCK_ATTN_FORWARD, d.st, err);
   return ctx->backend->block_attn_forward(ctx, desc, q, k, v, anchors, keep, out, lse, err);
 }
 
@@ -124,6 +124,6 @@ df_status df_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc, co
   DF_TRY(check_4d(dk, "dk", d.B, d.S + d.N * d.bs, d.nKV, d.hd, err));
   DF_TRY(df_check_tensor(ctx, dv, "dv", d.st, 4, err));
   DF_TRY(check_4d(dv, "dv", d.B, d.S + d.N * d.bs, d.nKV, d.hd, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_BLOCK_ATTN_BACKWARD, d.st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_BLOCK_ATTN_BACKWARD, d.st, err);
   return ctx->backend->block_attn_backward(ctx, desc, q, k, v, anchors, keep, out, lse, dout, dq, dk, dv, err);
 }

@@ -320,6 +320,15 @@ typedef struct df_backend {
   // Blocks until everything queued on the context has run; reports an asynchronous failure, if any.
   df_status (*sync)(df_ctx *ctx, df_error *err);
 
+  // Measure mode (df_ctx_options.measure; kernels/context.c). state_device_bytes: the device memory init allocates
+  // for the context's own state (through df_buffer_alloc_as, DF_MEM_WORKSPACE), which a measuring context — it never
+  // calls init — accounts instead. measures[op]: the op takes workspace, and its implementation has a measure path
+  // (df_ctx_measure_only): on a measuring context it requests that workspace and returns before touching data or
+  // state. Every other op ends in its dispatcher there (DF_REQUIRE_OP, kernels/check.h). The file that sets an op's
+  // slot sets its flag.
+  size_t state_device_bytes;
+  bool measures[DF_OP_COUNT];
+
   // Ops (NULL: not implemented by this backend), by name and, for generic checks, by df_op (kernels/backend.c
   // asserts at compile time that the two orders agree).
   union {

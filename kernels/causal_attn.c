@@ -33,7 +33,7 @@ df_status df_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc *desc, c
     DF_TRY(df_check_dim(v, "v", d, kv_shape[d], err));
     DF_TRY(df_check_dim(out, "out", d, q->shape[d], err));
   }
-  DF_TRY(df_backend_require(ctx, DF_OP_CAUSAL_ATTN_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_CAUSAL_ATTN_FORWARD, st, err);
   if (T == 0 || B == 0) return DF_OK;
   return ctx->backend->causal_attn_forward(ctx, desc, q, k, v, out, err);
 }

@@ -8,6 +8,15 @@
 extern "C" {
 #endif
 
+// A dispatcher's last step before the backend: the table has the op and takes the storage dtype
+// (df_backend_require); on a measuring context (df_ctx_options.measure) the op then ends here, doing nothing, unless
+// its table marks a measure path for it (df_backend.measures: ops that take workspace).
+#define DF_REQUIRE_OP(ctx, op, storage, err)                                                                           \
+  do {                                                                                                                 \
+    DF_TRY(df_backend_require((ctx), (op), (storage), (err)));                                                         \
+    if ((ctx)->measure && !(ctx)->backend->measures[(op)]) return DF_OK;                                               \
+  } while (0)
+
 // t is present, has dtype dt, lives on ctx's device, is contiguous and (if ndim >= 0) has ndim dims.
 df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *name, df_dtype dt, int ndim,
                           df_error *err);

@@ -52,7 +52,7 @@ df_status df_gru_forward(df_ctx *ctx, const df_gru_desc *desc, const df_tensor *
   const int64_t R = nb * desc->stride;
   DF_TRY(check_matrix(ctx, s, "s", R, G, st, err));
   if (gates) DF_TRY(check_matrix(ctx, gates, "gates", R, 4 * G, st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_GRU_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_GRU_FORWARD, st, err);
   return ctx->backend->gru_forward(ctx, desc, gi, w_hh, s, gates, err);
 }
 
@@ -68,7 +68,7 @@ df_status df_gru_backward(df_ctx *ctx, const df_gru_desc *desc, const df_tensor 
   DF_TRY(check_matrix(ctx, ds, "ds", R, G, st, err));
   DF_TRY(check_matrix(ctx, dgi, "dgi", R, 3 * G, st, err));
   DF_TRY(check_matrix(ctx, dw_hh, "dw_hh", 3 * G, G, st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_GRU_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_GRU_BACKWARD, st, err);
   return ctx->backend->gru_backward(ctx, desc, w_hh, s, gates, ds, dgi, dw_hh, err);
 }
 
@@ -88,7 +88,7 @@ df_status df_masked_silu_forward(df_ctx *ctx, const df_tensor *x, const df_tenso
   int64_t R = 0;
   DF_TRY(check_silu(ctx, x, mask, &st, &R, err));
   DF_TRY(check_matrix(ctx, y, "y", R, df_last_dim(x), st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MASKED_SILU_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MASKED_SILU_FORWARD, st, err);
   return ctx->backend->masked_silu_forward(ctx, x, mask, y, err);
 }
 
@@ -99,7 +99,7 @@ df_status df_masked_silu_backward(df_ctx *ctx, const df_tensor *x, const df_tens
   DF_TRY(check_silu(ctx, x, mask, &st, &R, err));
   DF_TRY(check_matrix(ctx, dy, "dy", R, df_last_dim(x), st, err));
   DF_TRY(check_matrix(ctx, dx, "dx", R, df_last_dim(x), st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MASKED_SILU_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MASKED_SILU_BACKWARD, st, err);
   return ctx->backend->masked_silu_backward(ctx, x, mask, dy, dx, err);
 }
 
@@ -154,7 +154,7 @@ df_status df_lmhead_domino(df_ctx *ctx, const df_lmhead_domino_desc *desc, const
     DF_TRY(check_matrix(ctx, out->dcorr, "dcorr", R, E, st, err));
     DF_TRY(check_matrix(ctx, out->dw2, "dw2", V, E, st, err));
   }
-  DF_TRY(df_backend_require(ctx, DF_OP_LMHEAD_DOMINO, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_LMHEAD_DOMINO, st, err);
   return ctx->backend->lmhead_domino(ctx, desc, in, out, err);
 }
 
@@ -184,6 +184,6 @@ df_status df_domino_block_metrics(df_ctx *ctx, int64_t bs, const df_domino_metri
     return DF_FAIL(err, DF_ERR_INVALID, "stats", "size it with DF_DOMINO_STATS(bs)",
                    "tensor 'stats' %s holds fewer than %lld sums", df_tensor_desc(stats, d, sizeof d),
                    (long long)DF_DOMINO_STATS(bs));
-  DF_TRY(df_backend_require(ctx, DF_OP_DOMINO_BLOCK_METRICS, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_DOMINO_BLOCK_METRICS, DF_F32, err);
   return ctx->backend->domino_block_metrics(ctx, bs, in, stats, err);
 }

@@ -123,6 +123,6 @@ df_status df_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *desc, const
   DF_TRY(check_teacher_conf(ctx, desc, in, out, R, H, st, err));
   DF_TRY(check_outputs(ctx, out, R, H, st, err));
   // Label values live on the op's device: the backend range-checks them before writing anything.
-  DF_TRY(df_backend_require(ctx, DF_OP_LMHEAD_DSPARK, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_LMHEAD_DSPARK, st, err);
   return ctx->backend->lmhead_dspark(ctx, desc, in, out, err);
 }

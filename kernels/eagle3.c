@@ -44,7 +44,7 @@ df_status df_ttt_attn_forward(df_ctx *ctx, const df_ttt_attn_desc *desc, const d
                               const df_tensor *v, const df_tensor *lengths, df_tensor *out, df_tensor *lse,
                               df_error *err) {
   DF_TRY(check_ttt(ctx, desc, q, k, v, lengths, out, lse, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_TTT_ATTN_FORWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_TTT_ATTN_FORWARD, DF_F32, err);
   if (df_numel(q) == 0) return DF_OK;
   return ctx->backend->ttt_attn_forward(ctx, desc, q, k, v, lengths, out, lse, err);
 }
@@ -65,7 +65,7 @@ df_status df_ttt_attn_backward(df_ctx *ctx, const df_ttt_attn_desc *desc, const 
     DF_TRY(df_check_dim(dk, "dk", d, k->shape[d], err));
     DF_TRY(df_check_dim(dv, "dv", d, k->shape[d], err));
   }
-  DF_TRY(df_backend_require(ctx, DF_OP_TTT_ATTN_BACKWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_TTT_ATTN_BACKWARD, DF_F32, err);
   if (df_numel(q) == 0) return DF_OK;
   return ctx->backend->ttt_attn_backward(ctx, desc, q, k, v, lengths, out, lse, dout, dq, dk, dv, err);
 }
@@ -84,7 +84,7 @@ df_status df_lmhead_lse_argmax(df_ctx *ctx, int64_t chunk_rows, const df_tensor 
   DF_TRY(df_check_per_row(ctx, lse, "lse", DF_F32, R, err));
   DF_TRY(df_check_per_row(ctx, argmax, "argmax", DF_I32, R, err));
   if (head->shape[0] < 1) return DF_FAIL(err, DF_ERR_INVALID, "head", NULL, "the LM head has no rows");
-  DF_TRY(df_backend_require(ctx, DF_OP_LMHEAD_LSE_ARGMAX, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_LMHEAD_LSE_ARGMAX, DF_F32, err);
   if (R == 0) return DF_OK;
   return ctx->backend->lmhead_lse_argmax(ctx, chunk_rows, hidden, head, lse, argmax, err);
 }
@@ -101,7 +101,7 @@ df_status df_eagle3_teacher(df_ctx *ctx, df_tensor *logits, const df_tensor *lse
   DF_TRY(df_check_per_row(ctx, loss_mask, "loss_mask", DF_F32, R, err));
   DF_TRY(df_check_per_row(ctx, ratio, "ratio", DF_F32, R, err));
   DF_TRY(df_check_per_row(ctx, pm, "pm", DF_F32, R, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_EAGLE3_TEACHER, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_EAGLE3_TEACHER, DF_F32, err);
   if (R == 0) return DF_OK;
   return ctx->backend->eagle3_teacher(ctx, logits, lse_v, argmax, t2d, loss_mask, ratio, pm, err);
 }
@@ -152,7 +152,7 @@ df_status df_eagle3_loss_forward(df_ctx *ctx, const df_eagle3_loss_desc *desc, c
   df_tensor *const o[] = {out->kl, out->alpha, out->log_alpha, out->pm, out->correct, out->mask};
   const char *const names[] = {"kl", "alpha", "log_alpha", "pm", "correct", "mask"};
   for (int i = 0; i < 6; i++) DF_TRY(df_check_per_row(ctx, o[i], names[i], DF_F32, c, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_EAGLE3_LOSS_FORWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_EAGLE3_LOSS_FORWARD, DF_F32, err);
   if (c == 0) return DF_OK;
   return ctx->backend->eagle3_loss_forward(ctx, desc, z, t, out, err);
 }
@@ -168,7 +168,7 @@ df_status df_eagle3_loss_backward(df_ctx *ctx, const df_eagle3_loss_desc *desc, 
   DF_TRY(df_check_tensor(ctx, dz, "dz", DF_F32, 2, err));
   DF_TRY(df_check_dim(dz, "dz", 0, z->shape[0], err));
   DF_TRY(df_check_dim(dz, "dz", 1, D, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_EAGLE3_LOSS_BACKWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_EAGLE3_LOSS_BACKWARD, DF_F32, err);
   if (z->shape[0] == 0) return DF_OK;
   return ctx->backend->eagle3_loss_backward(ctx, desc, z, t, local, dz, err);
 }
@@ -193,7 +193,7 @@ df_status df_eagle3_step_sums(df_ctx *ctx, const df_eagle3_sums_desc *desc, cons
                      (long long)slots[i], (long long)ns);
   if (desc->positions < 1 || desc->lk < DF_LK_NONE || desc->lk > DF_LK_LAMBDA)
     return DF_FAIL(err, DF_ERR_INVALID, "desc", "positions >= 1 and a known LK type", "bad step-sums desc");
-  DF_TRY(df_backend_require(ctx, DF_OP_EAGLE3_STEP_SUMS, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_EAGLE3_STEP_SUMS, DF_F32, err);
   return ctx->backend->eagle3_step_sums(ctx, desc, rows, local, stats, err);
 }
 
@@ -206,6 +206,6 @@ df_status df_eagle3_accept(df_ctx *ctx, const df_tensor *correct, const df_tenso
   if (accept_sum < 0 || accept_sum >= ns || blocks < 0 || blocks >= ns)
     return DF_FAIL(err, DF_ERR_INVALID, "stats", "slots inside the stats vector", "slot outside [0, %lld)",
                    (long long)ns);
-  DF_TRY(df_backend_require(ctx, DF_OP_EAGLE3_ACCEPT, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_EAGLE3_ACCEPT, DF_F32, err);
   return ctx->backend->eagle3_accept(ctx, correct, mask, accept_sum, blocks, stats, err);
 }

@@ -17,7 +17,7 @@ df_status df_fill(df_ctx *ctx, df_tensor *t, double value, df_error *err) {
                    df_dtype_name(t->dtype));
   // Integer and flag fills are storage-agnostic: the table is asked with the float storage it always has.
   const df_dtype st = t->dtype == DF_BF16 ? DF_BF16 : DF_F32;
-  DF_TRY(df_backend_require(ctx, DF_OP_FILL, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_FILL, st, err);
   return ctx->backend->fill(ctx, t, value, err);
 }
 
@@ -28,7 +28,7 @@ df_status df_scale(df_ctx *ctx, df_tensor *t, float alpha, df_error *err) {
   if (!isfinite(alpha))
     return DF_FAIL(err, DF_ERR_INVALID, "alpha", "check the scale (a loss normaliser of 0?)", "alpha = %g",
                    (double)alpha);
-  DF_TRY(df_backend_require(ctx, DF_OP_SCALE, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_SCALE, st, err);
   return ctx->backend->scale(ctx, t, alpha, err);
 }
 
@@ -40,6 +40,6 @@ df_status df_cast(df_ctx *ctx, const df_tensor *src, df_tensor *dst, df_error *e
   DF_TRY(df_check_tensor(ctx, dst, "dst", ds, -1, err));
   DF_TRY(df_check_same_numel(src, "src", dst, "dst", err));
   // The table is asked about the narrower side: a backend without bf16 cannot cast to or from it either.
-  DF_TRY(df_backend_require(ctx, DF_OP_CAST, ss == DF_BF16 ? ss : ds, err));
+  DF_REQUIRE_OP(ctx, DF_OP_CAST, ss == DF_BF16 ? ss : ds, err);
   return ctx->backend->cast(ctx, src, dst, err);
 }

@@ -42,7 +42,7 @@ df_status df_rmsnorm_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w
   if (!(eps >= 0.0f) || isinf(eps))
     return DF_FAIL(err, DF_ERR_INVALID, "eps", "use rms_norm_eps from the model config (e.g. 1e-6)",
                    "eps = %g must be finite and >= 0", (double)eps);
-  DF_TRY(df_backend_require(ctx, DF_OP_RMSNORM_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_RMSNORM_FORWARD, st, err);
   return ctx->backend->rmsnorm_forward(ctx, x, w, eps, y, rstd, err);
 }
 
@@ -59,7 +59,7 @@ df_status df_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor 
     DF_TRY(df_check_tensor(ctx, dw, "dw", st, 1, err));
     DF_TRY(df_check_dim(dw, "dw", 0, w->shape[0], err));
   }
-  DF_TRY(df_backend_require(ctx, DF_OP_RMSNORM_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_RMSNORM_BACKWARD, st, err);
   return ctx->backend->rmsnorm_backward(ctx, dy, x, w, rstd, dx, accumulate_dx, dw, err);
 }
 
@@ -114,7 +114,7 @@ df_status df_rope_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *pos,
                           float mscale, df_tensor *y, df_error *err) {
   df_dtype st;
   DF_TRY(check_rope(ctx, x, "x", pos, inv_freq, mscale, y, "y", &st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_ROPE_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_ROPE_FORWARD, st, err);
   return ctx->backend->rope_forward(ctx, x, pos, inv_freq, mscale, y, err);
 }
 
@@ -122,7 +122,7 @@ df_status df_rope_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *po
                            float mscale, df_tensor *dx, df_error *err) {
   df_dtype st;
   DF_TRY(check_rope(ctx, dy, "dy", pos, inv_freq, mscale, dx, "dx", &st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_ROPE_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_ROPE_BACKWARD, st, err);
   return ctx->backend->rope_backward(ctx, dy, pos, inv_freq, mscale, dx, err);
 }
 
@@ -146,7 +146,7 @@ df_status df_swiglu_forward(df_ctx *ctx, const df_tensor *g, const df_tensor *u,
   DF_TRY(check_swiglu(ctx, g, u, limit, &st, err));
   DF_TRY(df_check_tensor(ctx, h, "h", st, -1, err));
   DF_TRY(df_check_same_numel(g, "g", h, "h", err));
-  DF_TRY(df_backend_require(ctx, DF_OP_SWIGLU_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_SWIGLU_FORWARD, st, err);
   return ctx->backend->swiglu_forward(ctx, g, u, limit, h, err);
 }
 
@@ -160,7 +160,7 @@ df_status df_swiglu_backward(df_ctx *ctx, const df_tensor *dh, const df_tensor *
   DF_TRY(df_check_same_numel(g, "g", dg, "dg", err));
   DF_TRY(df_check_tensor(ctx, du, "du", st, -1, err));
   DF_TRY(df_check_same_numel(g, "g", du, "du", err));
-  DF_TRY(df_backend_require(ctx, DF_OP_SWIGLU_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_SWIGLU_BACKWARD, st, err);
   return ctx->backend->swiglu_backward(ctx, dh, g, u, limit, dg, du, err);
 }
 
@@ -184,7 +184,7 @@ df_status df_embedding_forward(df_ctx *ctx, const df_tensor *table, const df_ten
                                df_error *err) {
   df_dtype st;
   DF_TRY(check_embedding(ctx, table, "table", ids, out, "out", &st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_EMBEDDING_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_EMBEDDING_FORWARD, st, err);
   return ctx->backend->embedding_forward(ctx, table, ids, out, err);
 }
 
@@ -192,7 +192,7 @@ df_status df_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_ten
                                 df_error *err) {
   df_dtype st;
   DF_TRY(check_embedding(ctx, dtable, "dtable", ids, dout, "dout", &st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_EMBEDDING_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_EMBEDDING_BACKWARD, st, err);
   return ctx->backend->embedding_backward(ctx, dout, ids, dtable, err);
 }
 
@@ -208,7 +208,7 @@ df_status df_gather_rows(df_ctx *ctx, const df_tensor *src, const df_tensor *idx
   if (df_last_dim(out) != src->shape[1] || df_numel(out) != df_numel(idx) * src->shape[1])
     return DF_FAIL(err, DF_ERR_INVALID, "out", NULL, "tensor 'out' %s should be [R = %lld, H = %lld]",
                    df_tensor_desc(out, d, sizeof d), (long long)df_numel(idx), (long long)src->shape[1]);
-  DF_TRY(df_backend_require(ctx, DF_OP_GATHER_ROWS, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_GATHER_ROWS, st, err);
   return ctx->backend->gather_rows(ctx, src, idx, out, err);
 }
 
@@ -247,6 +247,6 @@ df_status df_copy_2d(df_ctx *ctx, const df_copy_2d_desc *desc, const df_tensor *
   if (c->rows == 0 || c->cols == 0) return DF_OK;
   DF_TRY(check_extent(src, "src", c->rows, c->cols, c->src_offset, c->src_stride, err));
   DF_TRY(check_extent(dst, "dst", c->rows, c->cols, c->dst_offset, c->dst_stride, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_COPY_2D, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_COPY_2D, st, err);
   return ctx->backend->copy_2d(ctx, desc, src, dst, err);
 }

@@ -19,7 +19,7 @@ df_status df_matmul(df_ctx *ctx, const df_tensor *a, bool trans_a, const df_tens
                    (long long)kb, (long long)n);
   DF_TRY(df_check_dim(c, "c", 0, m, err));
   DF_TRY(df_check_dim(c, "c", 1, n, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MATMUL, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MATMUL, st, err);
   return ctx->backend->matmul(ctx, a, trans_a, b, trans_b, alpha, beta, c, err);
 }
 
@@ -45,7 +45,7 @@ df_status df_linear_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w,
                             df_error *err) {
   df_dtype st;
   DF_TRY(check_linear(ctx, x, w, b, y, "y", &st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_LINEAR_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_LINEAR_FORWARD, st, err);
   return ctx->backend->linear_forward(ctx, x, w, b, y, err);
 }
 
@@ -59,7 +59,7 @@ df_status df_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *
   if (dw) DF_TRY(df_check_same_numel(w, "w", dw, "dw", err));
   if (db) DF_TRY(df_check_tensor(ctx, db, "db", st, 1, err));
   if (db) DF_TRY(df_check_dim(db, "db", 0, w->shape[0], err));
-  DF_TRY(df_backend_require(ctx, DF_OP_LINEAR_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_LINEAR_BACKWARD, st, err);
   return ctx->backend->linear_backward(ctx, dy, x, w, dx, accumulate_dx, dw, db, err);
 }
 
@@ -69,6 +69,6 @@ df_status df_axpy(df_ctx *ctx, float alpha, const df_tensor *x, df_tensor *y, df
   DF_TRY(df_check_tensor(ctx, x, "x", st, -1, err));
   DF_TRY(df_check_tensor(ctx, y, "y", st, -1, err));
   DF_TRY(df_check_same_numel(x, "x", y, "y", err));
-  DF_TRY(df_backend_require(ctx, DF_OP_AXPY, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_AXPY, st, err);
   return ctx->backend->axpy(ctx, alpha, x, y, err);
 }

@@ -50,7 +50,7 @@ df_status df_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tens
     DF_TRY(df_check_same_numel(hidden, "hidden", dhidden, "dhidden", err));
   }
   // Label values live on the op's device, so each backend range-checks them before writing anything.
-  DF_TRY(df_backend_require(ctx, DF_OP_LMHEAD_CE, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_LMHEAD_CE, st, err);
   return ctx->backend->lmhead_ce(ctx, desc, hidden, head, labels, weights, loss, correct, dhidden, err);
 }
 
@@ -71,7 +71,7 @@ df_status df_softmax_l1_forward(df_ctx *ctx, const df_tensor *p, const df_tensor
   df_dtype st;
   DF_TRY(check_logit_pair(ctx, p, q, &st, err));
   DF_TRY(df_check_per_row(ctx, l1, "l1", DF_F32, df_rows(p), err));
-  DF_TRY(df_backend_require(ctx, DF_OP_SOFTMAX_L1_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_SOFTMAX_L1_FORWARD, st, err);
   return ctx->backend->softmax_l1_forward(ctx, p, q, l1, err);
 }
 
@@ -82,7 +82,7 @@ df_status df_softmax_l1_backward(df_ctx *ctx, const df_tensor *p, const df_tenso
   DF_TRY(df_check_per_row(ctx, dl1, "dl1", DF_F32, df_rows(p), err));
   DF_TRY(df_check_tensor(ctx, dp, "dp", st, -1, err));
   DF_TRY(df_check_same_numel(p, "p", dp, "dp", err));
-  DF_TRY(df_backend_require(ctx, DF_OP_SOFTMAX_L1_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_SOFTMAX_L1_BACKWARD, st, err);
   return ctx->backend->softmax_l1_backward(ctx, p, q, dl1, dp, err);
 }
 
@@ -97,7 +97,7 @@ df_status df_bce_logits_forward(df_ctx *ctx, const df_tensor *x, const df_tensor
   DF_TRY(df_check_tensor(ctx, x, "x", DF_F32, -1, err));
   DF_TRY(check_elementwise(ctx, x, t, "t", err));
   DF_TRY(check_elementwise(ctx, x, loss, "loss", err));
-  DF_TRY(df_backend_require(ctx, DF_OP_BCE_LOGITS_FORWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_BCE_LOGITS_FORWARD, DF_F32, err);
   return ctx->backend->bce_logits_forward(ctx, x, t, loss, err);
 }
 
@@ -107,6 +107,6 @@ df_status df_bce_logits_backward(df_ctx *ctx, const df_tensor *x, const df_tenso
   DF_TRY(check_elementwise(ctx, x, t, "t", err));
   DF_TRY(check_elementwise(ctx, x, dloss, "dloss", err));
   DF_TRY(check_elementwise(ctx, x, dx, "dx", err));
-  DF_TRY(df_backend_require(ctx, DF_OP_BCE_LOGITS_BACKWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_BCE_LOGITS_BACKWARD, DF_F32, err);
   return ctx->backend->bce_logits_backward(ctx, x, t, dloss, dx, err);
 }

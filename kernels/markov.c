@@ -21,7 +21,7 @@ df_status df_markov_gate_forward(df_ctx *ctx, const df_tensor *pre, const df_ten
   DF_TRY(check_rows(ctx, pre, "pre", st, R, r, err));
   DF_TRY(check_rows(ctx, gate, "gate", st, R, r, err));
   DF_TRY(check_rows(ctx, u, "u", st, R, r, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MARKOV_GATE_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MARKOV_GATE_FORWARD, st, err);
   return ctx->backend->markov_gate_forward(ctx, pre, e, gate, u, err);
 }
 
@@ -35,7 +35,7 @@ df_status df_markov_gate_backward(df_ctx *ctx, const df_tensor *gate, const df_t
   DF_TRY(check_rows(ctx, du, "du", st, R, r, err));
   DF_TRY(check_rows(ctx, de, "de", st, R, r, err));
   DF_TRY(check_rows(ctx, dpre, "dpre", st, R, r, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MARKOV_GATE_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MARKOV_GATE_BACKWARD, st, err);
   return ctx->backend->markov_gate_backward(ctx, gate, e, du, de, dpre, err);
 }
 
@@ -63,7 +63,7 @@ df_status df_markov_rnn_forward(df_ctx *ctx, const df_markov_rnn_desc *desc, con
   if (s_prev) DF_TRY(check_rows(ctx, s_prev, "s_prev", st, nb, r, err));
   DF_TRY(check_rows(ctx, s, "s", st, nb, r, err));
   DF_TRY(check_rows(ctx, u, "u", st, nb * desc->block_size, r, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MARKOV_RNN_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MARKOV_RNN_FORWARD, st, err);
   return ctx->backend->markov_rnn_forward(ctx, desc, y, s_prev, s, u, err);
 }
 
@@ -77,6 +77,6 @@ df_status df_markov_rnn_backward(df_ctx *ctx, const df_markov_rnn_desc *desc, co
   if (du) DF_TRY(check_rows(ctx, du, "du", st, nb * desc->block_size, r, err));
   DF_TRY(check_rows(ctx, ds, "ds", st, nb, r, err));
   DF_TRY(check_rows(ctx, dy, "dy", st, nb, 3 * r, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MARKOV_RNN_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MARKOV_RNN_BACKWARD, st, err);
   return ctx->backend->markov_rnn_backward(ctx, desc, y, s_prev, du, ds, dy, err);
 }

@@ -32,7 +32,7 @@ df_status df_dpace_weights(df_ctx *ctx, df_dpace_mode mode, double alpha, int64_
   DF_TRY(df_check_per_row(ctx, w, "w", DF_F32, df_numel(ce), err));
   DF_TRY(df_check_per_row(ctx, out, "out", DF_F32, df_numel(ce), err));
   if (row_w) DF_TRY(df_check_per_row(ctx, row_w, "row_w", DF_F32, df_numel(ce), err));
-  DF_TRY(df_backend_require(ctx, DF_OP_DPACE_WEIGHTS, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_DPACE_WEIGHTS, DF_F32, err);
   return ctx->backend->dpace_weights(ctx, mode, alpha, bs, ce, w, out, row_w, err);
 }
 
@@ -46,7 +46,7 @@ df_status df_block_metrics(df_ctx *ctx, int64_t bs, const df_tensor *ce, const d
   DF_TRY(df_check_per_row(ctx, valid, "valid", DF_U8, R, err));
   DF_TRY(df_check_per_row(ctx, keep, "keep", DF_U8, R / bs, err));
   DF_TRY(check_stats(ctx, stats, DF_BLOCK_STATS(bs), err));
-  DF_TRY(df_backend_require(ctx, DF_OP_BLOCK_METRICS, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_BLOCK_METRICS, DF_F32, err);
   return ctx->backend->block_metrics(ctx, bs, ce, correct, lw, valid, keep, stats, err);
 }
 
@@ -75,6 +75,6 @@ df_status df_dspark_block_metrics(df_ctx *ctx, int64_t bs, const df_dspark_metri
   DF_TRY(df_check_per_row(ctx, in->weights, "weights", DF_F32, R, err));
   DF_TRY(df_check_per_row(ctx, in->keep, "keep", DF_U8, R / bs, err));
   DF_TRY(check_stats(ctx, stats, DF_DSPARK_STATS(bs), err));
-  DF_TRY(df_backend_require(ctx, DF_OP_DSPARK_BLOCK_METRICS, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_DSPARK_BLOCK_METRICS, DF_F32, err);
   return ctx->backend->dspark_block_metrics(ctx, bs, in, stats, err);
 }

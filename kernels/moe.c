@@ -24,7 +24,7 @@ static df_status check_scores(df_ctx *ctx, df_moe_score_func f, const df_tensor 
 df_status df_moe_scores_forward(df_ctx *ctx, df_moe_score_func f, const df_tensor *logits, df_tensor *scores,
                                 df_error *err) {
   DF_TRY(check_scores(ctx, f, logits, scores, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_SCORES_FORWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_SCORES_FORWARD, DF_F32, err);
   return ctx->backend->moe_scores_forward(ctx, f, logits, scores, err);
 }
 
@@ -33,7 +33,7 @@ df_status df_moe_scores_backward(df_ctx *ctx, df_moe_score_func f, const df_tens
   DF_TRY(check_scores(ctx, f, logits, scores, err));
   DF_TRY(check_scores(ctx, f, logits, dscores, err));
   DF_TRY(check_scores(ctx, f, logits, dlogits, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_SCORES_BACKWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_SCORES_BACKWARD, DF_F32, err);
   return ctx->backend->moe_scores_backward(ctx, f, logits, scores, dscores, dlogits, err);
 }
 
@@ -58,7 +58,7 @@ df_status df_moe_select(df_ctx *ctx, const df_moe_route_desc *desc, const df_ten
   DF_TRY(check_route(ctx, desc, scores, indices, weights, err));
   if (sel_shift) DF_TRY(df_check_per_row(ctx, sel_shift, "sel_shift", DF_F32, desc->E, err));
   DF_TRY(df_check_per_row(ctx, counts, "counts", DF_I32, desc->E, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_SELECT, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_SELECT, DF_F32, err);
   return ctx->backend->moe_select(ctx, desc, scores, sel_shift, indices, weights, counts, err);
 }
 
@@ -71,7 +71,7 @@ df_status df_moe_select_backward(df_ctx *ctx, const df_moe_route_desc *desc, con
   if (aux_row) DF_TRY(df_check_per_row(ctx, aux_row, "aux_row", DF_F32, desc->E, err));
   CHK(dscores, "dscores", DF_F32, 2);
   DF_TRY(df_check_same_numel(dscores, "dscores", scores, "scores", err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_SELECT_BACKWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_SELECT_BACKWARD, DF_F32, err);
   return ctx->backend->moe_select_backward(ctx, desc, scores, indices, weights, dweights, aux_row, dscores, err);
 }
 
@@ -96,7 +96,7 @@ df_status df_moe_center_forward(df_ctx *ctx, int64_t rows_per_sample, const df_t
   else
     DF_TRY(check_rows_per_sample(T, rows_per_sample, err));
   if (batch_mean) DF_TRY(df_check_per_row(ctx, batch_mean, "batch_mean", DF_F32, H, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_CENTER_FORWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_CENTER_FORWARD, DF_F32, err);
   return ctx->backend->moe_center_forward(ctx, rows_per_sample, x, mu, u, batch_mean, err);
 }
 
@@ -106,7 +106,7 @@ df_status df_moe_center_backward(df_ctx *ctx, int64_t rows_per_sample, const df_
   CHK(dx, "dx", DF_F32, -1);
   DF_TRY(df_check_same_numel(dx, "dx", du, "du", err));
   DF_TRY(check_rows_per_sample(du->shape[0], rows_per_sample, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_CENTER_BACKWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_CENTER_BACKWARD, DF_F32, err);
   return ctx->backend->moe_center_backward(ctx, rows_per_sample, du, dx, accumulate, err);
 }
 
@@ -122,7 +122,7 @@ df_status df_moe_plan(df_ctx *ctx, int64_t k, const df_tensor *indices, const df
   DF_TRY(df_check_per_row(ctx, offsets, "offsets", DF_I32, E + 1, err));
   DF_TRY(df_check_per_row(ctx, slot, "slot", DF_I32, Tk, err));
   DF_TRY(df_check_per_row(ctx, token, "token", DF_I32, Tk, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_PLAN, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_PLAN, DF_F32, err);
   return ctx->backend->moe_plan(ctx, k, indices, counts, offsets, slot, token, err);
 }
 
@@ -135,7 +135,7 @@ df_status df_moe_scale_rows(df_ctx *ctx, df_tensor *h, const df_tensor *w, const
     DF_TRY(df_check_per_row(ctx, idx, "idx", DF_I32, h->shape[0], err));
   else
     DF_TRY(df_check_per_row(ctx, w, "w", DF_F32, h->shape[0], err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_SCALE_ROWS, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_SCALE_ROWS, st, err);
   return ctx->backend->moe_scale_rows(ctx, h, w, idx, err);
 }
 
@@ -157,7 +157,7 @@ df_status df_moe_gate_backward(df_ctx *ctx, bool sigmoid, df_tensor *dh, const d
     DF_TRY(df_check_per_row(ctx, w, "w", DF_F32, N, err));
   if (df_numel(out) != df_numel(w))
     return DF_FAIL(err, DF_ERR_INVALID, "out", NULL, "out needs the %lld elements of w", (long long)df_numel(w));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_GATE_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_GATE_BACKWARD, st, err);
   return ctx->backend->moe_gate_backward(ctx, sigmoid, dh, act, w, idx, out, err);
 }
 
@@ -166,7 +166,7 @@ df_status df_moe_sigmoid_scale(df_ctx *ctx, df_tensor *z, df_tensor *a, df_error
   DF_TRY(df_check_storage(a, "a", &st, err));
   CHK(a, "a", st, 2);
   DF_TRY(df_check_per_row(ctx, z, "z", DF_F32, a->shape[0], err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_SIGMOID_SCALE, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_SIGMOID_SCALE, st, err);
   return ctx->backend->moe_sigmoid_scale(ctx, z, a, err);
 }
 
@@ -192,7 +192,7 @@ df_status df_moe_route_stats(df_ctx *ctx, const df_moe_stats_desc *desc, const d
   if (bias) DF_TRY(df_check_per_row(ctx, bias, "bias", DF_F32, E, err));
   DF_TRY(df_check_per_row(ctx, stats, "stats", DF_F64, DF_MOE_STATS(E), err));
   if (count_stash) DF_TRY(df_check_per_row(ctx, count_stash, "count_stash", DF_F32, E, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_ROUTE_STATS, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_ROUTE_STATS, DF_F32, err);
   return ctx->backend->moe_route_stats(ctx, desc, scores, counts, bias, stats, accumulate, count_stash, err);
 }
 
@@ -202,7 +202,7 @@ df_status df_moe_aux_backward(df_ctx *ctx, const df_moe_stats_desc *desc, int64_
   CHK(counts, "counts", DF_I32, -1);
   DF_TRY(df_check_per_row(ctx, row, "row", DF_F32, df_numel(counts), err));
   if (T < 0) return DF_FAIL(err, DF_ERR_INVALID, "T", NULL, "T = %lld", (long long)T);
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_AUX_BACKWARD, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_AUX_BACKWARD, DF_F32, err);
   return ctx->backend->moe_aux_backward(ctx, desc, T, counts, upstream, row, err);
 }
 
@@ -214,14 +214,14 @@ df_status df_moe_center_ema(df_ctx *ctx, double rho, const df_tensor *stash, df_
   CHK(stash, "stash", DF_F32, -1);
   DF_TRY(df_check_per_row(ctx, mu, "mu", DF_F32, df_numel(stash), err));
   DF_TRY(df_check_per_row(ctx, steps, "steps", DF_F32, 1, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_CENTER_EMA, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_CENTER_EMA, DF_F32, err);
   return ctx->backend->moe_center_ema(ctx, rho, stash, mu, steps, err);
 }
 
 df_status df_moe_noaux_update(df_ctx *ctx, float rate, const df_tensor *load, df_tensor *bias, df_error *err) {
   CHK(load, "load", DF_F32, -1);
   DF_TRY(df_check_per_row(ctx, bias, "bias", DF_F32, df_numel(load), err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_NOAUX_UPDATE, DF_F32, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_NOAUX_UPDATE, DF_F32, err);
   return ctx->backend->moe_noaux_update(ctx, rate, load, bias, err);
 }
 
@@ -243,7 +243,7 @@ df_status df_moe_grouped_forward(df_ctx *ctx, const df_tensor *x, const df_tenso
                                  df_tensor *y, df_error *err) {
   df_dtype st;
   DF_TRY(check_grouped(ctx, x, w, offsets, y, "y", &st, err));
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_GROUPED_FORWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_GROUPED_FORWARD, st, err);
   return ctx->backend->moe_grouped_forward(ctx, x, w, offsets, y, err);
 }
 
@@ -260,6 +260,6 @@ df_status df_moe_grouped_backward(df_ctx *ctx, const df_tensor *dy, const df_ten
     CHK(dw, "dw", st, 3);
     DF_TRY(df_check_same_numel(dw, "dw", w, "w", err));
   }
-  DF_TRY(df_backend_require(ctx, DF_OP_MOE_GROUPED_BACKWARD, st, err));
+  DF_REQUIRE_OP(ctx, DF_OP_MOE_GROUPED_BACKWARD, st, err);
   return ctx->backend->moe_grouped_backward(ctx, dy, x, w, offsets, dx, accumulate_dx, dw, err);
 }

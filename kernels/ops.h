@@ -37,6 +37,12 @@ typedef struct {
   int cuda_device; // CUDA ordinal when device == DF_DEV_CUDA
   // An explicit backend table (kernels/backend.h), e.g. the strict fake device for tests; NULL: device's table.
   const struct df_backend *backend;
+  // Measure mode (a memory plan, docs/architecture.md "Memory accounting"): the backend's state is never created;
+  // df_buffer_alloc hands out unique addresses in PROT_NONE ranges (any host or op access faults) and accounts them;
+  // copies and ops validate their arguments, then do nothing — except that an op whose backend takes workspace
+  // requests exactly what it would (its measure path). Reads back to the host give zeros; pinned host memory is
+  // real. The table is the device's (CUDA even without a GPU): the plan is that backend's.
+  bool measure;
 } df_ctx_options;
 
 df_status df_ctx_create(const df_ctx_options *opt, df_ctx **out, df_error *err);
@@ -49,10 +55,42 @@ const char *df_ctx_backend_name(const df_ctx *ctx);
 bool df_ctx_host_addressable(const df_ctx *ctx);
 // Whether this build can run op on a CUDA device at all (compiled in and a device present).
 bool df_cuda_available(void);
+// Whether this build has the CUDA backend's table, GPU or not (a measuring context can plan for it without one).
+bool df_cuda_built(void);
 
-// Buffers on the context's device (CPU: 64-byte aligned host memory) and copies between devices.
+// Whether ctx measures instead of running (df_ctx_options.measure).
+bool df_ctx_measuring(const df_ctx *ctx);
+
+// What a device buffer holds, for the accounting below: set at the allocation site (df_buffer_alloc_as), or for a
+// whole call by its caller (df_ctx_set_mem_tag). Weights are the model's fp32 parameters (today also the masters:
+// DF_MEM_MASTERS is for a separate fp32 copy once weights are stored bf16); optimizer: AdamW moments and the element
+// mask; stage: the micro-batch's upload slots and step scratch; workspace: df_ctx_workspace and backend scratch.
+typedef enum {
+  DF_MEM_OTHER,
+  DF_MEM_WEIGHTS,
+  DF_MEM_GRADS,
+  DF_MEM_MASTERS,
+  DF_MEM_OPTIMIZER,
+  DF_MEM_ACTIVATIONS,
+  DF_MEM_STAGE,
+  DF_MEM_WORKSPACE,
+  DF_MEM_STATS,
+  DF_MEM_FFN_STATE,
+  DF_MEM_FROZEN,
+  DF_MEM_TARGET_WEIGHTS,
+  DF_MEM_KV_CACHE,
+  DF_MEM_TARGET_ACTIVATIONS,
+  DF_MEM_TAGS
+} df_mem_tag;
+const char *df_mem_tag_name(df_mem_tag tag); // "weights", "kv_cache", ...
+
+// Buffers on the context's device (CPU: 64-byte aligned host memory) and copies between devices. df_buffer_alloc
+// tags the buffer with the context's current tag (DF_MEM_OTHER unless a caller set one).
 df_status df_buffer_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err);
+df_status df_buffer_alloc_as(df_ctx *ctx, df_mem_tag tag, size_t bytes, void **out, df_error *err);
 void df_buffer_free(df_ctx *ctx, void *p);
+// Sets the tag df_buffer_alloc uses from now on; returns the previous one (restore it when the call is done).
+df_mem_tag df_ctx_set_mem_tag(df_ctx *ctx, df_mem_tag tag);
 // Page-locked host memory for staging uploads (CPU: ordinary aligned memory).
 df_status df_host_alloc(df_ctx *ctx, size_t bytes, void **out, df_error *err);
 void df_host_free(df_ctx *ctx, void *p);
@@ -81,6 +119,24 @@ typedef struct {
 } df_transfer_stats;
 df_transfer_stats df_ctx_transfer_stats(const df_ctx *ctx);
 void df_ctx_reset_transfer_stats(df_ctx *ctx);
+
+// Memory accounting, for every backend (kernels/context.c): bytes as requested of df_buffer_alloc*, the workspace
+// (df_ctx_workspace) and the backend's own state (CUDA: the cuBLASLt workspace), live now and at their peaks since
+// the context was made. at_peak is the tags' split of the device peak (its entries add up to device.peak); tag[i].peak
+// is each tag's own maximum, reached at any time. Page-locked host memory (df_host_alloc) is counted apart.
+typedef struct {
+  int64_t live, peak;
+} df_mem_count;
+typedef struct {
+  df_mem_count device, host;
+  df_mem_count tag[DF_MEM_TAGS];
+  int64_t at_peak[DF_MEM_TAGS];
+  int64_t allocs; // device allocations made (workspace regrowths included)
+} df_mem_stats;
+df_mem_stats df_ctx_mem_stats(const df_ctx *ctx);
+// Two contexts on one device (the trainer's and the online target's): live and at_peak add, peaks add — exact when
+// one context's memory stays as it is while the other peaks (the target's, after its first prefill), else a bound.
+void df_mem_stats_add(df_mem_stats *into, const df_mem_stats *b);
 
 // ---------------------------------------------------------------------------------------------
 // Dense algebra

@@ -138,7 +138,7 @@ static df_status ensure(df_domino_head *h, int64_t R, df_error *err) {
   if (need > h->cap) {
     df_buffer_free(h->ctx, h->arena);
     h->arena = NULL, h->cap = 0;
-    if (df_buffer_alloc(h->ctx, need, &h->arena, err) != DF_OK) {
+    if (df_buffer_alloc_as(h->ctx, DF_MEM_ACTIVATIONS, need, &h->arena, err) != DF_OK) {
       h->arena = NULL;
       return DF_FAIL(err, DF_ERR_NOMEM, "domino head", "lower training.num_anchors or training.batch_size",
                      "out of memory for the Domino head on %lld rows (%.1f MiB)", (long long)R,

@@ -112,7 +112,7 @@ static df_status bind_ffn_state(df_draft_model *m, df_error *err) {
   for (int64_t i = 0; i < m->L; i++)
     if (m->ffns[i]->vt->state_elems) total += (m->ffns[i]->vt->state_elems(m->ffns[i]) + 15) / 16 * 16;
   if (total == 0) return DF_OK;
-  DF_TRY(df_buffer_alloc(m->ctx, sizeof(float) * (size_t)total, (void **)&m->ffn_state, err));
+  DF_TRY(df_buffer_alloc_as(m->ctx, DF_MEM_FFN_STATE, sizeof(float) * (size_t)total, (void **)&m->ffn_state, err));
   DF_TRY(zero_device(m, m->ffn_state, total, err));
   float *p = m->ffn_state;
   for (int64_t i = 0; i < m->L; i++) {
@@ -127,8 +127,8 @@ static df_status bind_ffn_state(df_draft_model *m, df_error *err) {
 static df_status alloc_state(df_draft_model *m, df_error *err) {
   m->numel = df_params_numel(m->params);
   const size_t bytes = (size_t)m->numel * sizeof(float);
-  DF_TRY(df_buffer_alloc(m->ctx, bytes, (void **)&m->weights, err));
-  DF_TRY(df_buffer_alloc(m->ctx, bytes, (void **)&m->grads, err));
+  DF_TRY(df_buffer_alloc_as(m->ctx, DF_MEM_WEIGHTS, bytes, (void **)&m->weights, err));
+  DF_TRY(df_buffer_alloc_as(m->ctx, DF_MEM_GRADS, bytes, (void **)&m->grads, err));
   // Alignment padding belongs to no parameter: zero it once so whole-buffer comparisons are defined.
   DF_TRY(zero_device(m, m->weights, m->numel, err));
   df_draft_model_zero_grads(m);
@@ -392,7 +392,7 @@ static df_status ensure_arena(df_draft_model *m, const dflash_dims *d, df_error 
     df_buffer_free(m->ctx, m->arena);
     m->arena = NULL;
     m->arena_cap = 0;
-    DF_TRY(df_buffer_alloc(m->ctx, measure.off, &m->arena, err));
+    DF_TRY(df_buffer_alloc_as(m->ctx, DF_MEM_ACTIVATIONS, measure.off, &m->arena, err));
     m->arena_cap = measure.off;
   }
   if (d->T + d->KV > m->host_pos_cap) {

@@ -186,7 +186,7 @@ static df_status ensure(df_dspark_heads *h, int64_t R, int64_t nb, df_error *err
   size_t need = carve(h, NULL, R, nb);
   if (need > h->cap) {
     free_buffers(h);
-    df_status st = df_buffer_alloc(h->ctx, need, &h->arena, err);
+    df_status st = df_buffer_alloc_as(h->ctx, DF_MEM_ACTIVATIONS, need, &h->arena, err);
     if (st != DF_OK) {
       h->arena = NULL;
       return DF_FAIL(err, DF_ERR_NOMEM, "dspark heads", "lower training.num_anchors or training.batch_size",

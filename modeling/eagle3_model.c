@@ -281,7 +281,7 @@ static df_status ensure_arena(df_eagle3_model *m, int64_t T, df_error *err) {
   if (measure.off > m->arena_cap) {
     df_buffer_free(m->ctx, m->arena);
     m->arena = NULL, m->arena_cap = 0;
-    DF_TRY(df_buffer_alloc(m->ctx, measure.off, &m->arena, err));
+    DF_TRY(df_buffer_alloc_as(m->ctx, DF_MEM_ACTIVATIONS, measure.off, &m->arena, err));
     m->arena_cap = measure.off;
   }
   carver c = {.base = m->arena};

@@ -32,6 +32,7 @@ df_status df_cpu_grad_norm_clip(df_ctx *ctx, const df_grad_norm_desc *desc, cons
   const int64_t n = df_numel(grad), nb = (n + NORM_BLOCK - 1) / NORM_BLOCK;
   double *part;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * (size_t)(nb > 0 ? nb : 1), (void **)&part, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const float *g = grad->data;
   const uint8_t *mk = mask->data;
   const float scale = desc->grad_scale;
@@ -112,5 +113,6 @@ df_status df_cpu_adamw_fused(df_ctx *ctx, const df_adamw_fused_desc *desc, df_te
 // This file's slots of the CPU backend table (kernels/cpu/backend.c).
 void df_cpu_register_adamw_fused(df_backend *be) {
   be->grad_norm_clip = df_cpu_grad_norm_clip;
+  be->measures[DF_OP_GRAD_NORM_CLIP] = true;
   be->adamw_fused = df_cpu_adamw_fused;
 }

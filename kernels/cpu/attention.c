@@ -226,6 +226,7 @@ df_status df_cpu_block_attn_forward(df_ctx *ctx, const df_block_attn_desc *desc,
   size_t per = fwd_scratch_floats(&g);
   float *scratch;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * per * (size_t)nt, (void **)&scratch, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const int32_t *an = anchors->data;
   const uint8_t *kp = keep->data;
   int64_t items = g.B * g.N * g.nKV;
@@ -387,15 +388,21 @@ static void plan_rows(const attn_geom *g, const int32_t *an, const uint8_t *kp, 
   pl->lo[i] = lo, pl->hi[i] = hi > lo ? hi : lo;
 }
 
-// The plan's index arrays live in workspace slot 0, its partial gradients in slot 1 (the thread tiles: slot 2).
-static df_status plan_make(df_ctx *ctx, const attn_geom *g, const int32_t *an, const uint8_t *kp, bwd_plan *pl,
-                           df_error *err) {
+// The plan's index arrays live in workspace slot 0, its partial gradients in slot 1 (the thread tiles: slot 2). Slot 1
+// is sized for chunks that each see the whole context — from the shapes alone, so a measuring context sizes it
+// without the anchors; the chunks' rows [lo, hi) are packed into it as the anchors give them.
+static df_status plan_alloc(df_ctx *ctx, const attn_geom *g, bwd_plan *pl, df_error *err) {
   int64_t units = g->B * g->nKV > 0 ? g->B * g->nKV : 1, per_sample = (BWD_ITEMS + units - 1) / units;
   pl->P = per_sample < g->N ? per_sample : (g->N > 0 ? g->N : 1);
   const size_t nb = (size_t)(g->B * pl->P);
   int64_t *idx;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(int64_t) * (4 * nb + (size_t)g->B), (void **)&idx, err));
   pl->start = idx, pl->lo = idx + nb + (size_t)g->B, pl->hi = pl->lo + nb, pl->off = pl->hi + nb;
+  const int64_t most = g->B * (pl->P - 1) * 2 * g->nKV * g->S * g->hd;
+  return df_ctx_workspace(ctx, 1, sizeof(float) * (size_t)(most > 0 ? most : 1), (void **)&pl->part, err);
+}
+
+static void plan_make(const attn_geom *g, const int32_t *an, const uint8_t *kp, bwd_plan *pl) {
   int64_t total = 0;
   for (int64_t b = 0; b < g->B; b++) {
     plan_split(g, an, kp, b, pl);
@@ -406,7 +413,6 @@ static df_status plan_make(df_ctx *ctx, const attn_geom *g, const int32_t *an, c
       if (c > 0) total += 2 * g->nKV * (pl->hi[i] - pl->lo[i]) * g->hd;
     }
   }
-  return df_ctx_workspace(ctx, 1, sizeof(float) * (size_t)(total > 0 ? total : 1), (void **)&pl->part, err);
 }
 
 // Context gradient target of chunk c of (b, kv head kh).
@@ -459,11 +465,13 @@ df_status df_cpu_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc
   const int32_t *an = anchors->data;
   const uint8_t *kp = keep->data;
   bwd_plan pl = {0};
-  DF_TRY(plan_make(ctx, &g, an, kp, &pl, err));
+  DF_TRY(plan_alloc(ctx, &g, &pl, err));
   int nt = ctx->num_threads;
   size_t per = bwd_scratch_floats(&g);
   float *scratch;
   DF_TRY(df_ctx_workspace(ctx, 2, sizeof(float) * per * (size_t)nt, (void **)&scratch, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
+  plan_make(&g, an, kp, &pl);
   bwd_io io = {q->data, k->data, v->data, out->data, lse->data, dout->data, dq->data, dk->data, dv->data};
   int64_t nq = df_numel(q), nk = df_numel(k), items = g.B * g.nKV * pl.P;
   int64_t tiles = (g.S + REDUCE_ROWS - 1) / REDUCE_ROWS, nred = g.B * g.nKV * tiles;
@@ -491,4 +499,5 @@ df_status df_cpu_block_attn_backward(df_ctx *ctx, const df_block_attn_desc *desc
 void df_cpu_register_attention(df_backend *be) {
   be->block_attn_forward = df_cpu_block_attn_forward;
   be->block_attn_backward = df_cpu_block_attn_backward;
+  be->measures[DF_OP_BLOCK_ATTN_FORWARD] = be->measures[DF_OP_BLOCK_ATTN_BACKWARD] = true;
 }

@@ -40,6 +40,7 @@ static df_status cpu_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc 
   const size_t per = (size_t)QTILE * (size_t)(past + T); // one thread's score tile
   float *scratch;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * per * (size_t)nt, (void **)&scratch, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
 #pragma omp parallel num_threads(nt) if (par)
   {
     float *s = scratch + per * (size_t)omp_get_thread_num();
@@ -71,4 +72,7 @@ static df_status cpu_causal_attn_forward(df_ctx *ctx, const df_causal_attn_desc 
 }
 
 // This file's slots of the CPU backend table (kernels/cpu/backend.c).
-void df_cpu_register_causal_attn(df_backend *be) { be->causal_attn_forward = cpu_causal_attn_forward; }
+void df_cpu_register_causal_attn(df_backend *be) {
+  be->causal_attn_forward = cpu_causal_attn_forward;
+  be->measures[DF_OP_CAUSAL_ATTN_FORWARD] = true;
+}

@@ -23,6 +23,7 @@ static df_status cpu_lmhead_lse_argmax(df_ctx *ctx, int64_t chunk_rows, const df
   double *state; // per chunk row: running max, running sum
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * (size_t)(c * vb), (void **)&buf, err));
   DF_TRY(df_ctx_workspace(ctx, 1, sizeof(double) * (size_t)(2 * c), (void **)&state, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const float *x = hidden->data, *w = head->data;
   float *out_lse = lse->data;
   int32_t *out_arg = argmax->data;
@@ -244,4 +245,5 @@ void df_cpu_register_eagle3_loss(df_backend *be) {
   be->eagle3_loss_backward = cpu_eagle3_loss_backward;
   be->eagle3_step_sums = cpu_eagle3_step_sums;
   be->eagle3_accept = cpu_eagle3_accept;
+  be->measures[DF_OP_LMHEAD_LSE_ARGMAX] = true;
 }

@@ -18,6 +18,7 @@ static df_status cpu_gru_forward(df_ctx *ctx, const df_gru_desc *desc, const df_
   const int th = ctx->num_threads > 0 ? ctx->num_threads : 1;
   float *gh;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * (size_t)(nb * 3 * G + 1), (void **)&gh, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const float *giv = gi->data, *w = w_hh->data;
   float *sv = s->data, *gv = gates ? gates->data : NULL;
   for (int64_t t = 0; t < T; t++) {
@@ -72,6 +73,7 @@ static df_status cpu_gru_backward(df_ctx *ctx, const df_gru_desc *desc, const df
   const int th = ctx->num_threads > 0 ? ctx->num_threads : 1;
   float *carry;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * (size_t)(nb * 4 * G + 1), (void **)&carry, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   float *dgh = carry + nb * G;
   memset(carry, 0, sizeof(float) * (size_t)(nb * G));
   const float *sv = s->data, *gv = gates->data, *dsv = ds->data, *w = w_hh->data;
@@ -92,4 +94,5 @@ static df_status cpu_gru_backward(df_ctx *ctx, const df_gru_desc *desc, const df
 void df_cpu_register_gru(df_backend *be) {
   be->gru_forward = cpu_gru_forward;
   be->gru_backward = cpu_gru_backward;
+  be->measures[DF_OP_GRU_FORWARD] = be->measures[DF_OP_GRU_BACKWARD] = true;
 }

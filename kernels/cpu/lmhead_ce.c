@@ -207,9 +207,18 @@ static void run_chunks(const lmce_job *jb, float *scratch, size_t per_thread, in
   }
 }
 
-// Lists the labelled rows; sizes the tiles (the largest chunk's rows spread over the threads, at most TILE_ROWS
-// and the scratch cap) and returns the team: no more threads than that chunk has rows.
-static int plan(lmce_job *jb, int nthreads) {
+// Sizes the tiles for `most` labelled rows in the fullest chunk (spread over the threads, at most TILE_ROWS and the
+// scratch cap) and returns the team: no more threads than that chunk has rows.
+static int size_tiles(lmce_job *jb, int nthreads, int64_t most) {
+  const int team = (int)df_rt_min64(nthreads, most);
+  if (team == 0) return 0;
+  const int64_t cap = (int64_t)(DF_RT_SCRATCH_BYTES / sizeof(float)) / jb->V;
+  jb->tile_rows = df_rt_min64(df_rt_min64((most + team - 1) / team, TILE_ROWS), cap > 16 ? cap : 16);
+  return team;
+}
+
+// Lists the labelled rows; returns how many the fullest chunk has.
+static int64_t list_live(lmce_job *jb) {
   jb->nlive = 0;
   int64_t most = 0, in_chunk = 0;
   for (int64_t r = 0; r < jb->R; r++) {
@@ -218,11 +227,7 @@ static int plan(lmce_job *jb, int nthreads) {
     jb->live[jb->nlive++] = r;
     if (++in_chunk > most) most = in_chunk;
   }
-  const int team = (int)df_rt_min64(nthreads, most);
-  if (team == 0) return 0;
-  const int64_t cap = (int64_t)(DF_RT_SCRATCH_BYTES / sizeof(float)) / jb->V;
-  jb->tile_rows = df_rt_min64(df_rt_min64((most + team - 1) / team, TILE_ROWS), cap > 16 ? cap : 16);
-  return team;
+  return most;
 }
 
 df_status df_cpu_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_tensor *hidden, const df_tensor *head,
@@ -239,21 +244,26 @@ df_status df_cpu_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, const df_
                  .H = head->shape[1],
                  .V = head->shape[0],
                  .grad_scale = desc->grad_scale};
-  DF_TRY(df_rt_check_labels(jb.labels, jb.R, jb.V, "ignore", err));
   if (jb.R == 0) return DF_OK;
   jb.chunk_rows = desc->chunk_rows > 0 && desc->chunk_rows < jb.R ? desc->chunk_rows : jb.R;
   const int nthreads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+  // The workspace is sized as if every row were labelled, from the shapes alone (a measuring context sizes it without
+  // reading the labels); the tiles then take what the labelled rows need of it.
+  lmce_job bound = jb;
+  const int bound_team = size_tiles(&bound, nthreads, jb.chunk_rows);
+  float *scratch;
   DF_TRY(df_ctx_workspace(ctx, 1, sizeof(int64_t) * (size_t)jb.R, (void **)&jb.live, err));
-  const int team = plan(&jb, nthreads);
-  if (team > 0) {
-    const size_t per_thread = scratch_floats(&jb);
-    float *scratch;
-    DF_TRY(df_ctx_workspace(ctx, 0, per_thread * (size_t)team * sizeof(float), (void **)&scratch, err));
-    run_chunks(&jb, scratch, per_thread, team);
-  }
+  DF_TRY(df_ctx_workspace(ctx, 0, scratch_floats(&bound) * (size_t)bound_team * sizeof(float), (void **)&scratch, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
+  DF_TRY(df_rt_check_labels(jb.labels, jb.R, jb.V, "ignore", err));
+  const int team = size_tiles(&jb, nthreads, list_live(&jb));
+  if (team > 0) run_chunks(&jb, scratch, scratch_floats(&jb), team);
   clear_ignored(&jb, nthreads);
   return DF_OK;
 }
 
 // This file's slots of the CPU backend table (kernels/cpu/backend.c).
-void df_cpu_register_lmhead_ce(df_backend *be) { be->lmhead_ce = df_cpu_lmhead_ce; }
+void df_cpu_register_lmhead_ce(df_backend *be) {
+  be->lmhead_ce = df_cpu_lmhead_ce;
+  be->measures[DF_OP_LMHEAD_CE] = true;
+}

@@ -29,6 +29,7 @@ df_status df_cpu_dpace_weights(df_ctx *ctx, df_dpace_mode mode, double alpha, in
                                const df_tensor *w, df_tensor *out, df_tensor *row_w, df_error *err) {
   double *prefix;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * (size_t)bs, (void **)&prefix, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const int64_t nb = df_numel(ce) / bs;
   const float *c = ce->data, *wt = w->data;
   float *o = out->data;
@@ -54,6 +55,7 @@ df_status df_cpu_block_metrics(df_ctx *ctx, int64_t bs, const df_tensor *ce, con
                                df_error *err) {
   double *pos;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * 2 * (size_t)bs, (void **)&pos, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const int64_t R = df_numel(ce), nb = R / bs;
   const float *c = ce->data, *w = lw->data;
   const uint8_t *cor = correct->data, *val = valid->data, *kp = keep->data;
@@ -125,6 +127,7 @@ df_status df_cpu_dspark_block_metrics(df_ctx *ctx, int64_t bs, const df_dspark_m
                                       df_error *err) {
   dspark_sums m = {.pos = NULL};
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * 3 * (size_t)bs, (void **)&m.pos, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   for (int64_t k = 0; k < 3 * bs; k++) m.pos[k] = 0.0;
   const int64_t nb = df_numel(in->ce) / bs;
   for (int64_t i = 0; i < nb; i++) dspark_block(in, bs, i, &m);
@@ -140,4 +143,6 @@ void df_cpu_register_metrics(df_backend *be) {
   be->dpace_weights = df_cpu_dpace_weights;
   be->block_metrics = df_cpu_block_metrics;
   be->dspark_block_metrics = df_cpu_dspark_block_metrics;
+  be->measures[DF_OP_DPACE_WEIGHTS] = be->measures[DF_OP_BLOCK_METRICS] = true;
+  be->measures[DF_OP_DSPARK_BLOCK_METRICS] = true;
 }

@@ -139,6 +139,7 @@ static df_status cpu_select(df_ctx *ctx, const df_moe_route_desc *s, const df_te
   const bool grouped = s->topk_group < s->n_group;
   float *sel;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * (size_t)(T * stride), (void **)&sel, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const float *scr = scores->data, *shift = sel_shift ? sel_shift->data : NULL;
   int32_t *ind = indices->data, *cnt = counts->data;
   float *wts = weights->data;
@@ -200,5 +201,6 @@ void df_cpu_register_moe_router(df_backend *be) {
   be->moe_scores_forward = cpu_scores_forward;
   be->moe_scores_backward = cpu_scores_backward;
   be->moe_select = cpu_select;
+  be->measures[DF_OP_MOE_SELECT] = true;
   be->moe_select_backward = cpu_select_backward;
 }

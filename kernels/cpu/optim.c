@@ -79,6 +79,7 @@ df_status df_cpu_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs, doub
   double *partial;
   DF_TRY(
       df_ctx_workspace(ctx, 0, sizeof(double) * (size_t)(total_blocks > 0 ? total_blocks : 1), (void **)&partial, err));
+  if (df_ctx_measure_only(ctx)) return *norm = 0.0, DF_OK; // measure path: the workspace, and the norm of zeros
 #pragma omp parallel num_threads(ctx->num_threads) if (total > OPTIM_PAR_MIN)
   {
     int64_t first = 0; // index of buffer b's first block in `partial`
@@ -122,5 +123,6 @@ df_status df_cpu_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, double no
 void df_cpu_register_optim(df_backend *be) {
   be->adamw_step = df_cpu_adamw_step;
   be->global_norm = df_cpu_global_norm;
+  be->measures[DF_OP_GLOBAL_NORM] = true;
   be->clip_by_norm = df_cpu_clip_by_norm;
 }

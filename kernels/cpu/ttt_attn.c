@@ -75,6 +75,7 @@ static df_status cpu_ttt_attn_forward(df_ctx *ctx, const df_ttt_attn_desc *desc,
   const size_t per = (size_t)(d.S + d.T);
   float *scratch;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * per * (size_t)nt, (void **)&scratch, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   float *o = out->data, *l = lse->data;
 #pragma omp parallel num_threads(nt)
   {
@@ -152,6 +153,7 @@ static df_status cpu_ttt_attn_backward(df_ctx *ctx, const df_ttt_attn_desc *desc
   float *scratch, *Dsave;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * per * (size_t)nt, (void **)&scratch, err));
   DF_TRY(df_ctx_workspace(ctx, 1, sizeof(float) * nD, (void **)&Dsave, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const float *o = out->data, *l = lse->data, *go = dout->data;
   float *gq = dq->data, *gk = dk->data, *gv = dv->data;
 #pragma omp parallel num_threads(nt)
@@ -169,4 +171,5 @@ static df_status cpu_ttt_attn_backward(df_ctx *ctx, const df_ttt_attn_desc *desc
 void df_cpu_register_ttt_attn(df_backend *be) {
   be->ttt_attn_forward = cpu_ttt_attn_forward;
   be->ttt_attn_backward = cpu_ttt_attn_backward;
+  be->measures[DF_OP_TTT_ATTN_FORWARD] = be->measures[DF_OP_TTT_ATTN_BACKWARD] = true;
 }

@@ -75,6 +75,7 @@ static df_status cuda_grad_norm_clip(df_ctx *ctx, const df_grad_norm_desc *desc,
   const int64_t n = df_numel(grad), nb = (n + kBlock - 1) / kBlock;
   double *partial = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * (size_t)(nb > 0 ? nb : 1), (void **)&partial, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const cudaStream_t s = df_cuda_stream(ctx);
   if (nb > 0) {
     DF_CU_SWITCH_DT(grad->dtype, G, err, "grad_norm_clip.grad",
@@ -113,5 +114,6 @@ static df_status cuda_adamw_fused(df_ctx *ctx, const df_adamw_fused_desc *desc, 
 
 extern "C" void df_cuda_register_adamw_fused(df_backend *be) {
   be->grad_norm_clip = cuda_grad_norm_clip;
+  be->measures[DF_OP_GRAD_NORM_CLIP] = true;
   be->adamw_fused = cuda_adamw_fused;
 }

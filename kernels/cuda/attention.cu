@@ -618,10 +618,12 @@ static df_status cuda_block_attn_backward(df_ctx *ctx, const df_block_attn_desc 
   a.dout = dout->data, a.dq = dq->data, a.dk = dk->data, a.dv = dv->data, a.grad_dt = dq->dtype;
   void *ws = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, df_cu_block_attn_bwd_workspace(&a), &ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   return df_cu_block_attn_bwd(df_cuda_cu_stream(ctx), &a, ws, err);
 }
 
 extern "C" void df_cuda_register_attention(df_backend *be) {
   be->block_attn_forward = cuda_block_attn_forward;
   be->block_attn_backward = cuda_block_attn_backward;
+  be->measures[DF_OP_BLOCK_ATTN_BACKWARD] = true;
 }

@@ -27,7 +27,7 @@ static void cuda_destroy(df_ctx *ctx) {
   df_cuda_state *cs = df_cuda_of(ctx);
   if (!cs) return;
   df_cu_gemm_ctx_destroy(cs->gemm);
-  if (cs->lt_workspace) cudaFree(cs->lt_workspace);
+  df_buffer_free(ctx, cs->lt_workspace); // accounted: kernels/context.c
   if (cs->blaslt) cublasLtDestroy(cs->blaslt);
   if (cs->blas) cublasDestroy(cs->blas);
   if (cs->stream) cudaStreamDestroy(cs->stream);
@@ -46,10 +46,15 @@ static df_status cuda_init(df_ctx *ctx, const df_ctx_options *opt, df_error *err
   cs->device = opt->cuda_device;
   cudaError_t e = cudaSetDevice(cs->device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaMalloc(&cs->lt_workspace, LT_WORKSPACE_BYTES);
   if (e != cudaSuccess) {
     cuda_destroy(ctx);
-    return df_cuda_fail(err, e, "cudaSetDevice/cudaStreamCreate/cudaMalloc");
+    return df_cuda_fail(err, e, "cudaSetDevice/cudaStreamCreate");
+  }
+  // Through the context's accounting (a measuring context counts the same bytes: state_device_bytes).
+  df_status ws = df_buffer_alloc_as(ctx, DF_MEM_WORKSPACE, LT_WORKSPACE_BYTES, &cs->lt_workspace, err);
+  if (ws != DF_OK) {
+    cuda_destroy(ctx);
+    return ws;
   }
   cs->lt_workspace_bytes = LT_WORKSPACE_BYTES;
   cublasStatus_t s = cublasCreate(&cs->blas);
@@ -179,6 +184,7 @@ static void cuda_build(void) {
   cuda_table.event_wait = cuda_event_wait;
   cuda_table.event_destroy = cuda_event_destroy;
   cuda_table.sync = cuda_sync;
+  cuda_table.state_device_bytes = LT_WORKSPACE_BYTES;
   df_cuda_register_linear(&cuda_table);
   df_cuda_register_elementwise(&cuda_table);
   df_cuda_register_rmsnorm(&cuda_table);

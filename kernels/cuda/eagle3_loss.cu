@@ -47,6 +47,7 @@ static df_status cuda_lmhead_lse_argmax(df_ctx *ctx, int64_t chunk_rows, const d
   double *state;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * (size_t)(c * vb), (void **)&buf, err));
   DF_TRY(df_ctx_workspace(ctx, 1, sizeof(double) * (size_t)(2 * c), (void **)&state, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   cudaStream_t s = df_cuda_stream(ctx);
   for (int64_t r0 = 0; r0 < R; r0 += c) {
     const int64_t n = R - r0 < c ? R - r0 : c;
@@ -296,4 +297,5 @@ extern "C" void df_cuda_register_eagle3_loss(df_backend *be) {
   be->eagle3_loss_backward = cuda_eagle3_loss_backward;
   be->eagle3_step_sums = cuda_eagle3_step_sums;
   be->eagle3_accept = cuda_eagle3_accept;
+  be->measures[DF_OP_LMHEAD_LSE_ARGMAX] = true;
 }

@@ -114,6 +114,7 @@ static df_status cuda_embedding_backward(df_ctx *ctx, const df_tensor *dout, con
   const int64_t T = df_numel(ids), V = dtable->shape[0], H = dtable->shape[1];
   void *ws = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, df_cu_embedding_bwd_workspace(T, V), &ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   return df_cu_embedding_bwd(df_cuda_cu_stream(ctx), dout->data, dout->dtype, (const int32_t *)ids->data, dtable->data,
                              dtable->dtype, T, V, H, ws, err);
 }
@@ -121,4 +122,5 @@ static df_status cuda_embedding_backward(df_ctx *ctx, const df_tensor *dout, con
 extern "C" void df_cuda_register_embedding(df_backend *be) {
   be->embedding_forward = cuda_embedding_forward;
   be->embedding_backward = cuda_embedding_backward;
+  be->measures[DF_OP_EMBEDDING_BACKWARD] = true;
 }

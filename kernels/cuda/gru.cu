@@ -77,6 +77,7 @@ static df_status cuda_gru_forward(df_ctx *ctx, const df_gru_desc *desc, const df
   if (nb <= 0) return DF_OK;
   float *gh = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(float) * (size_t)(nb * 3 * G), (void **)&gh, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const cudaStream_t st = df_cuda_stream(ctx);
   const size_t es = esize(dt);
   for (int64_t t = 0; t < T; t++) {
@@ -115,6 +116,7 @@ static df_status cuda_gru_backward(df_ctx *ctx, const df_gru_desc *desc, const d
   const size_t es = esize(dt), cbytes = ((sizeof(float) * (size_t)(nb * G)) + 255) / 256 * 256;
   char *ws = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, cbytes + es * (size_t)(nb * 3 * G), (void **)&ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   float *carry = (float *)ws;
   void *dgh = ws + cbytes;
   const cudaStream_t st = df_cuda_stream(ctx);
@@ -144,4 +146,5 @@ static df_status cuda_gru_backward(df_ctx *ctx, const df_gru_desc *desc, const d
 extern "C" void df_cuda_register_gru(df_backend *be) {
   be->gru_forward = cuda_gru_forward;
   be->gru_backward = cuda_gru_backward;
+  be->measures[DF_OP_GRU_FORWARD] = be->measures[DF_OP_GRU_BACKWARD] = true;
 }

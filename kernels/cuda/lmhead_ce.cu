@@ -118,7 +118,11 @@ static df_status cuda_lmhead_ce(df_ctx *ctx, const df_lmhead_ce_desc *desc, cons
   a.dhidden = dhidden ? dhidden->data : NULL, a.dh_dt = dhidden ? dhidden->dtype : head->dtype;
   void *ws = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, df_cu_lmhead_ce_workspace(&a), &ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   return df_cu_lmhead_ce(df_cuda_gemm(ctx), df_cuda_cu_stream(ctx), &a, ws, err);
 }
 
-extern "C" void df_cuda_register_lmhead_ce(df_backend *be) { be->lmhead_ce = cuda_lmhead_ce; }
+extern "C" void df_cuda_register_lmhead_ce(df_backend *be) {
+  be->lmhead_ce = cuda_lmhead_ce;
+  be->measures[DF_OP_LMHEAD_CE] = true;
+}

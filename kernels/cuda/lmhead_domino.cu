@@ -98,6 +98,7 @@ static df_status cuda_lmhead_domino(df_ctx *ctx, const df_lmhead_domino_desc *de
   if (a.R <= 0) return DF_OK;
   void *ws = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, workspace_of(a), &ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   const int64_t C = chunk_of(a), ldz = df_lmhead_ld(a.V), H = a.H, E = a.E;
   const size_t es = a.dt == DF_BF16 ? 2 : 4, zbytes = round256(sizeof(float) * (size_t)(C * ldz));
   float *zb = (float *)ws, *zf = (float *)((char *)ws + zbytes);
@@ -150,4 +151,7 @@ static df_status cuda_lmhead_domino(df_ctx *ctx, const df_lmhead_domino_desc *de
   return DF_OK;
 }
 
-extern "C" void df_cuda_register_lmhead_domino(df_backend *be) { be->lmhead_domino = cuda_lmhead_domino; }
+extern "C" void df_cuda_register_lmhead_domino(df_backend *be) {
+  be->lmhead_domino = cuda_lmhead_domino;
+  be->measures[DF_OP_LMHEAD_DOMINO] = true;
+}

@@ -213,7 +213,11 @@ static df_status cuda_lmhead_dspark(df_ctx *ctx, const df_lmhead_dspark_desc *de
   }
   void *ws = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, df_cu_lmhead_dspark_workspace(&a), &ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   return df_cu_lmhead_dspark(df_cuda_gemm(ctx), df_cuda_cu_stream(ctx), &a, ws, err);
 }
 
-extern "C" void df_cuda_register_lmhead_dspark(df_backend *be) { be->lmhead_dspark = cuda_lmhead_dspark; }
+extern "C" void df_cuda_register_lmhead_dspark(df_backend *be) {
+  be->lmhead_dspark = cuda_lmhead_dspark;
+  be->measures[DF_OP_LMHEAD_DSPARK] = true;
+}

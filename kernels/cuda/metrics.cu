@@ -122,6 +122,7 @@ static df_status cuda_dpace_weights(df_ctx *ctx, df_dpace_mode mode, double alph
   if (nb <= 0) return DF_OK;
   double *prefix = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * (size_t)(nb * bs), (void **)&prefix, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   dpace_kernel<<<df_cu_blocks(nb, 128), 128, 0, df_cuda_stream(ctx)>>>(mode, alpha, nb, bs, (const float *)ce->data,
                                                                        (const float *)w->data, (float *)out->data,
                                                                        row_w ? (float *)row_w->data : NULL, prefix);
@@ -134,6 +135,7 @@ static df_status cuda_block_metrics(df_ctx *ctx, int64_t bs, const df_tensor *ce
                                     df_tensor *stats, df_error *err) {
   double *pos = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * 2 * (size_t)bs, (void **)&pos, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   block_metrics_kernel<<<1, 32, 0, df_cuda_stream(ctx)>>>(
       bs, df_numel(ce), (const float *)ce->data, (const uint8_t *)correct->data, (const float *)lw->data,
       (const uint8_t *)valid->data, (const uint8_t *)keep->data, pos, (double *)stats->data);
@@ -145,6 +147,7 @@ static df_status cuda_dspark_block_metrics(df_ctx *ctx, int64_t bs, const df_dsp
                                            df_error *err) {
   double *pos = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * 3 * (size_t)bs, (void **)&pos, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   dspark_ptrs p;
   p.ce = ptr<float>(in->ce), p.w = ptr<float>(in->weights), p.top1 = ptr<float>(in->draft_top1);
   p.l1 = ptr<float>(in->l1), p.ttop1 = ptr<float>(in->teacher_top1), p.bce = ptr<float>(in->bce);
@@ -159,4 +162,6 @@ extern "C" void df_cuda_register_metrics(df_backend *be) {
   be->dpace_weights = cuda_dpace_weights;
   be->block_metrics = cuda_block_metrics;
   be->dspark_block_metrics = cuda_dspark_block_metrics;
+  be->measures[DF_OP_DPACE_WEIGHTS] = be->measures[DF_OP_BLOCK_METRICS] = true;
+  be->measures[DF_OP_DSPARK_BLOCK_METRICS] = true;
 }

@@ -108,6 +108,7 @@ df_status plan(df_ctx *ctx, int64_t k, const df_tensor *indices, const df_tensor
   const size_t inv = round256(sizeof(int32_t) * (size_t)(Tk > 0 ? Tk : 1));
   char *ws;
   DF_TRY(df_ctx_workspace(ctx, 1, inv + df_cu_moe_plan_workspace(Tk, E), (void **)&ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   return df_cu_moe_plan(stream_of(ctx), Tk / k, k, E, (const int32_t *)indices->data, (const int32_t *)counts->data,
                         (int32_t *)offsets->data, (int32_t *)slot->data, (int32_t *)token->data, (int32_t *)ws,
                         ws + inv, err);
@@ -140,6 +141,7 @@ df_status route_stats(df_ctx *ctx, const df_moe_stats_desc *d, const df_tensor *
   const size_t head = round256(4 * sizeof(double));
   char *ws;
   DF_TRY(df_ctx_workspace(ctx, 0, head + df_cu_moe_aux_workspace(T, E), (void **)&ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   double *tmp = (double *)ws;
   const df_cu_stream s = stream_of(ctx);
   const int32_t *c = (const int32_t *)counts->data;
@@ -183,6 +185,7 @@ extern "C" void df_cuda_register_moe(df_backend *be) {
   be->moe_center_forward = center_forward;
   be->moe_center_backward = center_backward;
   be->moe_plan = plan;
+  be->measures[DF_OP_MOE_PLAN] = be->measures[DF_OP_MOE_ROUTE_STATS] = true;
   be->moe_scale_rows = scale_rows;
   be->moe_gate_backward = gate_backward;
   be->moe_sigmoid_scale = sigmoid_scale;

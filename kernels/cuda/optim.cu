@@ -254,6 +254,7 @@ static df_status cuda_global_norm(df_ctx *ctx, const df_tensor *bufs, int nbufs,
   for (int b = 0; b < nbufs; b++) total += (df_numel(&bufs[b]) + kNormBlock - 1) / kNormBlock;
   double *partial = NULL;
   DF_TRY(df_ctx_workspace(ctx, 0, sizeof(double) * (size_t)(total + 1), (void **)&partial, err));
+  if (df_ctx_measure_only(ctx)) return *norm = 0.0, DF_OK; // measure path: the workspace, and the norm of zeros
   const cudaStream_t s = df_cuda_stream(ctx);
   int64_t first = 0;
   for (int b = 0; b < nbufs; b++) {
@@ -285,5 +286,6 @@ static df_status cuda_clip_by_norm(df_ctx *ctx, df_tensor *bufs, int nbufs, doub
 extern "C" void df_cuda_register_optim(df_backend *be) {
   be->adamw_step = cuda_adamw_step;
   be->global_norm = cuda_global_norm;
+  be->measures[DF_OP_GLOBAL_NORM] = true;
   be->clip_by_norm = cuda_clip_by_norm;
 }

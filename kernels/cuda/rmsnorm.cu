@@ -153,6 +153,7 @@ static df_status cuda_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const d
   const int64_t D = w->shape[0], R = df_numel(x) / D;
   void *ws = NULL;
   if (dw) DF_TRY(df_ctx_workspace(ctx, 0, df_cu_rmsnorm_bwd_workspace(R, D), &ws, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   return df_cu_rmsnorm_bwd(df_cuda_cu_stream(ctx), dy->data, dy->dtype, x->data, x->dtype, w->data, w->dtype,
                            (const float *)rstd->data, dx->data, dx->dtype, accumulate_dx, dw ? dw->data : NULL,
                            dw ? dw->dtype : DF_F32, R, D, ws, err);
@@ -161,4 +162,5 @@ static df_status cuda_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const d
 extern "C" void df_cuda_register_rmsnorm(df_backend *be) {
   be->rmsnorm_forward = cuda_rmsnorm_forward;
   be->rmsnorm_backward = cuda_rmsnorm_backward;
+  be->measures[DF_OP_RMSNORM_BACKWARD] = true;
 }

@@ -187,6 +187,7 @@ static df_status cuda_ttt_attn_backward(df_ctx *ctx, const df_ttt_attn_desc *des
   DF_TRY(check_hd(d.hd, err));
   float *Dsave = NULL;
   DF_TRY(df_ctx_workspace(ctx, 1, sizeof(float) * (size_t)(d.B * d.S * d.nH), (void **)&Dsave, err));
+  if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   cudaStream_t s = df_cuda_stream(ctx);
   const unsigned grid = warps_grid(d.B * d.S * d.nKV, 128);
   ttt_bwd_query_kernel<<<grid, 128, 0, s>>>(d, (const float *)q->data, (const float *)k->data, (const float *)v->data,
@@ -204,4 +205,5 @@ static df_status cuda_ttt_attn_backward(df_ctx *ctx, const df_ttt_attn_desc *des
 extern "C" void df_cuda_register_ttt_attn(df_backend *be) {
   be->ttt_attn_forward = cuda_ttt_attn_forward;
   be->ttt_attn_backward = cuda_ttt_attn_backward;
+  be->measures[DF_OP_TTT_ATTN_BACKWARD] = true;
 }

@@ -30,7 +30,8 @@ static df_status ensure_scratch(df_target *t, int64_t T, df_error *err) {
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) total += align16(sizes[i]);
   df_buffer_free(t->ctx, t->scratch);
   t->scratch = NULL, t->rows = 0;
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)total, (void **)&t->scratch, err));
+  DF_TRY(
+      df_buffer_alloc_as(t->ctx, DF_MEM_TARGET_ACTIVATIONS, sizeof(float) * (size_t)total, (void **)&t->scratch, err));
   float *p = t->scratch;
   float **dst[] = {&t->h, &t->x, &t->tmp, &t->q, &t->attn, &t->gate, &t->up, &t->rstd};
   for (size_t i = 0; i < sizeof dst / sizeof *dst; i++) *dst[i] = p, p += align16(sizes[i]);
@@ -138,7 +139,7 @@ static df_status head_forward(df_target *t, int64_t T, const df_target_outputs *
   const size_t bytes = sizeof(float) * (size_t)(n * V);
   float *logits = o->logits, *own = NULL, *host = NULL;
   if (!logits) {
-    DF_TRY(df_buffer_alloc(t->ctx, bytes, (void **)&own, err));
+    DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_TARGET_ACTIVATIONS, bytes, (void **)&own, err));
     logits = own;
   }
   df_tensor x = v2(t->x + o->logits_from * H, t->dev, n, H), y = v2(logits, t->dev, n, V);

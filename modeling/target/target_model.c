@@ -89,9 +89,12 @@ static df_status bind_layer(df_target *t, int64_t i, df_error *err) {
 
 // ---- load ----------------------------------------------------------------------------------------------
 
-// Strict load into a host buffer, then (CUDA) one copy to the device.
-static df_status load_weights(df_target *t, const char *dir, df_error *err) {
+// Strict load into a host buffer, then (CUDA) one copy to the device. Without `read`, only the device buffer (a
+// memory plan: nothing is read).
+static df_status load_weights(df_target *t, const char *dir, bool read, df_error *err) {
   const int64_t n = df_params_numel(t->params);
+  const size_t bytes = sizeof(float) * (size_t)n;
+  if (!read) return df_buffer_alloc_as(t->ctx, DF_MEM_TARGET_WEIGHTS, bytes, (void **)&t->weights, err);
   float *host = calloc((size_t)n, sizeof(float));
   if (!host) return DF_FAIL(err, DF_ERR_NOMEM, dir, "the target needs 4 bytes per parameter", "out of memory");
   df_st_model *m = NULL;
@@ -101,8 +104,8 @@ static df_status load_weights(df_target *t, const char *dir, df_error *err) {
   df_load_options lo = {.ignore_suffixes = ignore, .n_ignore = t->spec.tied ? 2 : 1};
   if (st == DF_OK) st = df_params_load_strict(t->params, host, m, &lo, NULL, err);
   df_st_model_close(m);
-  if (st == DF_OK) st = df_buffer_alloc(t->ctx, sizeof(float) * (size_t)n, (void **)&t->weights, err);
-  if (st == DF_OK) st = df_copy(t->ctx, t->weights, t->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)n, err);
+  if (st == DF_OK) st = df_buffer_alloc_as(t->ctx, DF_MEM_TARGET_WEIGHTS, bytes, (void **)&t->weights, err);
+  if (st == DF_OK) st = df_copy(t->ctx, t->weights, t->dev, host, DF_DEV_CPU, bytes, err);
   free(host);
   return st;
 }
@@ -112,18 +115,18 @@ static df_status build_rope(df_target *t, df_error *err) {
   float *host = malloc(bytes);
   if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "rope", NULL, "cannot allocate the RoPE table");
   df_status st = dflash_rope_table(&t->spec.rope, host, &t->mscale, err);
-  if (st == DF_OK) st = df_buffer_alloc(t->ctx, bytes, (void **)&t->inv_freq, err);
+  if (st == DF_OK) st = df_buffer_alloc_as(t->ctx, DF_MEM_TARGET_WEIGHTS, bytes, (void **)&t->inv_freq, err);
   if (st == DF_OK) st = df_copy(t->ctx, t->inv_freq, t->dev, host, DF_DEV_CPU, bytes, err);
   free(host);
   return st;
 }
 
-static df_status load(df_target *t, const char *dir, df_error *err) {
+static df_status load(df_target *t, const char *dir, bool read, df_error *err) {
   DF_TRY(df_target_spec_from_dir(dir, &t->spec, err));
   t->layers = calloc((size_t)t->spec.num_layers, sizeof *t->layers);
   if (!t->layers) return DF_FAIL(err, DF_ERR_NOMEM, dir, NULL, "out of memory");
   DF_TRY(build_table(t, err));
-  DF_TRY(load_weights(t, dir, err));
+  DF_TRY(load_weights(t, dir, read, err));
   DF_TRY(bind(t, "model.embed_tokens.weight", 0, &t->embed, err));
   DF_TRY(bind(t, "model.norm.weight", 0, &t->norm, err));
   if (t->spec.tied)
@@ -134,19 +137,27 @@ static df_status load(df_target *t, const char *dir, df_error *err) {
   return build_rope(t, err);
 }
 
-df_status df_target_load(const char *dir, df_ctx *ctx, df_target **out, df_error *err) {
+static df_status open_target(const char *dir, df_ctx *ctx, bool read, df_target **out, df_error *err) {
   *out = NULL;
   df_target *t = calloc(1, sizeof *t);
   if (!t) return DF_FAIL(err, DF_ERR_NOMEM, dir, NULL, "out of memory");
   t->ctx = ctx;
   t->dev = df_ctx_device(ctx);
-  df_status st = load(t, dir, err);
+  df_status st = load(t, dir, read, err);
   if (st != DF_OK) {
     df_target_free(t);
     return st;
   }
   *out = t;
   return DF_OK;
+}
+
+df_status df_target_load(const char *dir, df_ctx *ctx, df_target **out, df_error *err) {
+  return open_target(dir, ctx, true, out, err);
+}
+
+df_status df_target_create(const char *dir, df_ctx *ctx, df_target **out, df_error *err) {
+  return open_target(dir, ctx, false, out, err);
 }
 
 void df_target_free(df_target *t) {
@@ -175,7 +186,7 @@ df_status df_target_cache_create(df_target *t, int64_t capacity, df_target_cache
   if (!c) return DF_FAIL(err, DF_ERR_NOMEM, "kv cache", NULL, "out of memory");
   const df_target_spec *s = &t->spec;
   const size_t n = (size_t)(s->num_layers * 2 * capacity * s->kv_heads * s->head_dim);
-  df_status st = df_buffer_alloc(t->ctx, n * sizeof(float), (void **)&c->kv, err);
+  df_status st = df_buffer_alloc_as(t->ctx, DF_MEM_KV_CACHE, n * sizeof(float), (void **)&c->kv, err);
   if (st != DF_OK) {
     free(c);
     return st;

@@ -43,6 +43,9 @@ typedef struct df_target df_target;
 // Loads the weights strictly (every parameter present with its shape, nothing unexpected but RoPE buffers and a
 // tied lm_head), single or sharded safetensors, any float dtype, converted to fp32 on ctx's device.
 df_status df_target_load(const char *dir, df_ctx *ctx, df_target **out, df_error *err);
+// The same target with its device buffers allocated but no weight read (their contents undefined): what a memory
+// plan (a measuring context, kernels/ops.h df_ctx_options.measure) sizes from config.json alone.
+df_status df_target_create(const char *dir, df_ctx *ctx, df_target **out, df_error *err);
 void df_target_free(df_target *t);
 const df_target_spec *df_target_get_spec(const df_target *t);
 df_ctx *df_target_ctx(const df_target *t);

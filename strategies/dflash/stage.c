@@ -111,7 +111,7 @@ static df_status grow(df_stage *s, slot *sl, size_t bytes, df_error *err) {
   sl->host = sl->dev = NULL, sl->cap = 0;
   bytes = bytes + bytes / 4; // room for the next, slightly longer batch
   if (!s->direct) DF_TRY(df_host_alloc(s->ctx, bytes, &sl->host, err));
-  DF_TRY(df_buffer_alloc(s->ctx, bytes, &sl->dev, err));
+  DF_TRY(df_buffer_alloc_as(s->ctx, DF_MEM_STAGE, bytes, &sl->dev, err));
   sl->cap = bytes;
   return DF_OK;
 }
@@ -121,7 +121,7 @@ static df_status grow_scratch(df_stage *s, size_t bytes, df_error *err) {
   df_buffer_free(s->ctx, s->scratch);
   s->scratch = NULL, s->scratch_cap = 0;
   bytes = bytes + bytes / 4;
-  DF_TRY(df_buffer_alloc(s->ctx, bytes, &s->scratch, err));
+  DF_TRY(df_buffer_alloc_as(s->ctx, DF_MEM_STAGE, bytes, &s->scratch, err));
   s->scratch_cap = bytes;
   return DF_OK;
 }

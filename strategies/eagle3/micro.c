@@ -67,7 +67,7 @@ static df_status ensure(eagle3_run *r, int64_t B, int64_t S, staged *up, staged 
     if (df_ctx_host_addressable(ctx))
       r->dev = r->host;
     else
-      DF_TRY(df_buffer_alloc(ctx, m.off, &r->dev, err));
+      DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STAGE, m.off, &r->dev, err));
     r->cap = m.off;
   }
   carver h = {.base = r->host}, d = {.base = r->dev};
@@ -78,7 +78,7 @@ static df_status ensure(eagle3_run *r, int64_t B, int64_t S, staged *up, staged 
   if (ms.off > r->scratch_cap) {
     df_buffer_free(ctx, r->scratch);
     r->scratch = NULL, r->scratch_cap = 0;
-    DF_TRY(df_buffer_alloc(ctx, ms.off, &r->scratch, err));
+    DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STAGE, ms.off, &r->scratch, err));
     r->scratch_cap = ms.off;
   }
   carver s = {.base = r->scratch};

@@ -25,17 +25,22 @@ df_status df_eagle3_sync_vocab(eagle3_run *r, df_error *err) {
   int32_t *i32 = malloc(sizeof *i32 * (size_t)r->D), *used = malloc(sizeof *used * (size_t)r->D);
   df_status st = d2t && t2d && i32 && used ? df_eagle3_vocab_read(r->m, d2t, t2d, err)
                                            : DF_FAIL(err, DF_ERR_NOMEM, "t2d", NULL, "out of memory");
+  // A measuring context reads back zeros (no mapping to check): the buffers and the gather are what it accounts.
+  const bool measuring = df_ctx_measuring(ctx);
   for (int64_t d = 0; st == DF_OK && d < r->D; d++) {
     i32[d] = (int32_t)d2t[d], used[d] = (int32_t)(d + d2t[d]);
+    if (measuring) continue;
     if (used[d] < 0 || used[d] >= r->V || !t2d[used[d]] || (d > 0 && used[d] <= used[d - 1]))
       st = DF_FAIL(err, DF_ERR_INVALID, "d2t", "the draft's d2t / t2d must come from one vocabulary mapping",
                    "draft id %lld maps to target id %d, which t2d does not select in ascending order", (long long)d,
                    used[d]);
   }
-  if (st == DF_OK && !r->dt2d) st = df_buffer_alloc(ctx, (size_t)r->V, (void **)&r->dt2d, err);
-  if (st == DF_OK && !r->dd2t) st = df_buffer_alloc(ctx, sizeof(int32_t) * (size_t)r->D, (void **)&r->dd2t, err);
+  // Frozen, as the target's embed_tokens and lm_head are: the mapping and the head's rows of the draft vocabulary.
+  if (st == DF_OK && !r->dt2d) st = df_buffer_alloc_as(ctx, DF_MEM_FROZEN, (size_t)r->V, (void **)&r->dt2d, err);
+  if (st == DF_OK && !r->dd2t)
+    st = df_buffer_alloc_as(ctx, DF_MEM_FROZEN, sizeof(int32_t) * (size_t)r->D, (void **)&r->dd2t, err);
   if (st == DF_OK && !r->head_d)
-    st = df_buffer_alloc(ctx, sizeof(float) * (size_t)(r->D * r->H), (void **)&r->head_d, err);
+    st = df_buffer_alloc_as(ctx, DF_MEM_FROZEN, sizeof(float) * (size_t)(r->D * r->H), (void **)&r->head_d, err);
   if (st == DF_OK) st = df_copy(ctx, r->dt2d, dev, t2d, DF_DEV_CPU, (size_t)r->V, err);
   if (st == DF_OK) st = df_copy(ctx, r->dd2t, dev, i32, DF_DEV_CPU, sizeof(int32_t) * (size_t)r->D, err);
   if (st == DF_OK) { // the target head's rows of the draft vocabulary: the compact teacher's GEMM

@@ -94,6 +94,21 @@ Test(cli_errors, every_option_misused_is_a_usage_error_with_a_hint) {
   expect_error_with_hint(&d, "plot a b", 2);
   expect_error_with_hint(&d, "train recipe.yaml --set nonsense", 2);
   expect_error_with_hint(&d, "train recipe.yaml --set training.max_steps=-3", 2);
+  // the memory plan's sizes and the options that only size a plan
+  static const char *const plan_misuse[] = {
+      "train recipe.yaml --plan --device-memory 12XB",
+      "train recipe.yaml --plan --device-memory -5GB",
+      "train recipe.yaml --plan --device-memory 0",
+      "train recipe.yaml --plan --device-memory nan",
+      "train recipe.yaml --plan --device-memory GB",
+      "train recipe.yaml --plan --world-size 0",
+      "train recipe.yaml --device-memory 80GB",
+      "train recipe.yaml --world-size 2",
+      "train --plan --resume recipe.yaml",
+  };
+  for (size_t i = 0; i < sizeof plan_misuse / sizeof *plan_misuse; i++) expect_error_with_hint(&d, plan_misuse[i], 2);
+  expect_error_with_hint(&d, "train recipe.yaml --plan --device-memory 12XB", 2);
+  cr_expect(strstr(out, "--device-memory") && strstr(out, "12XB"), "the error names the option and value: %s", out);
   df_cli_dir_close(&d);
 }
 
@@ -119,6 +134,8 @@ Test(cli_errors, every_failure_ends_with_a_hint) {
       "train recipe.yaml --set training.eval_interval=2",
       "train recipe.yaml --set model.draft_model_config=bad.json",
       "train --resume empty",
+      "train recipe.yaml --plan --set model.draft_model_config=bad.json",
+      "train recipe.yaml --plan --set model.target_model_path=empty",
       // step
       "step bad.yaml --dump x",
       "step recipe.yaml --dump notes.txt/sub",

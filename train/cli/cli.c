@@ -2,9 +2,11 @@
 #include "train/cli/cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const df_cli_opt HELP_OPT = {"--help", NULL, DF_CLI_FLAG, "off", "print this help and exit (also -h)"};
 static const df_cli_opt VERBOSE_OPT = {"--verbose", NULL, DF_CLI_FLAG, "off",
@@ -148,6 +150,27 @@ bool df_cli_int(const df_cli_args *a, const char *name, long long lo, long long 
   }
   *out = v;
   return true;
+}
+
+bool df_cli_bytes(const df_cli_args *a, const char *name, int64_t *out) {
+  static const struct {
+    const char *unit;
+    double scale;
+  } units[] = {{"", 1},          {"b", 1},    {"kb", 1e3},      {"kib", 1024.0}, {"mb", 1e6},
+               {"mib", 1 << 20}, {"gb", 1e9}, {"gib", 1 << 30}, {"tb", 1e12},    {"tib", 1099511627776.0}};
+  const char *s = df_cli_get(a, name);
+  *out = 0;
+  if (!s) return true;
+  char *end;
+  errno = 0;
+  const double v = strtod(s, &end);
+  for (size_t i = 0; end != s && !errno && isfinite(v) && v > 0 && i < sizeof units / sizeof *units; i++) {
+    if (strcasecmp(end, units[i].unit)) continue;
+    const double bytes = floor(v * units[i].scale);
+    if (bytes >= 1 && bytes < 9.2e18) return *out = (int64_t)bytes, true;
+  }
+  df_cli_usage_error(a->spec, "%s wants a size such as 141GB, 80GiB, 81920MiB or a byte count, got '%s'", name, s);
+  return false;
 }
 
 bool df_cli_choice(const df_cli_args *a, const char *name, const char *const *choices, int def, int *out) {

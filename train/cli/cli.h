@@ -5,6 +5,7 @@
 #define DF_TRAIN_CLI_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #ifdef __cplusplus
@@ -63,6 +64,10 @@ const char *const *df_cli_list(const df_cli_args *a, const char *name, int *n);
 
 // An integer option in [lo, hi] (def when absent). A bad value prints a usage error; returns false.
 bool df_cli_int(const df_cli_args *a, const char *name, long long lo, long long hi, long long def, long long *out);
+// A size in bytes (0 when absent): a positive number with an optional unit, SI (KB, MB, GB, TB: powers of 1000) or
+// binary (KiB, MiB, GiB, TiB), case-insensitive, or none / B for bytes ("141GB", "80GiB", "81920MiB"). A bad value
+// prints a usage error; returns false.
+bool df_cli_bytes(const df_cli_args *a, const char *name, int64_t *out);
 // One of choices (NULL-terminated; *out its index, def when absent). A bad value prints a usage error.
 bool df_cli_choice(const df_cli_args *a, const char *name, const char *const *choices, int def, int *out);
 

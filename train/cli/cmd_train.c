@@ -18,6 +18,7 @@
 #include "train/recipe/recipe.h"
 #include "train/run/run_dir.h"
 #include "train/run/run_plan.h"
+#include "train/trainer/mem_plan.h"
 #include "train/trainer/trainer.h"
 
 static const df_cli_opt TRAIN_OPTS[] = {
@@ -35,6 +36,14 @@ static const df_cli_opt TRAIN_OPTS[] = {
     {"--data-scan", "sampled|full|none", DF_CLI_VALUE, "sampled",
      "NaN/Inf check of the data at start-up: up to 16 samples per shard spread over the data (at most ~256 "
      "MiB read), every sample, or none"},
+    {"--plan", NULL, DF_CLI_FLAG, "off",
+     "print the device memory the run needs, by category, and exit: measured on the run's own code with nothing "
+     "computed and no weight or data read (docs/gpu-training.md \"Memory plan\"). --device picks the backend "
+     "planned for (auto: CUDA when this build has it, GPU or not)"},
+    {"--device-memory", "SIZE", DF_CLI_VALUE, "none",
+     "with --plan: also find the largest training.batch_size whose peak fits SIZE (141GB, 80GiB, 81920MiB, bytes)"},
+    {"--world-size", "N", DF_CLI_VALUE, "deployment.trainer nnodes x nproc_per_node",
+     "with --plan: the ranks to plan for (ZeRO-1, training.fsdp_sharding, shards the AdamW moments)"},
     DF_CLI_END};
 
 static const df_cli_spec TRAIN_CLI = {
@@ -79,6 +88,46 @@ static int check_arguments(const df_cli_args *a, const char *recipe, const char 
     return DF_EXIT_USAGE;
   }
   return 0;
+}
+
+// --plan: the memory plan of the recipe's micro-batch and, with --device-memory, the largest that fits.
+static int run_plan(const df_cli_args *a, const char *recipe, const char *const *sets, int n_sets, int device,
+                    long long threads, long long world, int64_t memory) {
+  if (a->npos == 0 || df_cli_has(a, "--resume"))
+    return df_cli_usage_error(&TRAIN_CLI, "--plan plans a new run of RECIPE.yaml: give the recipe, without --resume");
+  const char *note = NULL;
+  df_mem_plan_options o = {.recipe_path = recipe, .overrides = sets, .n_overrides = n_sets, .world_size = (int)world};
+  o.ctx = device == DF_DEVICE_AUTO ? df_mem_plan_default_ctx(&note)
+                                   : (df_ctx_options){.device = device == DF_DEVICE_CUDA ? DF_DEV_CUDA : DF_DEV_CPU};
+  o.ctx.num_threads = (int)threads;
+  if (device == DF_DEVICE_CUDA && !df_cuda_built())
+    return df_cli_usage_error(&TRAIN_CLI, "--plan --device cuda: this build has no CUDA backend (rebuild with nvcc on "
+                                          "PATH, or plan with --device cpu)");
+  df_error err = {0};
+  df_mem_plan p;
+  if (df_mem_plan_run(&o, &p, &err) != DF_OK) return df_error_print_verbose(&err, a->verbose), DF_EXIT_FAILURE;
+  if (note) printf("note: %s\n", note);
+  df_mem_plan_print(&p, stdout);
+  if (!memory) return DF_EXIT_OK;
+  int64_t best;
+  df_mem_plan fit, over;
+  if (df_mem_plan_fit(&o, memory, 4096, &best, &fit, &over, &err) != DF_OK)
+    return df_error_print_verbose(&err, a->verbose), DF_EXIT_FAILURE;
+  char m[32], f[32], n[32];
+  df_mem_bytes_text(memory, m, sizeof m);
+  printf("device memory %s (%lld bytes): batch %lld %s\n", m, (long long)memory, (long long)p.batch,
+         p.mem.device.peak <= memory ? "fits" : "does NOT fit");
+  if (best == 0)
+    printf("largest batch_size that fits: none (batch 1 needs %s)\n",
+           df_mem_bytes_text(over.mem.device.peak, n, sizeof n));
+  else if (over.batch == 0)
+    printf("largest batch_size that fits: %lld or more (the search stops at 4096: peak %s)\n", (long long)best,
+           df_mem_bytes_text(fit.mem.device.peak, f, sizeof f));
+  else
+    printf("largest batch_size that fits: %lld (peak %s); batch %lld needs %s\n", (long long)best,
+           df_mem_bytes_text(fit.mem.device.peak, f, sizeof f), (long long)over.batch,
+           df_mem_bytes_text(over.mem.device.peak, n, sizeof n));
+  return DF_EXIT_OK;
 }
 
 static uint64_t fnv1a(const char *s, size_t n) {
@@ -145,15 +194,25 @@ int df_cmd_train(int argc, char **argv) {
   if (rc) return df_cli_free(&a), rc == 1 ? DF_EXIT_OK : rc;
   static const char *const scans[] = {"sampled", "full", "none", NULL};
   static const char *const devices[] = {"auto", "cpu", "cuda", NULL}; // in df_device_choice order
-  long long threads;
+  long long threads, world;
   int scan, n_sets, device;
+  int64_t memory;
   const char *const *sets = df_cli_list(&a, "--set", &n_sets);
   const char *recipe = a.npos ? a.pos[0] : NULL, *resume = df_cli_get(&a, "--resume");
   if (!df_cli_int(&a, "--threads", 0, 4096, 0, &threads) || !df_cli_choice(&a, "--data-scan", scans, 0, &scan) ||
-      !df_cli_choice(&a, "--device", devices, 0, &device))
+      !df_cli_choice(&a, "--device", devices, 0, &device) || !df_cli_int(&a, "--world-size", 1, 65536, 0, &world) ||
+      !df_cli_bytes(&a, "--device-memory", &memory))
     return df_cli_free(&a), DF_EXIT_USAGE;
+  const bool plan = df_cli_has(&a, "--plan");
+  if (!plan && (memory || world))
+    return df_cli_free(&a), df_cli_usage_error(&TRAIN_CLI, "%s goes with --plan (it sizes a plan, not a run)",
+                                               memory ? "--device-memory" : "--world-size");
   if ((rc = check_arguments(&a, recipe, resume, sets, n_sets))) return df_cli_free(&a), rc;
   if (threads > 0) omp_set_num_threads((int)threads);
+  if (plan) {
+    rc = run_plan(&a, recipe, sets, n_sets, device, threads, world, memory);
+    return df_cli_free(&a), rc;
+  }
   df_run_plan_options po = {.recipe_path = recipe, .overrides = sets, .n_overrides = n_sets, .resume = resume};
   df_dist d;
   df_error err = {0};

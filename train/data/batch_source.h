@@ -57,6 +57,12 @@ static inline void df_batch_source_close(df_batch_source *s) {
 df_status df_hs_source_open(const char *path, const df_draft_config *cfg, bool need_last_hidden, df_batch_source **out,
                             df_error *err);
 
+// A memory plan's stand-in for captured data (train/trainer/mem_plan.h): n samples of `length` tokens, every one
+// supervised (loss_mask 1), token id 0, zero features of `width` (and last_hidden_size, when > 0, for the
+// target_last_hidden_states). Nothing is read: the batches have the shapes of the run's largest micro-batch.
+df_status df_synthetic_source_open(int64_t n, int64_t length, int64_t width, int64_t last_hidden_size,
+                                   df_batch_source **out, df_error *err);
+
 // The HDF5 dataset behind a source of df_hs_source_open (NULL for any other source): messages locate a sample
 // in its shard through it.
 typedef struct df_hs_dataset df_hs_dataset;

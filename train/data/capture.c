@@ -110,8 +110,11 @@ static df_status setup(capture_run *r, df_error *err) {
   if (!r->ids || !r->gen || !r->mask || !r->hidden || (r->last && !r->last_buf))
     return DF_FAIL(err, DF_ERR_NOMEM, "capture", "lower --max-length", "cannot allocate the sample buffers");
   if (!df_ctx_host_addressable(r->ctx)) {
-    DF_TRY(df_buffer_alloc(r->ctx, sizeof(float) * (size_t)(r->cap * K * H), (void **)&r->dhidden, err));
-    if (r->last) DF_TRY(df_buffer_alloc(r->ctx, sizeof(float) * (size_t)(r->cap * H), (void **)&r->dlast, err));
+    DF_TRY(df_buffer_alloc_as(r->ctx, DF_MEM_TARGET_ACTIVATIONS, sizeof(float) * (size_t)(r->cap * K * H),
+                              (void **)&r->dhidden, err));
+    if (r->last)
+      DF_TRY(df_buffer_alloc_as(r->ctx, DF_MEM_TARGET_ACTIVATIONS, sizeof(float) * (size_t)(r->cap * H),
+                                (void **)&r->dlast, err));
   }
   DF_TRY(df_token_jsonl_count(o->data_path, &r->total_lines, err));
   return df_token_jsonl_open(o->data_path, r->tcfg->vocab_size, &r->in, err);

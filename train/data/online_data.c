@@ -167,8 +167,27 @@ static df_status open_online(const df_data_source_options *o, const char *tokens
   return DF_OK;
 }
 
+// A memory plan's data: the shapes of the run's largest micro-batch, through the same sources.
+static df_status open_synthetic(const df_data_source_options *o, df_batch_source **out, df_error *err) {
+  const df_recipe *rc = o->rc;
+  const int64_t H = o->cfg->hidden_size, K = o->cfg->dflash.num_target_layer_ids;
+  if (o->allow_hidden_states || !o->target) // the final hidden states too, for the eval of a draft that reads them
+    return df_synthetic_source_open(o->synthetic, rc->data.max_length, K * H, H, out, err);
+  if (!*o->target) {
+    df_online_target_options to = {.target_dir = rc->model.target_model_path,
+                                   .cfg = o->cfg,
+                                   .feature_dtype = rc->data.online_feature_dtype,
+                                   .threads = o->threads,
+                                   .ctx_options = o->target_ctx,
+                                   .shapes_only = true};
+    DF_TRY(df_online_target_open(&to, o->target, err));
+  }
+  return df_online_source_open_synthetic(*o->target, rc->data.max_length, o->synthetic, out, err);
+}
+
 df_status df_data_source_open(const df_data_source_options *o, df_batch_source **out, df_error *err) {
   *out = NULL;
+  if (o->synthetic > 0) return open_synthetic(o, out, err);
   df_data_kind kind;
   DF_TRY(df_data_kind_of(o->path, &kind, err));
   if (kind == DF_DATA_HIDDEN_STATES) {

@@ -48,6 +48,11 @@ typedef struct {
   // The run's online target, shared by its sources: opened here on first online use (the caller frees it with
   // df_online_target_free after closing the sources); NULL pointer: online data is refused.
   df_online_target **target;
+  // A memory plan (train/trainer/mem_plan.h): > 0 replaces the data by that many synthetic samples of
+  // data.max_length tokens, nothing read — zero features for captured data (df_synthetic_source_open); for online
+  // data the target, its weights not read, prefills them (df_online_source_open_synthetic). Which kind the key names
+  // decides (allow_online without allow_hidden_states: online).
+  int64_t synthetic;
 } df_data_source_options;
 
 df_status df_data_source_open(const df_data_source_options *o, df_batch_source **out, df_error *err);

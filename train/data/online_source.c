@@ -69,7 +69,9 @@ df_status df_online_target_open(const df_online_target_options *o, df_online_tar
   df_ctx_options co = o->ctx_options ? *o->ctx_options : (df_ctx_options){.device = DF_DEV_CPU};
   if (co.num_threads == 0) co.num_threads = o->threads;
   df_status st = df_ctx_create(&co, &t->ctx, err);
-  if (st == DF_OK) st = df_target_load(o->target_dir, t->ctx, &t->target, err);
+  if (st == DF_OK)
+    st = o->shapes_only ? df_target_create(o->target_dir, t->ctx, &t->target, err)
+                        : df_target_load(o->target_dir, t->ctx, &t->target, err);
   if (st != DF_OK) {
     df_online_target_free(t);
     return st;
@@ -88,6 +90,8 @@ void df_online_target_free(df_online_target *t) {
   pthread_mutex_destroy(&t->mu);
   free(t);
 }
+
+df_ctx *df_online_target_ctx(df_online_target *t) { return t->ctx; }
 
 df_online_stats df_online_target_stats(df_online_target *t) {
   pthread_mutex_lock(&t->mu);
@@ -108,6 +112,7 @@ typedef struct {
   int64_t longest;
   float *full_hidden, *full_last; // a whole sample's features when a read wants fewer rows (allocated then)
   float *dev_hidden, *dev_last;   // a device target's outputs (longest rows; NULL on the CPU): read back per sample
+  int32_t *zeros;                 // a memory plan's tokens (longest of them; NULL: the JSONL's)
 } online_source;
 
 static bool has_adjacent(const uint8_t *mask, int64_t len) {
@@ -183,9 +188,15 @@ static df_status full_buffers(online_source *s, bool last, df_error *err) {
 static df_status one_sample(online_source *s, df_batch *b, int64_t i, int64_t idx, bool last, df_error *err) {
   df_online_target *t = s->t;
   const int64_t L = b->length[i], full = s->len[idx], W = b->width, H = t->hidden;
-  DF_TRY(df_token_jsonl_read_at(&s->in, s->offset[idx], s->line[idx], err));
-  memcpy(b->input_ids + i * b->S, s->in.ids, sizeof(int32_t) * (size_t)L);
-  memcpy(b->loss_mask + i * b->S, s->in.mask, (size_t)L);
+  const int32_t *ids = s->zeros;
+  if (ids) { // a memory plan: token 0, every one supervised
+    memset(b->loss_mask + i * b->S, 1, (size_t)L);
+  } else {
+    DF_TRY(df_token_jsonl_read_at(&s->in, s->offset[idx], s->line[idx], err));
+    memcpy(b->input_ids + i * b->S, s->in.ids, sizeof(int32_t) * (size_t)L);
+    memcpy(b->loss_mask + i * b->S, s->in.mask, (size_t)L);
+    ids = s->in.ids;
+  }
   float *hidden = b->hidden + i * b->S * W;
   float *final = last ? b->last_hidden + i * b->S * H : NULL;
   if (s->dev_hidden) {
@@ -202,7 +213,7 @@ static df_status one_sample(online_source *s, df_batch *b, int64_t i, int64_t id
   const int saved = omp_get_max_threads();
   omp_set_num_threads(t->threads);
   double t0 = now_s();
-  df_status st = df_capture_sample(t->target, s->cache, s->in.ids, full, t->k, t->layer_ids, hidden, final, err);
+  df_status st = df_capture_sample(t->target, s->cache, ids, full, t->k, t->layer_ids, hidden, final, err);
   if (st == DF_OK && s->dev_hidden) { // the batch's L rows, read back from the device
     const df_device dev = df_ctx_device(t->ctx);
     float *hb = b->hidden + i * b->S * W, *fb = last ? b->last_hidden + i * b->S * H : NULL;
@@ -251,7 +262,7 @@ static void online_close(df_batch_source *src) {
   online_source *s = (online_source *)src;
   df_target_cache_free(s->cache);
   df_token_jsonl_close(&s->in);
-  free(s->offset), free(s->line), free(s->len), free(s->path), free(s->full_hidden), free(s->full_last);
+  free(s->offset), free(s->line), free(s->len), free(s->path), free(s->full_hidden), free(s->full_last), free(s->zeros);
   df_buffer_free(s->t->ctx, s->dev_hidden), df_buffer_free(s->t->ctx, s->dev_last);
   free(s);
 }
@@ -268,33 +279,70 @@ static df_status online_tokens(df_batch_source *bs, int64_t i, int64_t max_lengt
 
 static const df_batch_source_vt ONLINE_VT = {online_read, online_close, online_tokens};
 
+static online_source *source_new(df_online_target *t, const char *label) {
+  online_source *s = calloc(1, sizeof *s);
+  if (s) s->path = strdup(label);
+  if (s && !s->path) free(s), s = NULL;
+  if (s) s->t = t;
+  return s;
+}
+
+// What every sample shares: a KV cache as long as the longest, and on a device the rows each prefill is read from.
+static df_status source_buffers(online_source *s, int64_t longest, df_error *err) {
+  df_online_target *t = s->t;
+  s->longest = longest;
+  DF_TRY(df_target_cache_create(t->target, longest, &s->cache, err));
+  if (df_ctx_host_addressable(t->ctx)) return DF_OK;
+  const size_t row = sizeof(float) * (size_t)t->hidden;
+  DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_TARGET_ACTIVATIONS, row * (size_t)(longest * t->k), (void **)&s->dev_hidden,
+                            err));
+  return df_buffer_alloc_as(t->ctx, DF_MEM_TARGET_ACTIVATIONS, row * (size_t)longest, (void **)&s->dev_last, err);
+}
+
+static void source_done(online_source *s, df_batch_source **out) {
+  s->base = (df_batch_source){
+      .vt = &ONLINE_VT, .label = s->path, .num_samples = s->n, .has_last_hidden = true, .concurrent = s->t->overlap};
+  *out = &s->base;
+}
+
 df_status df_online_source_open(df_online_target *t, const char *tokens_path, int64_t max_length, int64_t max_samples,
                                 int64_t *dropped_out, df_batch_source **out, df_error *err) {
   *out = NULL;
-  online_source *s = calloc(1, sizeof *s);
-  if (s) s->path = strdup(tokens_path);
-  if (!s || !s->path) {
-    free(s);
-    return DF_FAIL(err, DF_ERR_NOMEM, tokens_path, NULL, "out of memory");
-  }
-  s->t = t;
+  online_source *s = source_new(t, tokens_path);
+  if (!s) return DF_FAIL(err, DF_ERR_NOMEM, tokens_path, NULL, "out of memory");
   int64_t longest = 0, dropped = 0;
   df_status st = df_token_jsonl_open(tokens_path, t->vocab, &s->in, err);
   if (st == DF_OK) st = scan(s, max_length, max_samples, &longest, &dropped, err);
   if (dropped_out) *dropped_out = dropped;
-  s->longest = longest;
-  if (st == DF_OK) st = df_target_cache_create(t->target, longest, &s->cache, err);
-  if (st == DF_OK && !df_ctx_host_addressable(t->ctx)) {
-    const size_t row = sizeof(float) * (size_t)t->hidden;
-    st = df_buffer_alloc(t->ctx, row * (size_t)(longest * t->k), (void **)&s->dev_hidden, err);
-    if (st == DF_OK) st = df_buffer_alloc(t->ctx, row * (size_t)longest, (void **)&s->dev_last, err);
-  }
+  if (st == DF_OK) st = source_buffers(s, longest, err);
   if (st != DF_OK) {
     online_close(&s->base);
     return st;
   }
-  s->base = (df_batch_source){
-      .vt = &ONLINE_VT, .label = s->path, .num_samples = s->n, .has_last_hidden = true, .concurrent = t->overlap};
-  *out = &s->base;
+  source_done(s, out);
+  return DF_OK;
+}
+
+df_status df_online_source_open_synthetic(df_online_target *t, int64_t length, int64_t n, df_batch_source **out,
+                                          df_error *err) {
+  *out = NULL;
+  if (length < 1 || n < 1)
+    return DF_FAIL(err, DF_ERR_INVALID, "data.max_length", "a memory plan needs data.max_length > 0",
+                   "synthetic online data of %lld samples x %lld tokens", (long long)n, (long long)length);
+  online_source *s = source_new(t, "synthetic tokens (memory plan)");
+  if (!s) return DF_FAIL(err, DF_ERR_NOMEM, "online data", NULL, "out of memory");
+  s->n = n;
+  s->offset = calloc((size_t)n, sizeof *s->offset), s->line = calloc((size_t)n, sizeof *s->line);
+  s->len = malloc(sizeof *s->len * (size_t)n), s->zeros = calloc((size_t)length, sizeof *s->zeros);
+  df_status st = s->offset && s->line && s->len && s->zeros
+                     ? DF_OK
+                     : DF_FAIL(err, DF_ERR_NOMEM, "online data", NULL, "out of memory for %lld samples", (long long)n);
+  for (int64_t i = 0; st == DF_OK && i < n; i++) s->len[i] = length;
+  if (st == DF_OK) st = source_buffers(s, length, err);
+  if (st != DF_OK) {
+    online_close(&s->base);
+    return st;
+  }
+  source_done(s, out);
   return DF_OK;
 }

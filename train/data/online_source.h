@@ -31,6 +31,7 @@ typedef struct {
   // The target's context (device, backend); NULL: the CPU. num_threads 0 takes `threads`. A device target computes
   // each sample there and reads its rows back into the host batch.
   const df_ctx_options *ctx_options;
+  bool shapes_only; // a memory plan: the target's buffers are allocated from config.json, no weight is read
 } df_online_target_options;
 
 df_status df_online_target_open(const df_online_target_options *o, df_online_target **out, df_error *err);
@@ -43,6 +44,8 @@ typedef struct {
   double forward_s;
 } df_online_stats;
 df_online_stats df_online_target_stats(df_online_target *t);
+// The target's own context (its memory is accounted there: kernels/ops.h df_ctx_mem_stats).
+df_ctx *df_online_target_ctx(df_online_target *t);
 
 // A source over the samples of a token JSONL (tools/run/prepare_data.py's format), scanned once at open: every line is
 // checked (ids inside the target's vocabulary), truncated to max_length rows (<= 0: none) and kept when two
@@ -51,6 +54,11 @@ df_online_stats df_online_target_stats(df_online_target *t);
 // dropped. Batches read a sample again by offset, prefill it on the target and round the features.
 df_status df_online_source_open(df_online_target *t, const char *tokens_path, int64_t max_length, int64_t max_samples,
                                 int64_t *dropped, df_batch_source **out, df_error *err);
+
+// A memory plan's online source: n samples of `length` tokens (token 0, every one supervised) prefilled like any
+// other — the same KV cache, device rows and forward — with no file read.
+df_status df_online_source_open_synthetic(df_online_target *t, int64_t length, int64_t n, df_batch_source **out,
+                                          df_error *err);
 
 #ifdef __cplusplus
 }

@@ -424,9 +424,9 @@ static df_status cross_checks(const recipe_impl *r, const char *file, df_error *
   return trainer_checks(r, file, err);
 }
 
-static df_status resolve(recipe_impl *r, const char *file, const char *base_dir, df_error *err) {
+static df_status resolve(recipe_impl *r, const char *file, const char *base_dir, bool missing_ok, df_error *err) {
   DF_TRY(cross_checks(r, file, err));
-  return df_recipe_resolve_paths(r->vals, file, base_dir, err);
+  return df_recipe_resolve_paths(r->vals, file, base_dir, missing_ok, err);
 }
 
 // ---- entry points ------------------------------------------------------------------------------------------
@@ -497,7 +497,7 @@ df_status df_recipe_parse(const char *text, size_t len, const char *name, const 
     st = walk_document(&w, &doc);
     yaml_document_delete(&doc);
   }
-  if (st == DF_OK) st = resolve(r, r->pub.path, base_dir, err);
+  if (st == DF_OK) st = resolve(r, r->pub.path, base_dir, opt && opt->inputs_may_be_missing, err);
   if (st != DF_OK) {
     df_recipe_free(&r->pub);
     return st;

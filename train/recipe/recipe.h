@@ -116,6 +116,9 @@ typedef struct {
   // checked like the file's; it replaces the file's value.
   const char *const *overrides;
   int n_overrides;
+  // A memory plan (`draftforge train --plan`) reads no data and no checkpoint: the data paths and
+  // model.draft_checkpoint_path need not exist (the model configs still must).
+  bool inputs_may_be_missing;
 } df_recipe_options;
 
 // Reads and resolves a recipe file. On failure *out is NULL and err names the key (section.key), the file,

@@ -55,7 +55,9 @@ const char *df_recipe_type_name(df_recipe_type t);
 
 // Every DF_RT_PATH value made absolute against base_dir (NULL: the current directory) the way SpecForge
 // resolves paths; relative inputs must exist, model paths may be hub ids in the HF cache (train/recipe/recipe_paths.c).
-df_status df_recipe_resolve_paths(df_rvalue *vals, const char *file, const char *base_dir, df_error *err);
+// missing_ok: inputs that are not model paths (data, a warm-start checkpoint) need not exist (a memory plan).
+df_status df_recipe_resolve_paths(df_rvalue *vals, const char *file, const char *base_dir, bool missing_ok,
+                                  df_error *err);
 
 // Refuses a recipe that asks for a feature draftforge lacks (EAGLE-3, P-EAGLE, Domino, online capture,
 // disaggregated deployment) with one line naming the key and what to do instead; reads the document and the

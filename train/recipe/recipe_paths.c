@@ -100,7 +100,7 @@ static df_status hub_path(const df_recipe_key *k, df_rvalue *v, const char *raw,
 }
 
 static df_status resolve_one(const df_recipe_key *k, df_rvalue *v, const char *base, const char *file,
-                             const char *cache_dir, df_error *err) {
+                             const char *cache_dir, bool missing_ok, df_error *err) {
   const char *raw = v->s;
   char expanded[PATH_MAX], joined[JOINED_MAX], kp[160], at[400];
   const char *p = !strncmp(raw, "file://", 7) ? raw + 7 : raw;
@@ -111,7 +111,7 @@ static df_status resolve_one(const df_recipe_key *k, df_rvalue *v, const char *b
     snprintf(joined, sizeof joined, "%s/%s", base, expanded);
   normalise(joined);
   bool relative = expanded[0] != '/';
-  if (k->input && relative && !exists(joined)) {
+  if (k->input && relative && !exists(joined) && !(missing_ok && !k->hub)) {
     if (k->hub && !looks_local(raw) && df_hf_is_repo_id(raw)) return hub_path(k, v, raw, base, file, cache_dir, err);
     df_recipe_key_path(k, kp, sizeof kp);
     return DF_FAIL(err, DF_ERR_IO, kp,
@@ -128,7 +128,8 @@ static df_status resolve_one(const df_recipe_key *k, df_rvalue *v, const char *b
   return DF_OK;
 }
 
-df_status df_recipe_resolve_paths(df_rvalue *vals, const char *file, const char *base_dir, df_error *err) {
+df_status df_recipe_resolve_paths(df_rvalue *vals, const char *file, const char *base_dir, bool missing_ok,
+                                  df_error *err) {
   char cwd[PATH_MAX];
   if (!base_dir) {
     if (!getcwd(cwd, sizeof cwd))
@@ -140,7 +141,7 @@ df_status df_recipe_resolve_paths(df_rvalue *vals, const char *file, const char 
   for (int i = 0; i < df_recipe_schema_count(); i++) {
     df_rvalue *v = &vals[i];
     if (t[i].type != DF_RT_PATH || v->is_null || !v->s || !v->s[0]) continue;
-    DF_TRY(resolve_one(&t[i], v, base_dir, file, cache_dir, err));
+    DF_TRY(resolve_one(&t[i], v, base_dir, file, cache_dir, missing_ok, err));
   }
   return DF_OK;
 }

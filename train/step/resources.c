@@ -20,6 +20,15 @@ static df_status load_draft_config(const df_recipe *rc, const df_draft_config **
   return df_draft_config_from_file(path, out, err);
 }
 
+// A memory plan reads no weight: the pieces are only sized (their host copies stay NULL; placing them on a measuring
+// context allocates the device copies, and the upload reads nothing).
+static df_status size_pieces(df_run_resources *t) {
+  t->pieces = (df_target_pieces){
+      .vocab = t->target->vocab_size, .hidden = t->target->hidden_size, .tied = t->target->tie_word_embeddings};
+  t->frozen = (df_frozen){NULL, NULL, t->pieces.vocab, t->pieces.hidden};
+  return DF_OK;
+}
+
 static df_status load_pieces(const df_recipe *rc, df_run_resources *t, df_error *err) {
   df_target_pieces_options o = {.embed_key = rc->model.embedding_key,
                                 .lm_head_key = rc->model.lm_head_key,
@@ -100,8 +109,8 @@ df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_e
   return df_run_resources_load_ex(rc, NULL, out, err);
 }
 
-df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config_path, df_run_resources *out,
-                                   df_error *err) {
+static df_status load(const df_recipe *rc, const char *draft_config_path, bool shapes, df_run_resources *out,
+                      df_error *err) {
   memset(out, 0, sizeof *out);
   df_status st = df_target_config_from_dir(rc->model.target_model_path, &out->target, err);
   if (st == DF_OK)
@@ -110,19 +119,32 @@ df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config
   if (st == DF_OK) st = check_strategy(rc, out->draft, err);
   if (st == DF_OK) st = resolve_capture(rc, out, err);
   if (st == DF_OK) st = df_draft_config_check_target(out->draft, out->target, err);
-  if (st == DF_OK) st = load_pieces(rc, out, err);
+  if (st == DF_OK) st = shapes ? size_pieces(out) : load_pieces(rc, out, err);
   if (st == DF_OK) st = resolve_mask_token(rc, out, &out->mask_token_id, err);
   if (st == DF_OK) st = df_draft_config_resolved_json(out->draft, out->mask_token_id, &out->resolved_config, err);
   if (st != DF_OK) df_run_resources_free(out);
   return st;
 }
 
+df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config_path, df_run_resources *out,
+                                   df_error *err) {
+  return load(rc, draft_config_path, false, out, err);
+}
+
+df_status df_run_resources_load_shapes(const df_recipe *rc, df_run_resources *out, df_error *err) {
+  return load(rc, NULL, true, out, err);
+}
+
 df_status df_run_resources_place(df_run_resources *r, df_ctx *ctx, df_error *err) {
   if (df_ctx_host_addressable(ctx)) return DF_OK;
+  if (!r->frozen.embed && !df_ctx_measuring(ctx))
+    return DF_FAIL(err, DF_ERR_INVALID, "target pieces", "load them (df_run_resources_load) to place them",
+                   "the frozen pieces were only sized (a memory plan) and %s is not a measuring context",
+                   df_ctx_backend_name(ctx));
   const size_t bytes = sizeof(float) * (size_t)(r->frozen.vocab * r->frozen.hidden);
   r->placed = ctx;
-  DF_TRY(df_buffer_alloc(ctx, bytes, (void **)&r->dev_embed, err));
-  DF_TRY(df_buffer_alloc(ctx, bytes, (void **)&r->dev_head, err));
+  DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_FROZEN, bytes, (void **)&r->dev_embed, err));
+  DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_FROZEN, bytes, (void **)&r->dev_head, err));
   DF_TRY(df_copy(ctx, r->dev_embed, df_ctx_device(ctx), r->frozen.embed, DF_DEV_CPU, bytes, err));
   DF_TRY(df_copy(ctx, r->dev_head, df_ctx_device(ctx), r->frozen.lm_head, DF_DEV_CPU, bytes, err));
   r->frozen.embed = r->dev_embed, r->frozen.lm_head = r->dev_head;

@@ -36,6 +36,10 @@ df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_e
 // as `draftforge eval` does with a checkpoint's or export's own config.json. training.strategy must still agree.
 df_status df_run_resources_load_ex(const df_recipe *rc, const char *draft_config_path, df_run_resources *out,
                                    df_error *err);
+// A memory plan's resources (train/trainer/mem_plan.h): the configs and every check above, with the frozen pieces
+// sized from the target's config.json and no weight read (frozen.embed / lm_head stay NULL until placed on a
+// measuring context, kernels/ops.h df_ctx_options.measure).
+df_status df_run_resources_load_shapes(const df_recipe *rc, df_run_resources *out, df_error *err);
 // Puts the frozen pieces where ctx's ops read them: on a host-addressable device they stay where they are; else they
 // are uploaded once and frozen points at the device copies. The context must outlive df_run_resources_free.
 df_status df_run_resources_place(df_run_resources *r, df_ctx *ctx, df_error *err);

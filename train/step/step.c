@@ -72,7 +72,7 @@ static df_status micro_at(df_strategy_run *run, const df_batch *batch, df_dflash
   df_ctx *ctx = run->ctx;
   const int64_t ns = run->table->stats_len(run);
   void *buf = NULL;
-  DF_TRY(df_buffer_alloc(ctx, sizeof(double) * (size_t)ns, &buf, err));
+  DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STATS, sizeof(double) * (size_t)ns, &buf, err));
   df_tensor stats = df_f64_on(df_ctx_device(ctx), buf, ns);
   const df_micro_args a = {.batch = batch,
                            .anchor_rng = &sampler->rng,

@@ -65,6 +65,7 @@ typedef struct {
   double data_wait_s;
   bool numeric_fail; // a micro-step reported NaN/Inf itself (DF_ERR_NUMERIC): the step is skipped
   int ffn_micro;     // training forwards whose FFN statistics went into the device sums
+  int64_t last_N;    // anchors per sample of the window's last micro-batch
   json_t *extra;     // the strategy's and the FFN kind's own keys of the step line (owned)
 } window;
 
@@ -180,6 +181,7 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     }
     if (st != DF_OK) return *err = micro_err, st;
     window_add(w, &info, b);
+    w->last_N = info.N;
     w->ffn_micro += ffn_stats;                         // its statistics went into the device sums
     if (t->log && step == t->start_step + 1 && k == 0) // the arena is sized by the first batch's shape
       fprintf(t->log, "  activations %.1f MiB for a batch of %lld x %lld (grows with longer batches)\n",
@@ -249,7 +251,8 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
   df_adamw_fused_desc ad = {.hp = t->optim.hp, .grad_scale = scale};
   ad.hp.lr = (float)r->lr, ad.hp.step = t->prog.adam_step + 1;
   if (!host_skip && t->optim.zero) { // ZeRO-1: the same update, each rank computing its shard of it
-    DF_TRY(df_trainer_dp_zero_step(t, &ad, &nd, err));
+    // (a memory plan has no communicator: its shard's device part only)
+    DF_TRY(t->dp.comm ? df_trainer_dp_zero_step(t, &ad, &nd, err) : df_trainer_dp_zero_shard_ops(t, &ad, &nd, err));
   } else if (!host_skip) {
     df_tensor g = df_f32_on(df_ctx_device(t->ctx), df_draft_model_grads(t->model), df_params_numel(t->table));
     df_tensor mk = df_u8_on(df_ctx_device(t->ctx), t->optim.mask, df_params_numel(t->table));
@@ -374,14 +377,18 @@ static void eval_nonfinite(const df_trainer *t, json_t *o, const df_eval_report 
           (long long)step, (long long)nf->bad_samples, first);
 }
 
+// The evaluation of the eval source at `step`.
+static df_status evaluate(df_trainer *t, int64_t step, df_eval_report *rep, df_error *err) {
+  df_eval_options eo = df_eval_options_from_recipe(t->recipe, t->settings.mask_token_id, &t->values);
+  eo.step = step, eo.horizon = t->sched.horizon; // SpecForge's evaluator uses the live step's schedule
+  return df_evaluate_source(t->ctx, t->model, t->draft, &t->res.frozen, t->eval_src, &eo, rep, err);
+}
+
 // Held-out eval (train/eval/evaluate.h): an eval line in metrics.jsonl; *improved when τ beats the best so far.
 static df_status run_eval(df_trainer *t, int64_t step, int64_t epoch, bool *improved, df_error *err) {
-  const df_recipe *rc = t->recipe;
-  df_eval_options eo = df_eval_options_from_recipe(rc, t->settings.mask_token_id, &t->values);
-  eo.step = step, eo.horizon = t->sched.horizon; // SpecForge's evaluator uses the live step's schedule
   df_eval_report rep;
   double t0 = now_s();
-  DF_TRY(df_evaluate_source(t->ctx, t->model, t->draft, &t->res.frozen, t->eval_src, &eo, &rep, err));
+  DF_TRY(evaluate(t, step, &rep, err));
   json_t *o = json_object();
   json_object_set_new(o, "step", json_integer(step));
   json_object_set_new(o, "epoch", json_integer(epoch));
@@ -553,6 +560,21 @@ static df_status one_step(df_trainer *t, window *w, step_result *r, double t_sta
   return after_step(t, step, w, err);
 }
 
+df_status df_trainer_plan_step(df_trainer *t, bool eval, int64_t *N, df_error *err) {
+  window w = {0};
+  step_result r = {0};
+  const int64_t step = t->prog.step + 1;
+  df_status st = run_window(t, step, &w, err);
+  if (st == DF_OK) st = optimizer_step(t, step, &w, &r, err);
+  if (st == DF_OK) t->prog.step = step;
+  *N = w.last_N;
+  window_reset(&w);
+  json_decref(r.skip_samples);
+  df_eval_report rep;
+  if (st == DF_OK && eval && t->eval_src && (st = evaluate(t, step, &rep, err)) == DF_OK) df_eval_report_free(&rep);
+  return st;
+}
+
 static df_status train_loop(df_trainer *t, df_train_summary *sum, df_error *err) {
   window w = {0};
   if (t->prog.step >= t->stop_step && t->log)
@@ -601,6 +623,7 @@ df_status df_train(const df_train_options *opt, df_train_summary *sum, df_error 
               (long long)os.tokens, os.forward_s);
   }
   snprintf(sum->last_checkpoint, sizeof sum->last_checkpoint, "%s", t.rundir.last_ckpt);
+  sum->mem = df_trainer_mem_stats(&t);
   df_trainer_teardown(&t);
   return st;
 }

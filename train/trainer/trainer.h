@@ -79,6 +79,9 @@ typedef struct {
   // tokens prefilled, seconds in its forward (training batches, prefetched ones and eval together).
   int64_t online_samples, online_tokens;
   double online_target_s;
+  // The device memory the run took as tracked (kernels/ops.h df_ctx_mem_stats): its context's, plus the online
+  // target's. What `draftforge train --plan` predicts (train/trainer/mem_plan.h).
+  df_mem_stats mem;
 } df_train_summary;
 
 // Runs (or resumes) the recipe's training to its stop step. A stop by signal returns DF_OK with

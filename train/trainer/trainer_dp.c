@@ -124,6 +124,19 @@ df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, 
   return DF_OK;
 }
 
+df_status df_trainer_dp_zero_shard_ops(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
+                                       df_error *err) {
+  if (t->optim.shard_len == 0) return DF_OK;
+  const df_device dev = df_ctx_device(t->ctx);
+  const int64_t off = t->optim.shard_off, len = t->optim.shard_len;
+  df_tensor g = df_f32_on(dev, df_draft_model_grads(t->model) + off, len);
+  df_tensor p = df_f32_on(dev, df_draft_model_weights(t->model) + off, len);
+  df_tensor m = df_f32_on(dev, t->optim.exp_avg, len), v = df_f32_on(dev, t->optim.exp_avg_sq, len);
+  df_tensor mk = df_u8_on(dev, t->optim.mask + off, len);
+  DF_TRY(df_grad_norm_clip(t->ctx, nd, &g, &mk, &t->stats.win, &t->stats.norm, err));
+  return df_adamw_fused(t->ctx, ad, &p, &g, &m, &v, &mk, &t->stats.norm, NULL, err);
+}
+
 df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_full, df_error *err) {
   const int64_t n = df_params_numel(t->table), S = t->optim.shard_size;
   float *buf = t->optim.zero_buf;

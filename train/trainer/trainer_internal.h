@@ -68,9 +68,17 @@ typedef struct {
   df_collective coll;
 } df_trainer_dp;
 
+// A memory plan (train/trainer/mem_plan.h) builds a trainer on a measuring context: the recipe's configs only (no
+// weight read), synthetic data of `batch` samples of data.max_length tokens, and the optimizer of rank 0 of `world`.
+typedef struct {
+  int64_t batch;
+  int world;
+} df_trainer_plan;
+
 typedef struct {
   const df_train_options *opt;
   FILE *log;
+  const df_trainer_plan *plan; // NULL: a training run
 
   // resources
   const df_recipe *recipe;
@@ -111,6 +119,16 @@ typedef struct {
 // checkpoint (resume); writes recipe.resolved.yaml and opens metrics.jsonl.
 df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error *err);
 void df_trainer_teardown(df_trainer *t);
+// A memory plan's trainer (opt->ctx_options: a measuring context): the recipe with opt's overrides, the resources
+// sized from the configs, the strategy, synthetic sources, the schedule and the optimizer buffers — the same setup
+// functions a run uses, without a run directory, data checks, init or checkpoints.
+df_status df_trainer_setup_plan(df_trainer *t, const df_train_options *opt, const df_trainer_plan *plan, df_error *err);
+// The plan's step (train/trainer/trainer.c): one optimizer step — the window's micro-batches and the update — as a
+// run takes it, then with eval one evaluation over the eval source (when the run has one); nothing logged or saved.
+// *N: the anchors per sample of the last micro-batch.
+df_status df_trainer_plan_step(df_trainer *t, bool eval, int64_t *N, df_error *err);
+// The device memory of the run as tracked: the trainer's context plus the online target's (kernels/ops.h).
+df_mem_stats df_trainer_mem_stats(const df_trainer *t);
 
 // tracking.report_to (train/trainer/trainer_observe.c): prepare checks the tracker's package right after the recipe
 // is read; open starts the TensorBoard mirror of metrics.jsonl or the tracker process; close waits for the
@@ -136,6 +154,9 @@ df_status df_trainer_dp_share_state(df_trainer *t, df_error *err);
 void df_trainer_dp_zero_plan(df_trainer *t);
 df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
                                   df_error *err);
+// A memory plan's ZeRO-1 update (no communicator): this rank's shard of the norm and AdamW on the device only.
+df_status df_trainer_dp_zero_shard_ops(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
+                                       df_error *err);
 df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_full, df_error *err);
 
 // Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).

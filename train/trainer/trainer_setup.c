@@ -28,7 +28,8 @@ static df_data_source_options train_source_options(df_trainer *t, bool need_last
                                   .overlap = t->opt->online_overlap,
                                   .target_ctx = target_ctx,
                                   .log = t->log,
-                                  .target = &t->online};
+                                  .target = &t->online,
+                                  .synthetic = t->plan ? 2 * t->plan->batch : 0}; // two batches: both upload slots
 }
 
 static df_ctx_options target_ctx_of(const df_trainer *t) {
@@ -55,7 +56,7 @@ static df_status open_sources(df_trainer *t, bool need_last, df_batch_source **t
 
 static df_status load_resources(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
-  DF_TRY(df_run_resources_load(rc, &t->res, err));
+  DF_TRY(t->plan ? df_run_resources_load_shapes(rc, &t->res, err) : df_run_resources_load(rc, &t->res, err));
   t->draft = t->res.draft;
   if (t->opt->ctx_options) // a caller-chosen backend (tests: the fake device)
     DF_TRY(df_ctx_create(t->opt->ctx_options, &t->ctx, err));
@@ -75,7 +76,7 @@ static df_status load_resources(df_trainer *t, df_error *err) {
   DF_TRY(open_sources(t, need_last, &train_src, err));
   df_feed_options fo = {.path = train_src->label,
                         .source = train_src,
-                        .batch_size = rc->training.batch_size,
+                        .batch_size = t->plan ? t->plan->batch : rc->training.batch_size,
                         .max_length = rc->data.max_length,
                         .seed = rc->training.seed,
                         .rank = t->dp.rank,
@@ -101,6 +102,22 @@ static df_status plan_schedule(df_trainer *t, df_error *err) {
                              rc->training.warmup_ratio, horizon, err);
 }
 
+// The element mask, built on the host and uploaded once. A memory plan skips it: nothing is uploaded there, and the
+// host copy would cost a byte per parameter for nothing (20 GB for a 20B-parameter draft).
+static df_status upload_mask(df_trainer *t, df_error *err) {
+  const int64_t numel = df_params_numel(t->table);
+  uint8_t *mask = calloc((size_t)numel, 1); // padding and buffers stay 0: AdamW never touches them
+  if (!mask) return DF_FAIL(err, DF_ERR_NOMEM, "optimizer", NULL, "out of memory for the parameter mask");
+  for (int i = 0; i < df_params_count(t->table); i++) {
+    const df_param *e = df_params_at(t->table, i);
+    if (e->trainable)
+      memset(mask + e->offset, DF_PARAM_TRAIN | (e->weight_decay ? DF_PARAM_DECAY : 0), (size_t)e->numel);
+  }
+  df_status st = df_copy(t->ctx, t->optim.mask, df_ctx_device(t->ctx), mask, DF_DEV_CPU, (size_t)numel, err);
+  free(mask);
+  return st;
+}
+
 // The AdamW moments (zero), the element mask and the stats block on the device; the stage for the micro-batches.
 // ZeRO-1: the moments of this rank's shard only, and the reduce-scatter / all-gather buffer.
 static df_status alloc_optimizer(df_trainer *t, df_error *err) {
@@ -109,28 +126,21 @@ static df_status alloc_optimizer(df_trainer *t, df_error *err) {
   const df_device dev = df_ctx_device(t->ctx);
   df_trainer_dp_zero_plan(t);
   const int64_t nm = t->optim.zero ? (t->optim.shard_len > 0 ? t->optim.shard_len : 1) : numel;
-  if (t->optim.zero && !(t->optim.zero_buf = malloc(sizeof(float) * (size_t)(t->dp.world * t->optim.shard_size))))
+  // (host memory, CPU ranks; a memory plan exchanges nothing)
+  if (t->optim.zero && !df_ctx_measuring(t->ctx) &&
+      !(t->optim.zero_buf = malloc(sizeof(float) * (size_t)(t->dp.world * t->optim.shard_size))))
     return DF_FAIL(err, DF_ERR_NOMEM, "training.fsdp_sharding", NULL, "out of memory for the ZeRO-1 buffer");
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->optim.exp_avg, err));
-  DF_TRY(df_buffer_alloc(t->ctx, sizeof(float) * (size_t)nm, (void **)&t->optim.exp_avg_sq, err));
-  DF_TRY(df_buffer_alloc(t->ctx, (size_t)numel, (void **)&t->optim.mask, err));
+  DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_OPTIMIZER, sizeof(float) * (size_t)nm, (void **)&t->optim.exp_avg, err));
+  DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_OPTIMIZER, sizeof(float) * (size_t)nm, (void **)&t->optim.exp_avg_sq, err));
+  DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_OPTIMIZER, (size_t)numel, (void **)&t->optim.mask, err));
   df_tensor m = df_f32_on(dev, t->optim.exp_avg, nm), v = df_f32_on(dev, t->optim.exp_avg_sq, nm);
   DF_TRY(df_fill(t->ctx, &m, 0.0, err));
   DF_TRY(df_fill(t->ctx, &v, 0.0, err));
-  uint8_t *mask = calloc((size_t)numel, 1); // padding and buffers stay 0: AdamW never touches them
-  if (!mask) return DF_FAIL(err, DF_ERR_NOMEM, "optimizer", NULL, "out of memory for the parameter mask");
-  for (int i = 0; i < df_params_count(t->table); i++) {
-    const df_param *e = df_params_at(t->table, i);
-    if (e->trainable)
-      memset(mask + e->offset, DF_PARAM_TRAIN | (e->weight_decay ? DF_PARAM_DECAY : 0), (size_t)e->numel);
-  }
-  df_status st = df_copy(t->ctx, t->optim.mask, dev, mask, DF_DEV_CPU, (size_t)numel, err);
-  free(mask);
-  DF_TRY(st);
+  if (!df_ctx_measuring(t->ctx)) DF_TRY(upload_mask(t, err));
   t->stats.nobj = t->strategy->table->stats_len(t->strategy);
   t->stats.n = t->stats.nobj + df_ffn_set_stats_elems(&t->ffn);
   const size_t sbytes = sizeof(double) * (size_t)(t->stats.n + DF_NORM_STATS);
-  DF_TRY(df_buffer_alloc(t->ctx, sbytes, &t->stats.buf, err));
+  DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_STATS, sbytes, &t->stats.buf, err));
   DF_TRY(df_host_alloc(t->ctx, sbytes, (void **)&t->stats.host, err));
   t->stats.win = df_f64_on(dev, t->stats.buf, t->stats.n);
   t->stats.obj = df_f64_on(dev, t->stats.buf, t->stats.nobj);
@@ -368,6 +378,34 @@ df_status df_trainer_setup(df_trainer *t, const df_train_options *opt, df_error 
   t->start_step = t->prog.step;
   print_plan(t);
   return DF_OK;
+}
+
+df_status df_trainer_setup_plan(df_trainer *t, const df_train_options *opt, const df_trainer_plan *plan,
+                                df_error *err) {
+  memset(t, 0, sizeof *t);
+  t->opt = opt, t->log = opt->log, t->plan = plan;
+  t->dp.world = 1;
+  if (!opt->ctx_options || !opt->ctx_options->measure)
+    return DF_FAIL(err, DF_ERR_INVALID, "memory plan", "plan on a measuring context (df_ctx_options.measure)",
+                   "a memory plan would allocate real memory");
+  const df_recipe_options ro = {
+      .overrides = opt->overrides, .n_overrides = opt->n_overrides, .inputs_may_be_missing = true};
+  DF_TRY(df_recipe_load(opt->recipe_path, &ro, &t->recipe, err)); // data.max_length > 0: the longest sample
+  DF_TRY(load_resources(t, err));
+  DF_TRY(plan_schedule(t, err));
+  t->dp.world = plan->world; // rank 0's share of the optimizer (ZeRO-1 shards the moments); the steps are one rank's
+  df_status st = alloc_optimizer(t, err);
+  t->dp.world = 1;
+  return st;
+}
+
+df_mem_stats df_trainer_mem_stats(const df_trainer *t) {
+  df_mem_stats m = t->ctx ? df_ctx_mem_stats(t->ctx) : (df_mem_stats){0};
+  if (t->online) {
+    const df_mem_stats tm = df_ctx_mem_stats(df_online_target_ctx(t->online));
+    df_mem_stats_add(&m, &tm);
+  }
+  return m;
 }
 
 void df_trainer_teardown(df_trainer *t) {
