@@ -60,7 +60,7 @@ static df_status bind_proj(const df_params *p, int64_t i, const char *proj, bool
 }
 
 df_status draft_layer_bind(draft_layer *L, const df_params *p, float *weights, float *grads, df_device dev,
-                            df_error *err) {
+                           df_error *err) {
   const int64_t i = L->index;
   const bool b = L->has_bias;
   DF_TRY(bind_view(p, i, "input_layernorm.weight", weights, grads, dev, &L->in_norm, err));
@@ -97,9 +97,7 @@ static df_tensor vrow(const float *p, df_device dev, int64_t n) {
   return df_view((void *)p, DF_F32, dev, 1, (const int64_t[]){n});
 }
 
-static const df_tensor *bias_or_null(const draft_layer *L, const dflash_pview *b) {
-  return L->has_bias ? &b->w : NULL;
-}
+static const df_tensor *bias_or_null(const draft_layer *L, const dflash_pview *b) { return L->has_bias ? &b->w : NULL; }
 static df_tensor *dbias_or_null(const draft_layer *L, dflash_pview *b) { return L->has_bias ? &b->g : NULL; }
 
 static df_block_attn_desc attn_desc(const draft_layer *L, const dflash_dims *d) {
@@ -147,8 +145,8 @@ static df_status qkv_forward(df_ctx *ctx, const draft_layer *L, const dflash_dim
 }
 
 df_status draft_layer_forward(df_ctx *ctx, const draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                               const float *h_in, float *h_out, draft_layer_acts *a, dflash_scratch *scr,
-                               df_error *err) {
+                              const float *h_in, float *h_out, draft_layer_acts *a, dflash_scratch *scr,
+                              df_error *err) {
   const df_device dev = sh->dev;
   const int64_t T = d->T, H = d->H, Q = d->Q, SQ = d->S + d->Q, nH = d->nH, nKV = d->nKV, hd = d->hd;
   DF_TRY(qkv_forward(ctx, L, d, sh, h_in, a, err));
@@ -225,8 +223,8 @@ static df_status qkv_backward(df_ctx *ctx, draft_layer *L, const dflash_dims *d,
 }
 
 df_status draft_layer_backward(df_ctx *ctx, draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                                const float *h_in, const draft_layer_acts *a, dflash_scratch *scr,
-                                bool first_ctx_write, df_error *err) {
+                               const float *h_in, const draft_layer_acts *a, dflash_scratch *scr, bool first_ctx_write,
+                               df_error *err) {
   const df_device dev = sh->dev;
   const int64_t T = d->T, H = d->H, qd = d->nH * d->hd;
   df_tensor dh = v2(scr->dh, dev, T, H), dtmp = v2(scr->dtmp, dev, T, H);

@@ -87,18 +87,17 @@ typedef struct {
 df_status draft_layer_add_params(const df_draft_config *cfg, int64_t i, df_params *p, draft_layer *L, df_error *err);
 // Resolves the layer's views once the table is final and the flat buffers exist.
 df_status draft_layer_bind(draft_layer *L, const df_params *p, float *weights, float *grads, df_device dev,
-                            df_error *err);
+                           df_error *err);
 void draft_layer_free(draft_layer *L);
 
 // h_out (B, Q, H) = layer(h_in (B, Q, H)); activations go to a, the FFN's temporaries to scr->ffn.
 df_status draft_layer_forward(df_ctx *ctx, const draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                               const float *h_in, float *h_out, draft_layer_acts *a, dflash_scratch *scr,
-                               df_error *err);
+                              const float *h_in, float *h_out, draft_layer_acts *a, dflash_scratch *scr, df_error *err);
 // On entry scr->dh holds ∂/∂h_out, on return ∂/∂h_in. The context gradient goes to scr->dctx, written when
 // first_ctx_write (the first layer the backward visits) and added to otherwise.
 df_status draft_layer_backward(df_ctx *ctx, draft_layer *L, const dflash_dims *d, const dflash_shared *sh,
-                                const float *h_in, const draft_layer_acts *a, dflash_scratch *scr,
-                                bool first_ctx_write, df_error *err);
+                               const float *h_in, const draft_layer_acts *a, dflash_scratch *scr, bool first_ctx_write,
+                               df_error *err);
 
 // The RoPE frequency table of HF's rope_type (default, linear, yarn, llama3) in float32 as transformers
 // computes it: inv_freq [head_dim/2] and the cos/sin multiplier (YaRN's attention factor, else 1).

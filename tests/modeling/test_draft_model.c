@@ -246,12 +246,12 @@ static void fd_batch(fd_case *c) {
   memcpy(c->anchors, an, sizeof an);
   memcpy(c->keep, kp, sizeof kp);
   c->batch = (df_draft_batch){.B = FD_B,
-                               .S = FD_S,
-                               .N = FD_N,
-                               .target_hidden = c->th,
-                               .block_embed = c->emb,
-                               .anchors = c->anchors,
-                               .keep = c->keep};
+                              .S = FD_S,
+                              .N = FD_N,
+                              .target_hidden = c->th,
+                              .block_embed = c->emb,
+                              .anchors = c->anchors,
+                              .keep = c->keep};
 }
 
 // Weights U(±0.5), norms U(0.5, 1.5), biases U(±0.2): every path carries signal.

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modeling/draft_model.h"
 #include "modeling/draft_config.h"
+#include "modeling/draft_model.h"
 #include "moe/config.h"
 #include "moe/params.h"
 #include "moe/registry.h"
