@@ -40,23 +40,6 @@ typedef struct {
 
 static void *ptr(const df_tensor *t) { return t ? t->data : NULL; }
 
-// Max and first argmax of z [V]; z ← exp(z − max); the sum (double) through *sum. Returns the max.
-static float softmax_in_place(float *z, int64_t V, int64_t *argmax, double *sum) {
-  float m = z[0];
-#pragma omp simd reduction(max : m)
-  for (int64_t v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
-  int64_t a = 0;
-  while (a < V - 1 && z[a] != m) a++; // first maximum wins, as torch.argmax
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t v = 0; v < V; v++) {
-    z[v] = df_exp_nonpos(z[v] - m);
-    s += (double)z[v];
-  }
-  *argmax = a, *sum = s;
-  return m;
-}
-
 // One live row: zb, zf [V] its base and final logits. With grad, zf becomes Gf and zb becomes Gf + Gb.
 static void dm_row(const dm_job *jb, int64_t r, float *zb, float *zf, bool grad) {
   const int64_t V = jb->V;
@@ -64,7 +47,7 @@ static void dm_row(const dm_job *jb, int64_t r, float *zb, float *zf, bool grad)
   const float lf = zf[label], lb = zb[label];
   int64_t af, ab;
   double sf, sb;
-  const float mf = softmax_in_place(zf, V, &af, &sf), mb = softmax_in_place(zb, V, &ab, &sb);
+  const float mf = df_softmax_row_in_place(zf, V, &af, &sf), mb = df_softmax_row_in_place(zb, V, &ab, &sb);
   jb->ce_f[r] = (float)((double)mf - (double)lf + log(sf));
   jb->ce_b[r] = (float)((double)mb - (double)lb + log(sb));
   jb->ok_f[r] = af == label, jb->ok_b[r] = ab == label;

@@ -48,23 +48,6 @@ static void *ptr(const df_tensor *t) { return t ? t->data : NULL; }
 
 // ---- one row -------------------------------------------------------------------------------------------------
 
-// Max and first argmax of z [V]; then z ← exp(z − max) and the sum (double) is returned through *sum.
-static float softmax_in_place(float *z, int64_t V, int64_t *argmax, double *sum) {
-  float m = z[0];
-#pragma omp simd reduction(max : m)
-  for (int64_t v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
-  int64_t a = 0;
-  while (a < V - 1 && z[a] != m) a++; // first maximum wins, as torch.argmax
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t v = 0; v < V; v++) {
-    z[v] = df_exp_nonpos(z[v] - m);
-    s += (double)z[v];
-  }
-  *argmax = a, *sum = s;
-  return m;
-}
-
 // torch.sign: ties give 0, so equal probabilities pass no L1 gradient.
 static inline float sign_of(float d) { return (float)((d > 0.0f) - (d < 0.0f)); }
 
@@ -80,7 +63,7 @@ static inline double sigmoid(double x) {
 static double teacher_row(const ld_job *jb, int64_t r, float *z, float invz, int64_t az, float *t, bool grad) {
   int64_t V = jb->V, at;
   double st;
-  softmax_in_place(t, V, &at, &st);
+  df_softmax_row_in_place(t, V, &at, &st);
   float invt = (float)(1.0 / st);
   double l1 = 0.0, a = 0.0;
 #pragma omp simd reduction(+ : l1, a)
@@ -112,7 +95,7 @@ static void ld_row(const ld_job *jb, int64_t r, float *z, float *t, bool grad) {
   int32_t label = jb->labels[r];
   float zl = z[label];
   double sz;
-  float mz = softmax_in_place(z, V, &az, &sz);
+  float mz = df_softmax_row_in_place(z, V, &az, &sz);
   jb->ce[r] = (float)((double)mz - (double)zl + log(sz));
   jb->correct[r] = az == label;
   float invz = (float)(1.0 / sz);

@@ -29,4 +29,23 @@ static inline float df_exp(float x) {
 // For softmax arguments (logit − row max ≤ 0): exactly 0 below −87, so masked (−inf) scores weigh nothing.
 static inline float df_exp_nonpos(float x) { return x < -87.0f ? 0.0f : df_exp(x); }
 
+// One logits row z [V] in place: its max (returned) and first argmax (torch.argmax's tie rule), then
+// z ← exp(z − max) and their double sum through *sum. The fused LM-head objectives share it (lmhead_dspark.c,
+// lmhead_domino.c).
+static inline float df_softmax_row_in_place(float *z, int64_t V, int64_t *argmax, double *sum) {
+  float m = z[0];
+#pragma omp simd reduction(max : m)
+  for (int64_t v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
+  int64_t a = 0;
+  while (a < V - 1 && z[a] != m) a++;
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t v = 0; v < V; v++) {
+    z[v] = df_exp_nonpos(z[v] - m);
+    s += (double)z[v];
+  }
+  *argmax = a, *sum = s;
+  return m;
+}
+
 #endif
