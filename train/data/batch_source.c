@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "strategies/strategy.h"
 #include "train/data/hs.h"
 
 typedef struct {
@@ -89,4 +90,32 @@ df_status df_hs_source_open(const char *path, const df_draft_config *cfg, bool n
                               .concurrent = threadsafe != 0};
   *out = &h->base;
   return DF_OK;
+}
+
+// ---- a strategy's reading of any source ------------------------------------------------------------------------
+
+typedef struct {
+  df_batch_source *src;
+  int64_t max_length;
+} data_view;
+
+static df_status view_sample(void *self, int64_t i, const int32_t **ids, const uint8_t **mask, int64_t *len,
+                             df_error *err) {
+  data_view *v = self;
+  return v->src->vt->tokens(v->src, i, v->max_length, ids, mask, len, err);
+}
+
+df_status df_batch_source_prepare_strategy(df_batch_source *src, int64_t max_length, df_strategy_run *run,
+                                           const char *vocab_mapping_path, bool write_files, FILE *log, df_error *err) {
+  if (!run->table->prepare) return DF_OK;
+  if (!src->vt->tokens)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, src->label, NULL, "this data source cannot list its tokens");
+  data_view v = {.src = src, .max_length = max_length};
+  const df_strategy_data data = {.self = &v,
+                                 .count = src->num_samples,
+                                 .sample = view_sample,
+                                 .vocab_mapping_path = vocab_mapping_path,
+                                 .write_files = write_files,
+                                 .log = log};
+  return run->table->prepare(run, &data, err);
 }

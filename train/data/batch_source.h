@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/error.h"
 #include "modeling/draft_config.h"
@@ -50,6 +51,13 @@ static inline df_status df_batch_source_read(df_batch_source *s, const int64_t *
 static inline void df_batch_source_close(df_batch_source *s) {
   if (s) s->vt->close(s);
 }
+
+// A strategy's reading of the training data before the first step of a fresh run (strategy.h `prepare`: EAGLE-3's
+// vocabulary mapping), over src's samples with their tokens cut to max_length. DF_OK without reading when the
+// strategy has no prepare; refused naming the source when it cannot list its tokens.
+typedef struct df_strategy_run df_strategy_run;
+df_status df_batch_source_prepare_strategy(df_batch_source *src, int64_t max_length, df_strategy_run *run,
+                                           const char *vocab_mapping_path, bool write_files, FILE *log, df_error *err);
 
 // Captured hidden states: one .h5 shard or a directory of them. When cfg is not NULL the data must have been
 // captured for it (K, target_layer_ids, H); need_last_hidden requires target_last_hidden_states. concurrent

@@ -146,28 +146,13 @@ static df_status load_model(step_run *r, int threads, const df_device_choice *de
 }
 
 // The strategy's reading of the data before the step, as a fresh training run does it (EAGLE-3's mapping).
-typedef struct {
-  df_batch_source *src;
-  int64_t max_length;
-} data_view;
-
-static df_status view_sample(void *self, int64_t i, const int32_t **ids, const uint8_t **mask, int64_t *len,
-                             df_error *err) {
-  data_view *v = self;
-  return v->src->vt->tokens(v->src, i, v->max_length, ids, mask, len, err);
-}
-
 static df_status prepare_strategy(const step_run *r, df_strategy_run *run, df_error *err) {
   if (!run->table->prepare) return DF_OK;
-  data_view v = {.max_length = r->recipe->data.max_length};
-  DF_TRY(df_hs_source_open(r->recipe->data.hidden_states_path, NULL, false, &v.src, err));
-  const df_strategy_data data = {.self = &v,
-                                 .count = v.src->num_samples,
-                                 .sample = view_sample,
-                                 .vocab_mapping_path = r->recipe->model.vocab_mapping_path,
-                                 .write_files = false};
-  df_status st = run->table->prepare(run, &data, err);
-  df_batch_source_close(v.src);
+  df_batch_source *src = NULL;
+  DF_TRY(df_hs_source_open(r->recipe->data.hidden_states_path, NULL, false, &src, err));
+  df_status st = df_batch_source_prepare_strategy(src, r->recipe->data.max_length, run,
+                                                  r->recipe->model.vocab_mapping_path, false, NULL, err);
+  df_batch_source_close(src);
   return st;
 }
 

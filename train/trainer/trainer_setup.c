@@ -202,35 +202,16 @@ static df_status write_resolved(df_trainer *t, df_error *err) {
 
 // The strategy's reading of the training data before the first step (EAGLE-3: the vocabulary mapping), through a
 // source of its own: the feed's may be prefetching on its thread already.
-typedef struct {
-  df_batch_source *src;
-  int64_t max_length;
-} data_view;
-
-static df_status view_sample(void *self, int64_t i, const int32_t **ids, const uint8_t **mask, int64_t *len,
-                             df_error *err) {
-  data_view *v = self;
-  return v->src->vt->tokens(v->src, i, v->max_length, ids, mask, len, err);
-}
-
 static df_status prepare_strategy(df_trainer *t, df_error *err) {
   if (!t->strategy->table->prepare) return DF_OK;
   const df_ctx_options target_ctx = target_ctx_of(t);
   df_data_source_options so = train_source_options(t, false, &target_ctx);
   so.log = NULL;
-  data_view v = {.max_length = t->recipe->data.max_length};
-  DF_TRY(df_data_source_open(&so, &v.src, err));
-  df_status st = v.src->vt->tokens
-                     ? DF_OK
-                     : DF_FAIL(err, DF_ERR_UNSUPPORTED, v.src->label, NULL, "this data source cannot list its tokens");
-  const df_strategy_data data = {.self = &v,
-                                 .count = v.src->num_samples,
-                                 .sample = view_sample,
-                                 .vocab_mapping_path = t->recipe->model.vocab_mapping_path,
-                                 .write_files = t->dp.rank == 0,
-                                 .log = t->log};
-  if (st == DF_OK) st = t->strategy->table->prepare(t->strategy, &data, err);
-  df_batch_source_close(v.src);
+  df_batch_source *src = NULL;
+  DF_TRY(df_data_source_open(&so, &src, err));
+  df_status st = df_batch_source_prepare_strategy(src, t->recipe->data.max_length, t->strategy,
+                                                  t->recipe->model.vocab_mapping_path, t->dp.rank == 0, t->log, err);
+  df_batch_source_close(src);
   return st;
 }
 

@@ -29,15 +29,19 @@ def train(out_dir, *sets, recipe="recipes/demo-dflash-synthetic.yaml", env=None,
     # DF_OBSERVE_SETS ("key=value,key=value", set by CTest in the sanitizer build): a smaller micro-batch for every
     # run, before the test's own settings. What these tests check (records, framing, trackers, charts) does not
     # depend on the batch; the Release build runs them at the recipe's shape.
-    small = [x for x in os.environ.get("DF_OBSERVE_SETS", "").split(",") if x]
-    for s in [*small, *sets]:
+    for s in [*observe_sets(), *sets]:
         args += ["--set", s]
     return run_df(*args, *extra, env=env, check=check)
 
 
+def observe_sets():
+    """DF_OBSERVE_SETS as a list of "key=value"."""
+    return [x for x in os.environ.get("DF_OBSERVE_SETS", "").split(",") if x]
+
+
 def demo_setting(key, default):
     """The value DF_OBSERVE_SETS gives key (as text), else the recipe's default."""
-    for x in os.environ.get("DF_OBSERVE_SETS", "").split(","):
+    for x in observe_sets():
         if x.startswith(key + "="):
             return x.split("=", 1)[1]
     return default
