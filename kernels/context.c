@@ -183,6 +183,8 @@ void df_event_destroy(df_ctx *ctx, df_event *ev) {
   free(ev);
 }
 
+void *df_event_native(const df_event *ev) { return ev ? ev->impl : NULL; }
+
 df_status df_sync(df_ctx *ctx, df_error *err) { return ctx->measure ? DF_OK : ctx->backend->sync(ctx, err); }
 
 df_transfer_stats df_ctx_transfer_stats(const df_ctx *ctx) { return ctx->xfer; }

@@ -108,6 +108,9 @@ df_status df_event_create(df_ctx *ctx, df_event **out, df_error *err);
 df_status df_event_record(df_ctx *ctx, df_event *ev, df_error *err);
 df_status df_event_wait(df_ctx *ctx, df_event *ev, df_error *err);
 void df_event_destroy(df_ctx *ctx, df_event *ev);
+// The backend's own handle (a cudaEvent_t on CUDA, for another CUDA stream to wait on or record); NULL on a
+// backend without events and in a measuring context.
+void *df_event_native(const df_event *ev);
 // Waits for the context's queued work (no-op on the CPU).
 df_status df_sync(df_ctx *ctx, df_error *err);
 

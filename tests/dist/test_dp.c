@@ -4,6 +4,11 @@
 // MoE draft, and a Domino draft with an MoE FFN (whose ranks average their per-rank ratio losses, as SpecForge's
 // DDP does: two ranks equal one process accumulating the ranks' micro-batches). Skipped (with the reason) in a
 // build without MPI.
+//
+// With DF_DP_DEVICE=cuda every run trains GPU ranks (--device cuda: NCCL, the device-resident exchanges, ZeRO-1 in
+// the model's own buffers). CTest runs it that way in the CUDA execution mode (dist.dp_gpu: two emulated devices per
+// process, NCCL served by MPI) and on a machine with two GPUs. MoE drafts are then refused by name (their routing
+// statistics are reduced on the host): the MoE tests check that refusal instead.
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -30,20 +35,28 @@ static void need_mpirun(void) {
 
 static char g_out[65536];
 
+// GPU ranks (DF_DP_DEVICE=cuda), else CPU ranks.
+static bool gpu(void) {
+  const char *d = getenv("DF_DP_DEVICE");
+  return d && !strcmp(d, "cuda");
+}
+static const char *device_args(void) { return gpu() ? "--device cuda" : ""; }
+static const char *mpirun_env(void) { return gpu() ? "-x DF_EMU_DEVICES" : ""; }
+
 // `draftforge train RECIPE` on np ranks (np 0: no mpirun at all), output in g_out; returns the exit status.
 static int train(int np, const char *recipe, const char *out_dir, const char *sets) {
   char cmd[4096], prog[2048];
   snprintf(
       prog, sizeof prog,
-      "%s train %s --threads 1 --set output_dir=%s --set training.log_interval=1 --set training.eval_interval=0 %s",
-      DF_DRAFTFORGE_BIN, recipe, out_dir, sets);
+      "%s train %s %s --threads 1 --set output_dir=%s --set training.log_interval=1 --set training.eval_interval=0 %s",
+      DF_DRAFTFORGE_BIN, recipe, device_args(), out_dir, sets);
   if (np == 0)
     snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 timeout -k 5 120 %s 2>&1", prog);
   else
     snprintf(cmd, sizeof cmd,
              "timeout -k 5 120 %s --oversubscribe --bind-to none %s --mca btl_vader_single_copy_mechanism none "
-             "-x OMP_NUM_THREADS=1 -x ASAN_OPTIONS=detect_leaks=0 -np %d %s 2>&1",
-             DF_MPIRUN, geteuid() == 0 ? "--allow-run-as-root" : "", np, prog);
+             "-x OMP_NUM_THREADS=1 -x ASAN_OPTIONS=detect_leaks=0 %s -np %d %s 2>&1",
+             DF_MPIRUN, geteuid() == 0 ? "--allow-run-as-root" : "", mpirun_env(), np, prog);
   FILE *p = popen(cmd, "r");
   cr_assert_not_null(p);
   size_t n = fread(g_out, 1, sizeof g_out - 1, p);
@@ -165,6 +178,15 @@ static void ckpt(char *buf, size_t n, const char *dir, int step) {
 // The gradient sum is taken per rank, then across ranks, instead of in one order: fp32 round-off. Four AdamW
 // steps at lr 3e-3 move a weight by up to ~1e-2; the ranks' round-off, amplified by Adam's division by √v for
 // tiny gradients, stays below 1e-5 here (measured 7.4e-6 for DFlash); 5e-5 leaves room for other CPUs.
+// GPU ranks refuse an MoE draft at start-up, naming the FFN and the way out.
+static void expect_moe_refused(const char *recipe, const char *out_dir) {
+  cr_expect_neq(train(2, recipe, out_dir, "--set training.max_steps=2"), 0);
+  cr_expect(strstr(g_out, "the moe FFN reduces its routing statistics across ranks on the host") != NULL &&
+                strstr(g_out, "train this draft data-parallel on CPU ranks") != NULL,
+            "%s", g_out);
+  rmdir_all(out_dir);
+}
+
 static void dp_equals_one_process(const char *recipe, const char *name) {
   need_mpirun();
   char one[200], two[300];
@@ -174,6 +196,7 @@ static void dp_equals_one_process(const char *recipe, const char *name) {
   train_ok(0, recipe, one, "--set training.max_steps=4 --set training.batch_size=8");
   train_ok(2, recipe, two, "--set training.max_steps=4 --set training.batch_size=4");
   cr_expect(strstr(g_out, "rank 1 of 2 (local rank 1, launched by mpirun)") != NULL, "%s", g_out);
+  cr_expect(strstr(g_out, gpu() ? "nccl communicator" : "mpi communicator") != NULL, "%s", g_out);
   expect_same_curve(one, two, 4, 1e-6);
   char a[400], b[400];
   ckpt(a, sizeof a, one, 4), ckpt(b, sizeof b, two, 4);
@@ -191,7 +214,16 @@ Test(dp, dspark_two_ranks_equal_one_process_of_the_global_batch, .timeout = 300)
 
 // MoE (8 experts, top-2, switch aux loss, sample centering): the aux loss, its gradient and the centering mean
 // come from the routing reduced over both ranks; the moe/* metrics are the global batch's too.
-Test(dp, moe_two_ranks_equal_one_process_of_the_global_batch, .timeout = 300) { dp_equals_one_process(MOE, "moe"); }
+Test(dp, moe_two_ranks_equal_one_process_of_the_global_batch, .timeout = 300) {
+  if (gpu()) {
+    need_mpirun();
+    char run[200];
+    tmpdir(run, sizeof run, "moe_gpu");
+    expect_moe_refused(MOE, run);
+    return;
+  }
+  dp_equals_one_process(MOE, "moe");
+}
 
 // Domino with an MoE FFN. Its loss is a ratio per micro-step and per rank, averaged over both (SpecForge: loss /
 // accumulation_steps, then DDP's mean), so two ranks with batch 1 equal ONE process with batch 1 and two accumulated
@@ -233,6 +265,11 @@ Test(dp, domino_moe_two_ranks_equal_one_process_accumulating_their_micro_batches
   snprintf(mk, sizeof mk, "mkdir -p %s", dir);
   cr_assert_eq(system(mk), 0);
   write_domino_moe(dir, recipe, sizeof recipe);
+  if (gpu()) {
+    expect_moe_refused(recipe, two);
+    rmdir_all(one), rmdir_all(dir);
+    return;
+  }
   train_ok(0, recipe, one,
            "--set training.max_steps=6 --set training.batch_size=1 --set training.accumulation_steps=2");
   train_ok(2, recipe, two,
@@ -421,11 +458,12 @@ Test(dp, killed_rank_ends_the_job_without_a_partial_latest, .timeout = 300) {
   char cmd[4096];
   snprintf(cmd, sizeof cmd,
            "timeout -k 5 120 %s --oversubscribe --bind-to none %s --mca btl_vader_single_copy_mechanism none "
-           "-x OMP_NUM_THREADS=1 -x ASAN_OPTIONS=detect_leaks=0 -np 2 %s train %s --threads 1 --set output_dir=%s "
-           "--set training.max_steps=100000 --set training.batch_size=4 --set training.save_interval=1 "
-           "--set training.log_interval=1 --set training.eval_interval=0 --set training.dist_timeout=1 "
-           "> %s.log 2>&1",
-           DF_MPIRUN, geteuid() == 0 ? "--allow-run-as-root" : "", DF_DRAFTFORGE_BIN, DFLASH, run, run);
+           "-x OMP_NUM_THREADS=1 -x ASAN_OPTIONS=detect_leaks=0 %s -np 2 %s train %s %s --threads 1 "
+           "--set output_dir=%s --set training.max_steps=100000 --set training.batch_size=4 "
+           "--set training.save_interval=1 --set training.log_interval=1 --set training.eval_interval=0 "
+           "--set training.dist_timeout=1 > %s.log 2>&1",
+           DF_MPIRUN, geteuid() == 0 ? "--allow-run-as-root" : "", mpirun_env(), DF_DRAFTFORGE_BIN, DFLASH,
+           device_args(), run, run);
   pid_t child = fork();
   if (child == 0) {
     setpgid(0, 0); // its own group: a failed check below stops the whole job

@@ -152,7 +152,7 @@ static df_deploy_trainer deploy_of(const df_recipe *rc) {
 // The job as the launcher started it, checked against the recipe the run will use (RECIPE.yaml, or a resumed
 // run's own recipe.resolved.yaml); then every rank must hold the same resolved recipe (same file, --set options
 // and paths), or the ranks would train different things.
-static df_status start_dist(const df_run_plan_options *po, df_dist *d, df_error *err) {
+static df_status start_dist(const df_run_plan_options *po, const df_device_choice *device, df_dist *d, df_error *err) {
   memset(d, 0, sizeof *d);
   const df_recipe *rc = NULL;
   DF_TRY(df_run_plan_peek_recipe(po, &rc, err));
@@ -165,7 +165,8 @@ static df_status start_dist(const df_run_plan_options *po, df_dist *d, df_error 
   free(text);
   char out[4096];
   df_path_absolute(rc->output_dir, out, sizeof out); // the same job key whichever way the path is spelled
-  df_dist_options o = {.gpu = false, // the trainer runs on the CPU context (issue 11 brings the CUDA one)
+  // GPU ranks (NCCL) when the run's device resolves to CUDA, else CPU ranks (MPI)
+  df_dist_options o = {.gpu = df_device_picks_cuda(device ? *device : rc->training.device),
                        .cuda_device = -1,
                        .timeout_s = rc->training.dist_timeout * 60.0,
                        .deploy = deploy_of(rc),
@@ -216,7 +217,8 @@ int df_cmd_train(int argc, char **argv) {
   df_run_plan_options po = {.recipe_path = recipe, .overrides = sets, .n_overrides = n_sets, .resume = resume};
   df_dist d;
   df_error err = {0};
-  if (start_dist(&po, &d, &err) != DF_OK) {
+  const df_device_choice dev_choice = (df_device_choice)device;
+  if (start_dist(&po, df_cli_has(&a, "--device") ? &dev_choice : NULL, &d, &err) != DF_OK) {
     df_cli_free(&a);
     return fail_job(&d, &err, a.verbose, NULL, DF_EXIT_FAILURE);
   }

@@ -203,6 +203,61 @@ df_status df_comm_wait(df_comm *c, df_error *err) {
   return end(c, c->vt->wait(c, err), err);
 }
 
+// ---- host memory on any backend -------------------------------------------------------------------------------
+
+// A device backend's staged call: host → stage, the collective in place on the stage, stage → host.
+static bool staged(const df_comm *c) { return c->device_buffers && c->vt->stage; }
+
+df_status df_comm_all_reduce_host(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, df_comm_op op,
+                                  df_error *err) {
+  DF_TRY(check_comm(c, err));
+  if (!staged(c)) return df_comm_all_reduce(c, buf, buf, count, dt, op, err);
+  const size_t n = (size_t)(count > 0 ? count : 0) * df_comm_dtype_size(dt);
+  void *d = NULL;
+  DF_TRY(end(c, c->vt->stage(c, n, &d, err), err));
+  DF_TRY(end(c, c->vt->stage_in(c, d, buf, n, err), err));
+  DF_TRY(df_comm_all_reduce(c, d, d, count, dt, op, err));
+  return end(c, c->vt->stage_out(c, buf, d, n, err), err);
+}
+
+df_status df_comm_broadcast_host(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, int root, df_error *err) {
+  DF_TRY(check_comm(c, err));
+  if (!staged(c)) return df_comm_broadcast(c, buf, count, dt, root, err);
+  const size_t n = (size_t)(count > 0 ? count : 0) * df_comm_dtype_size(dt);
+  void *d = NULL;
+  DF_TRY(end(c, c->vt->stage(c, n, &d, err), err));
+  DF_TRY(end(c, c->vt->stage_in(c, d, buf, n, err), err));
+  DF_TRY(df_comm_broadcast(c, d, count, dt, root, err));
+  return end(c, c->vt->stage_out(c, buf, d, n, err), err);
+}
+
+df_status df_comm_all_gather_host(df_comm *c, const void *send, void *recv, int64_t send_count, df_comm_dtype dt,
+                                  df_error *err) {
+  DF_TRY(check_comm(c, err));
+  if (!staged(c)) return df_comm_all_gather(c, send, recv, send_count, dt, err);
+  const size_t ns = (size_t)(send_count > 0 ? send_count : 0) * df_comm_dtype_size(dt), nr = ns * (size_t)c->size;
+  void *d = NULL;
+  DF_TRY(end(c, c->vt->stage(c, nr, &d, err), err));
+  char *mine = (char *)d + (size_t)c->rank * ns; // the in-place form
+  DF_TRY(end(c, c->vt->stage_in(c, mine, send, ns, err), err));
+  DF_TRY(df_comm_all_gather(c, mine, d, send_count, dt, err));
+  return end(c, c->vt->stage_out(c, recv, d, nr, err), err);
+}
+
+// ---- ordering against a compute stream ------------------------------------------------------------------------
+
+df_status df_comm_after(df_comm *c, void *event, df_error *err) {
+  DF_TRY(check_comm(c, err));
+  return c->vt->after && event ? end(c, c->vt->after(c, event, err), err) : DF_OK;
+}
+
+df_status df_comm_mark(df_comm *c, void *event, df_error *err) {
+  DF_TRY(check_comm(c, err));
+  return c->vt->mark && event ? end(c, c->vt->mark(c, event, err), err) : DF_OK;
+}
+
+int df_comm_device(const df_comm *c) { return c && c->vt->device ? c->vt->device(c) : -1; }
+
 // ---- ending --------------------------------------------------------------------------------------------------
 
 df_status df_comm_finish(df_comm *c, df_error *err) {

@@ -107,6 +107,27 @@ df_status df_comm_barrier(df_comm *c, df_error *err);
 // backends: nothing is pending.
 df_status df_comm_wait(df_comm *c, df_error *err);
 
+// ---- host memory on any backend --------------------------------------------------------------------------------
+// Small exchanges the host decides on (counters, flags, the resume progress, hashes), in place in host memory
+// whatever the backend: a device backend stages the bytes through a device buffer of its own and returns once
+// the result is back on the host (a synchronous round trip, bounded by the timeout like df_comm_wait).
+df_status df_comm_all_reduce_host(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, df_comm_op op, df_error *err);
+df_status df_comm_broadcast_host(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, int root, df_error *err);
+// recv (host, world · send_count elements) gathers every rank's send (host).
+df_status df_comm_all_gather_host(df_comm *c, const void *send, void *recv, int64_t send_count, df_comm_dtype dt,
+                                  df_error *err);
+
+// ---- ordering against a compute stream (device backends) -------------------------------------------------------
+// The NCCL communicator queues its collectives on a stream of its own (unless df_comm_nccl_options.stream names
+// one), so they can overlap the compute stream's work. event: a cudaEvent_t of the communicator's device (the
+// backend handle of a df_event, df_event_native). after: collectives queued from now on start only once event
+// (recorded by the caller on its stream) has completed. mark: records event on the communicator's stream behind
+// everything queued there, for the caller's stream to wait on. Host backends: no-ops (calls complete in place).
+df_status df_comm_after(df_comm *c, void *event, df_error *err);
+df_status df_comm_mark(df_comm *c, void *event, df_error *err);
+// The CUDA device ordinal of a device-buffer communicator (NCCL), else -1.
+int df_comm_device(const df_comm *c);
+
 // ---- ending --------------------------------------------------------------------------------------------------
 
 // The orderly end: a timed barrier, then MPI_Finalize / ncclCommDestroy, and c is freed. When the barrier fails

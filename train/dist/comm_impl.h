@@ -17,6 +17,15 @@ typedef struct {
   df_status (*finish)(df_comm *c, df_error *err); // orderly close of the backend state (not freed on failure)
   void (*abort)(df_comm *c, int exit_code);       // may not return
   void (*release)(df_comm *c);                    // frees the backend state
+  // Device backends only (NULL elsewhere). stage: a device buffer of at least `bytes` owned by the backend;
+  // stage_in / stage_out: host → stage and stage → host in stream order (stage_out returns once the bytes are
+  // in host memory, waiting as `wait` does); after / mark: the stream ordering of comm.h.
+  df_status (*stage)(df_comm *c, size_t bytes, void **dev, df_error *err);
+  df_status (*stage_in)(df_comm *c, void *dev, const void *host, size_t bytes, df_error *err);
+  df_status (*stage_out)(df_comm *c, void *host, const void *dev, size_t bytes, df_error *err);
+  df_status (*after)(df_comm *c, void *event, df_error *err);
+  df_status (*mark)(df_comm *c, void *event, df_error *err);
+  int (*device)(const df_comm *c);
 } df_comm_vtable;
 
 struct df_comm {

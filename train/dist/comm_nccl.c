@@ -1,7 +1,9 @@
 // The NCCL communicator (device buffers). The communicator is non-blocking (ncclConfig_t.blocking = 0), so no
 // NCCL call can hang the host: set-up, every call that answers ncclInProgress, and df_comm_wait poll
 // ncclCommGetAsyncError against the timeout and abort the communicator past it. Collectives are queued on
-// the caller's stream; completion is stream-ordered (docs/distributed.md).
+// the caller's stream, or on a non-blocking stream of the communicator's own (the second stream beside the
+// compute context's, ordered against it with events: df_comm_after / df_comm_mark); completion is stream-ordered
+// (docs/distributed.md). Host buffers travel through a device stage and a pinned bounce buffer.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <stdio.h>
@@ -15,8 +17,14 @@ _Static_assert(sizeof(ncclUniqueId) == DF_NCCL_ID_BYTES, "df_nccl_id must hold a
 typedef struct {
   ncclComm_t comm; // NULL once aborted
   cudaStream_t stream;
+  bool own_stream; // created here (no stream in the options), destroyed with the communicator
   int device;
   int *scratch; // one device int for the barrier
+  void *stage;  // device bytes for host exchanges (df_comm_*_host), grown on demand
+  // Pinned host bytes, twice the stage: [0, cap) carries host → stage, [cap, 2·cap) stage → host (one half may
+  // still be read by a queued copy while the other is written).
+  char *bounce;
+  size_t stage_cap;
 } nccl_impl;
 
 #define NCCL_HINT "set NCCL_DEBUG=WARN on every rank and look for the first rank that reports a problem"
@@ -136,6 +144,60 @@ static df_status nccl_barrier(df_comm *c, df_error *err) {
   return nccl_wait(c, err);
 }
 
+// ---- host exchanges and stream ordering ------------------------------------------------------------------------
+
+static df_status nccl_stage(df_comm *c, size_t bytes, void **dev, df_error *err) {
+  nccl_impl *m = c->impl;
+  if (bytes > m->stage_cap) {
+    DF_TRY(nccl_wait(c, err)); // nothing queued may still read the old stage
+    if (m->stage) cudaFree(m->stage), m->stage = NULL;
+    if (m->bounce) cudaFreeHost(m->bounce), m->bounce = NULL;
+    m->stage_cap = 0;
+    size_t cap = bytes < 4096 ? 4096 : bytes;
+    cudaError_t e = cudaMalloc(&m->stage, cap);
+    if (e != cudaSuccess) return cuda_error(c, e, "cudaMalloc (host exchange stage)", err);
+    e = cudaMallocHost((void **)&m->bounce, 2 * cap);
+    if (e != cudaSuccess) return cuda_error(c, e, "cudaMallocHost (host exchange stage)", err);
+    m->stage_cap = cap;
+  }
+  *dev = m->stage;
+  return DF_OK;
+}
+
+static df_status nccl_stage_in(df_comm *c, void *dev, const void *host, size_t bytes, df_error *err) {
+  nccl_impl *m = c->impl;
+  if (!bytes) return DF_OK;
+  DF_TRY(nccl_wait(c, err)); // an earlier host → stage copy may still read this half
+  memcpy(m->bounce, host, bytes);
+  cudaError_t e = cudaMemcpyAsync(dev, m->bounce, bytes, cudaMemcpyHostToDevice, m->stream);
+  return e == cudaSuccess ? DF_OK : cuda_error(c, e, "cudaMemcpyAsync (host → stage)", err);
+}
+
+static df_status nccl_stage_out(df_comm *c, void *host, const void *dev, size_t bytes, df_error *err) {
+  nccl_impl *m = c->impl;
+  if (bytes) {
+    cudaError_t e = cudaMemcpyAsync(m->bounce + m->stage_cap, dev, bytes, cudaMemcpyDeviceToHost, m->stream);
+    if (e != cudaSuccess) return cuda_error(c, e, "cudaMemcpyAsync (stage → host)", err);
+  }
+  DF_TRY(nccl_wait(c, err));
+  if (bytes) memcpy(host, m->bounce + m->stage_cap, bytes);
+  return DF_OK;
+}
+
+static df_status nccl_after(df_comm *c, void *event, df_error *err) {
+  nccl_impl *m = c->impl;
+  cudaError_t e = cudaStreamWaitEvent(m->stream, (cudaEvent_t)event, 0);
+  return e == cudaSuccess ? DF_OK : cuda_error(c, e, "cudaStreamWaitEvent", err);
+}
+
+static df_status nccl_mark(df_comm *c, void *event, df_error *err) {
+  nccl_impl *m = c->impl;
+  cudaError_t e = cudaEventRecord((cudaEvent_t)event, m->stream);
+  return e == cudaSuccess ? DF_OK : cuda_error(c, e, "cudaEventRecord", err);
+}
+
+static int nccl_device(const df_comm *c) { return ((const nccl_impl *)c->impl)->device; }
+
 static df_status nccl_finish(df_comm *c, df_error *err) {
   nccl_impl *m = c->impl;
   DF_TRY(nccl_barrier(c, err));
@@ -152,6 +214,9 @@ static void nccl_release(df_comm *c) {
   if (!m) return;
   nccl_abort_comm(m);
   if (m->scratch) cudaFree(m->scratch);
+  if (m->stage) cudaFree(m->stage);
+  if (m->bounce) cudaFreeHost(m->bounce);
+  if (m->own_stream && m->stream) cudaStreamDestroy(m->stream);
   free(m);
   c->impl = NULL;
 }
@@ -164,7 +229,13 @@ static const df_comm_vtable NCCL_TABLE = {.all_reduce = nccl_all_reduce,
                                           .wait = nccl_wait,
                                           .finish = nccl_finish,
                                           .abort = nccl_abort,
-                                          .release = nccl_release};
+                                          .release = nccl_release,
+                                          .stage = nccl_stage,
+                                          .stage_in = nccl_stage_in,
+                                          .stage_out = nccl_stage_out,
+                                          .after = nccl_after,
+                                          .mark = nccl_mark,
+                                          .device = nccl_device};
 
 df_status df_comm_nccl_new_id(df_nccl_id *id, df_error *err) {
   ncclUniqueId uid;
@@ -180,6 +251,11 @@ static df_status nccl_setup(df_comm *c, const df_comm_nccl_options *o, df_error 
   nccl_impl *m = c->impl;
   cudaError_t e = cudaSetDevice(o->device);
   if (e != cudaSuccess) return cuda_error(c, e, "cudaSetDevice", err);
+  if (!m->stream) {
+    e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return cuda_error(c, e, "cudaStreamCreateWithFlags", err);
+    m->own_stream = true;
+  }
   e = cudaMalloc((void **)&m->scratch, sizeof(int));
   if (e != cudaSuccess) return cuda_error(c, e, "cudaMalloc", err);
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;

@@ -56,7 +56,7 @@ df_status df_dist_check_same(df_comm *c, const char *what, uint64_t value, df_er
   if (W == 1) return DF_OK;
   uint64_t *all = malloc((size_t)W * sizeof *all);
   if (!all) return DF_FAIL(err, DF_ERR_NOMEM, what, NULL, "out of memory");
-  df_status st = df_comm_all_gather(c, &value, all, 8, DF_COMM_U8, err);
+  df_status st = df_comm_all_gather_host(c, &value, all, 8, DF_COMM_U8, err);
   for (int r = 1; st == DF_OK && r < W; r++)
     if (all[r] != all[0])
       st = DF_FAIL(err, DF_ERR_INVALID, what, "start every rank with the same recipe, --set options and data",

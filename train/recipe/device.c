@@ -22,9 +22,19 @@ const char *df_device_cpu_only_reason(const df_draft_config *cfg) {
   return NULL;
 }
 
+bool df_device_picks_cuda(df_device_choice c) {
+  return c == DF_DEVICE_CUDA ||
+         (c == DF_DEVICE_AUTO && df_cuda_available() && df_backend_complete(df_cuda_backend(), &(const char *){NULL}));
+}
+
 df_status df_device_open(df_device_choice c, const char *cpu_only, int threads, FILE *log, df_ctx **out,
                          df_error *err) {
-  df_ctx_options o = {.device = DF_DEV_CPU, .num_threads = threads};
+  return df_device_open_on(c, 0, cpu_only, threads, log, out, err);
+}
+
+df_status df_device_open_on(df_device_choice c, int cuda_device, const char *cpu_only, int threads, FILE *log,
+                            df_ctx **out, df_error *err) {
+  df_ctx_options o = {.device = DF_DEV_CPU, .num_threads = threads, .cuda_device = cuda_device};
   if (c == DF_DEVICE_CUDA) o.device = DF_DEV_CUDA;
   if (c == DF_DEVICE_AUTO && cpu_only && df_cuda_available()) {
     if (log) fprintf(log, "device auto: cpu (%s; --device cuda forces the GPU)\n", cpu_only);

@@ -23,6 +23,11 @@ df_status df_device_choice_parse(const char *s, df_device_choice *out, df_error 
 // cpu_only: why the draft cannot run on the GPU yet (df_device_cpu_only_reason), NULL when it can; auto then picks
 // the CPU and says why.
 df_status df_device_open(df_device_choice c, const char *cpu_only, int threads, FILE *log, df_ctx **out, df_error *err);
+// The same on CUDA device ordinal cuda_device (a GPU rank's local rank) instead of device 0.
+df_status df_device_open_on(df_device_choice c, int cuda_device, const char *cpu_only, int threads, FILE *log,
+                            df_ctx **out, df_error *err);
+// Whether df_device_open would pick the GPU for c (before any draft is known: auto without a host-only reason).
+bool df_device_picks_cuda(df_device_choice c);
 // Why a draft must train on the CPU today, or NULL: the DSpark heads and the MoE FFN run host loops.
 const char *df_device_cpu_only_reason(const df_draft_config *cfg);
 

@@ -449,12 +449,17 @@ static df_status state_to_host(df_trainer *t, float *bufs[3], float **staged, df
   return DF_OK;
 }
 
-// ZeRO-1 (host memory): the weights as they are, the moments gathered from every rank into one staged copy.
+// ZeRO-1: the weights (replicated: rank 0's own copy) and the moments gathered from every rank's shard, on rank 0's
+// host; the other ranks only take part in the gather.
 static df_status zero_state(df_trainer *t, float *bufs[3], float **staged, df_error *err) {
   const int64_t n = df_params_numel(t->table);
-  if (!(*staged = malloc(2 * sizeof(float) * (size_t)n)))
+  *staged = NULL;
+  if (t->dp.rank != 0) return df_trainer_dp_gather_moments(t, NULL, NULL, err);
+  if (!(*staged = malloc(3 * sizeof(float) * (size_t)n)))
     return DF_FAIL(err, DF_ERR_NOMEM, "checkpoint", NULL, "out of memory for %lld moments", (long long)(2 * n));
-  bufs[0] = df_draft_model_weights(t->model), bufs[1] = *staged, bufs[2] = *staged + n;
+  bufs[0] = *staged, bufs[1] = *staged + n, bufs[2] = *staged + 2 * n;
+  DF_TRY(df_copy(t->ctx, bufs[0], DF_DEV_CPU, df_draft_model_weights(t->model), df_ctx_device(t->ctx),
+                 sizeof(float) * (size_t)n, err));
   return df_trainer_dp_gather_moments(t, bufs[1], bufs[2], err);
 }
 
@@ -521,7 +526,7 @@ static df_status after_step(df_trainer *t, int64_t step, const window *w, df_err
               step == t->stop_step || t->stop || due;
   if (t->optim.zero) { // rank 0's decision (its eval may have improved): the save gathers every rank's moments
     int32_t f = save;
-    DF_TRY(df_comm_broadcast(t->dp.comm, &f, 1, DF_COMM_I32, 0, err));
+    DF_TRY(df_comm_broadcast_host(t->dp.comm, &f, 1, DF_COMM_I32, 0, err));
     save = f != 0;
   }
   if (save) DF_TRY(df_trainer_save(t, err));

@@ -1,13 +1,17 @@
 // Data parallel inside the trainer (docs/distributed.md): the global-batch view each micro-step's anchors
 // replay, the one reduction of an optimizer step (the window's host scalars, the device metric sums, the flat
-// gradient buffer in buckets), and the resume state handed from rank 0 to every rank.
+// gradient buffer in buckets), ZeRO-1, and the resume state handed from rank 0 to every rank. The same code serves
+// CPU ranks (MPI, host buffers) and GPU ranks (NCCL, device buffers): collectives on device data run on the
+// communicator's own stream, ordered against the context's stream by two events; what the host decides on goes
+// through the communicator's host exchanges (df_comm_*_host).
 #include <math.h>
 #include <string.h>
 
 #include "train/dist/dist.h"
 #include "train/trainer/trainer_internal.h"
 
-// A bucket of the flat gradient all-reduce: 25 MiB of fp32 (PyTorch DDP's default bucket_cap_mb).
+// A bucket of the flat gradient all-reduce: 25 MiB of fp32 (PyTorch DDP's default bucket_cap_mb). Also the size of
+// the stage the ZeRO-1 moments travel through at a checkpoint or a resume.
 #define DP_BUCKET_FLOATS ((int64_t)25 * 1024 * 1024 / 4)
 
 df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
@@ -16,10 +20,6 @@ df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
   // kind's loss-term weight.
   t->dp.coll = df_dist_collective(t->dp.comm);
   df_ffn_set_collective(&t->ffn, &t->dp.coll);
-  if (df_comm_backend_of(t->dp.comm) == DF_COMM_NCCL)
-    return DF_FAIL(err, DF_ERR_NOT_IMPLEMENTED, "world size", "train data-parallel on CPU ranks under mpirun for now",
-                   "data-parallel training on GPU ranks (NCCL) is not wired into the trainer yet: the anchor and "
-                   "resume exchanges still use host buffers (docs/distributed.md)");
   const bool dev_bufs = !df_ctx_host_addressable(t->ctx);
   if (dev_bufs != df_comm_device_buffers(t->dp.comm))
     return DF_FAIL(err, DF_ERR_INVALID, "training.device",
@@ -29,99 +29,127 @@ df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
                    df_comm_backend_name(df_comm_backend_of(t->dp.comm)),
                    df_comm_device_buffers(t->dp.comm) ? "device" : "host", df_ctx_backend_name(t->ctx),
                    dev_bufs ? "on a device" : "in host memory");
-  return DF_OK;
+  if (dev_bufs && df_ffn_set_active(&t->ffn) && t->ffn.kind->set_collective)
+    return DF_FAIL(err, DF_ERR_NOT_IMPLEMENTED, "draft_model_config",
+                   "train this draft data-parallel on CPU ranks (mpirun, training.device: cpu), or on one GPU",
+                   "the %s FFN reduces its routing statistics across ranks on the host; GPU ranks keep them on the "
+                   "device, which that reduction does not read yet",
+                   t->ffn.kind->name);
+  if (!dev_bufs) return DF_OK;
+  DF_TRY(df_event_create(t->ctx, &t->dp.computed, err));
+  return df_event_create(t->ctx, &t->dp.reduced, err);
+}
+
+// Device collectives queued after this see everything the context queued before it.
+static df_status comm_after_compute(df_trainer *t, df_error *err) {
+  if (!t->dp.computed) return DF_OK;
+  DF_TRY(df_event_record(t->ctx, t->dp.computed, err));
+  return df_comm_after(t->dp.comm, df_event_native(t->dp.computed), err);
+}
+
+// Work the context queues after this sees the collectives queued before it.
+static df_status compute_after_comm(df_trainer *t, df_error *err) {
+  if (!t->dp.reduced) return DF_OK;
+  DF_TRY(df_comm_mark(t->dp.comm, df_event_native(t->dp.reduced), err));
+  return df_event_wait(t->ctx, t->dp.reduced, err);
 }
 
 df_status df_trainer_dp_global_batch(df_trainer *t, const df_batch *b, df_error *err) {
   int64_t v[2] = {b->S, df_dflash_max_candidates(b->loss_mask, b->B, b->S)};
-  DF_TRY(df_comm_all_reduce(t->dp.comm, v, v, 2, DF_COMM_I64, DF_COMM_MAX, err));
+  DF_TRY(df_comm_all_reduce_host(t->dp.comm, v, 2, DF_COMM_I64, DF_COMM_MAX, err));
   t->dp.global_S = v[0], t->dp.global_cmax = v[1];
   return DF_OK;
 }
 
 df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bool grads, df_error *err) {
-  DF_TRY(df_comm_all_reduce(t->dp.comm, scalars, scalars, n_scalars, DF_COMM_F64, DF_COMM_SUM, err));
+  DF_TRY(df_comm_all_reduce_host(t->dp.comm, scalars, n_scalars, DF_COMM_F64, DF_COMM_SUM, err));
+  DF_TRY(comm_after_compute(t, err));
   DF_TRY(
       df_comm_all_reduce(t->dp.comm, t->stats.win.data, t->stats.win.data, t->stats.n, DF_COMM_F64, DF_COMM_SUM, err));
-  if (!grads) return df_comm_wait(t->dp.comm, err);
-  float *g = df_draft_model_grads(t->model);
-  const int64_t n = df_params_numel(t->table);
-  for (int64_t off = 0; off < n; off += DP_BUCKET_FLOATS) {
-    const int64_t c = n - off < DP_BUCKET_FLOATS ? n - off : DP_BUCKET_FLOATS;
-    DF_TRY(df_comm_all_reduce(t->dp.comm, g + off, g + off, c, DF_COMM_F32, DF_COMM_SUM, err));
-  }
-  return df_comm_wait(t->dp.comm, err);
-}
-
-df_status df_trainer_dp_share_state(df_trainer *t, df_error *err) {
-  const int64_t n = df_params_numel(t->table);
-  DF_TRY(df_comm_broadcast(t->dp.comm, df_draft_model_weights(t->model), n, DF_COMM_F32, 0, err));
-  if (t->optim.zero) { // rank 0 holds the full moments in zero_full (resume); each rank keeps its shard
-    for (int i = 0; i < 2; i++) {
-      float *full = t->optim.zero_full + i * n, *mine = i ? t->optim.exp_avg_sq : t->optim.exp_avg;
-      DF_TRY(df_comm_broadcast(t->dp.comm, full, n, DF_COMM_F32, 0, err));
-      memcpy(mine, full + t->optim.shard_off, sizeof(float) * (size_t)t->optim.shard_len);
+  if (grads) { // buckets from the end of the flat buffer, where the backward finishes first; the order is fixed
+    float *g = df_draft_model_grads(t->model);
+    const int64_t n = df_params_numel(t->table);
+    for (int64_t hi = n; hi > 0; hi -= DP_BUCKET_FLOATS) {
+      const int64_t lo = hi > DP_BUCKET_FLOATS ? hi - DP_BUCKET_FLOATS : 0;
+      DF_TRY(df_comm_all_reduce(t->dp.comm, g + lo, g + lo, hi - lo, DF_COMM_F32, DF_COMM_SUM, err));
     }
-  } else {
-    DF_TRY(df_comm_broadcast(t->dp.comm, t->optim.exp_avg, n, DF_COMM_F32, 0, err));
-    DF_TRY(df_comm_broadcast(t->dp.comm, t->optim.exp_avg_sq, n, DF_COMM_F32, 0, err));
   }
-  DF_TRY(df_comm_broadcast(t->dp.comm, &t->prog, (int64_t)sizeof t->prog, DF_COMM_U8, 0, err));
-  return df_comm_wait(t->dp.comm, err);
+  DF_TRY(compute_after_comm(t, err));
+  return df_comm_wait(t->dp.comm, err); // within the timeout, never a hang on a dead rank
 }
 
 // ---- ZeRO-1 ------------------------------------------------------------------------------------------------
+// Rank r owns [r·S, r·S + len_r) of the flat buffer: S = ⌊n / world⌋ rounded down to 16 elements, and the last rank
+// also owns the tail [world·S, n). The gradient is reduce-scattered in place in the model's own gradient buffer
+// (the tail all-reduced beside it), the parameters all-gathered in place in the model's weights (the tail
+// broadcast by its owner): no padded copy of either exists.
 
 void df_trainer_dp_zero_plan(df_trainer *t) {
-  const int64_t n = df_params_numel(t->table);
+  const int64_t n = df_params_numel(t->table), W = t->dp.world;
   const df_shard_kind k = t->recipe->training.fsdp_sharding;
-  t->optim.zero = t->dp.world > 1 && (k == DF_SHARD_GRAD_OP || k == DF_SHARD_FULL);
+  t->optim.zero = W > 1 && (k == DF_SHARD_GRAD_OP || k == DF_SHARD_FULL);
   if (!t->optim.zero) return;
-  t->optim.shard_size = ((n + t->dp.world - 1) / t->dp.world + 15) / 16 * 16;
+  t->optim.shard_size = n / W / 16 * 16;
   t->optim.shard_off = t->dp.rank * t->optim.shard_size;
-  const int64_t left = n - t->optim.shard_off;
-  t->optim.shard_len = left < 0 ? 0 : (left < t->optim.shard_size ? left : t->optim.shard_size);
+  t->optim.shard_len = t->dp.rank == W - 1 ? n - t->optim.shard_off : t->optim.shard_size;
+}
+
+// The shard of a rank: [*off, *off + *len).
+static void shard_of(const df_trainer *t, int r, int64_t *off, int64_t *len) {
+  const int64_t n = df_params_numel(t->table), S = t->optim.shard_size;
+  *off = r * S;
+  *len = r == t->dp.world - 1 ? n - *off : S;
+}
+
+// The global norm from the shards' squared sums, the clip coefficient and the go/no-go flag into t->stats.norm,
+// from this rank's df_grad_norm_clip of its shard (norm in stats.norm) and the reduced window sums.
+static df_status zero_norm(df_trainer *t, const df_grad_norm_desc *nd, df_error *err) {
+  const df_device dev = df_ctx_device(t->ctx);
+  const size_t bytes = sizeof(double) * (size_t)(t->stats.n + DF_NORM_STATS);
+  double *h = t->stats.host, *ns = h + t->stats.n;
+  DF_TRY(df_copy(t->ctx, h, DF_DEV_CPU, t->stats.buf, dev, bytes, err));
+  double sq = t->optim.shard_len > 0 ? ns[DF_NORM_VALUE] * ns[DF_NORM_VALUE] : 0.0;
+  DF_TRY(df_comm_all_reduce_host(t->dp.comm, &sq, 1, DF_COMM_F64, DF_COMM_SUM, err));
+  const double norm = sqrt(sq);
+  bool ok = isfinite(norm);
+  for (int64_t i = 0; i < t->stats.n; i++) ok = ok && isfinite(h[i]);
+  ns[DF_NORM_VALUE] = norm;
+  ns[DF_NORM_COEF] = fmin(1.0, nd->max_norm / (norm + 1e-6));
+  ns[DF_NORM_OK] = ok ? 1.0 : 0.0;
+  return df_copy(t->ctx, t->stats.norm.data, dev, ns, DF_DEV_CPU, sizeof(double) * DF_NORM_STATS, err);
 }
 
 df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
                                   df_error *err) {
-  const int64_t n = df_params_numel(t->table), S = t->optim.shard_size, W = t->dp.world;
+  const int64_t n = df_params_numel(t->table), S = t->optim.shard_size, W = t->dp.world, tail = n - W * S;
   const df_device dev = df_ctx_device(t->ctx);
-  float *buf = t->optim.zero_buf, *w = df_draft_model_weights(t->model);
-  // The gradient, padded to world shards, reduce-scattered in place: this rank's shard at buf + rank·S.
-  memcpy(buf, df_draft_model_grads(t->model), sizeof(float) * (size_t)n);
-  memset(buf + n, 0, sizeof(float) * (size_t)(W * S - n));
-  float *mine = buf + t->optim.shard_off;
-  DF_TRY(df_comm_reduce_scatter(t->dp.comm, buf, mine, S, DF_COMM_F32, DF_COMM_SUM, err));
-  // The global norm: Σ g² of every shard (the fused kernel's norm of this shard, squared), summed over the ranks.
-  double *ns = t->stats.norm.data;
-  double sq = 0.0;
+  float *g = df_draft_model_grads(t->model), *w = df_draft_model_weights(t->model);
+  float *mine = g + t->optim.shard_off;
+  DF_TRY(comm_after_compute(t, err));
+  if (S > 0) DF_TRY(df_comm_reduce_scatter(t->dp.comm, g, mine, S, DF_COMM_F32, DF_COMM_SUM, err));
+  if (tail > 0) DF_TRY(df_comm_all_reduce(t->dp.comm, g + W * S, g + W * S, tail, DF_COMM_F32, DF_COMM_SUM, err));
+  DF_TRY(compute_after_comm(t, err));
+  DF_TRY(df_comm_wait(t->dp.comm, err));
   if (t->optim.shard_len > 0) {
-    df_tensor g = df_f32_on(dev, mine, t->optim.shard_len),
+    df_tensor gs = df_f32_on(dev, mine, t->optim.shard_len),
               mk = df_u8_on(dev, t->optim.mask + t->optim.shard_off, t->optim.shard_len);
-    DF_TRY(df_grad_norm_clip(t->ctx, nd, &g, &mk, &t->stats.win, &t->stats.norm, err));
-    sq = ns[DF_NORM_VALUE] * ns[DF_NORM_VALUE];
+    DF_TRY(df_grad_norm_clip(t->ctx, nd, &gs, &mk, &t->stats.win, &t->stats.norm, err));
   }
-  DF_TRY(df_comm_all_reduce(t->dp.comm, &sq, &sq, 1, DF_COMM_F64, DF_COMM_SUM, err));
-  const double norm = sqrt(sq);
-  bool ok = isfinite(norm);
-  for (int64_t i = 0; i < t->stats.n; i++) ok = ok && isfinite(((const double *)t->stats.win.data)[i]);
-  ns[DF_NORM_VALUE] = norm;
-  ns[DF_NORM_COEF] = fmin(1.0, nd->max_norm / (norm + 1e-6));
-  ns[DF_NORM_OK] = ok ? 1.0 : 0.0;
+  DF_TRY(zero_norm(t, nd, err));
   // AdamW on this shard (a skipped step leaves it as it was), then every rank's shard to every rank.
   if (t->optim.shard_len > 0) {
     df_tensor p = df_f32_on(dev, w + t->optim.shard_off, t->optim.shard_len),
-              g = df_f32_on(dev, mine, t->optim.shard_len);
+              gs = df_f32_on(dev, mine, t->optim.shard_len);
     df_tensor m = df_f32_on(dev, t->optim.exp_avg, t->optim.shard_len),
               v = df_f32_on(dev, t->optim.exp_avg_sq, t->optim.shard_len);
     df_tensor mk = df_u8_on(dev, t->optim.mask + t->optim.shard_off, t->optim.shard_len);
-    DF_TRY(df_adamw_fused(t->ctx, ad, &p, &g, &m, &v, &mk, &t->stats.norm, NULL, err));
+    DF_TRY(df_adamw_fused(t->ctx, ad, &p, &gs, &m, &v, &mk, &t->stats.norm, NULL, err));
   }
-  memcpy(mine, w + t->optim.shard_off, sizeof(float) * (size_t)t->optim.shard_len);
-  DF_TRY(df_comm_all_gather(t->dp.comm, mine, buf, S, DF_COMM_F32, err));
-  memcpy(w, buf, sizeof(float) * (size_t)n);
-  return DF_OK;
+  DF_TRY(comm_after_compute(t, err));
+  if (S > 0) DF_TRY(df_comm_all_gather(t->dp.comm, w + t->optim.shard_off, w, S, DF_COMM_F32, err));
+  if (tail > 0) DF_TRY(df_comm_broadcast(t->dp.comm, w + W * S, tail, DF_COMM_F32, (int)W - 1, err));
+  DF_TRY(compute_after_comm(t, err));
+  return df_comm_wait(t->dp.comm, err);
 }
 
 df_status df_trainer_dp_zero_shard_ops(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
@@ -137,15 +165,80 @@ df_status df_trainer_dp_zero_shard_ops(df_trainer *t, const df_adamw_fused_desc 
   return df_adamw_fused(t->ctx, ad, &p, &g, &m, &v, &mk, &t->stats.norm, NULL, err);
 }
 
+// ---- the moments' way to and from rank 0 ------------------------------------------------------------------------
+// In pieces of at most DP_BUCKET_FLOATS through t->dp.stage (on the context's device): a checkpoint gathers every
+// rank's shard to rank 0's host copy, a resume hands rank 0's host copy out to the shards' owners. Only broadcasts,
+// so every element arrives bit for bit.
+
 df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_full, df_error *err) {
-  const int64_t n = df_params_numel(t->table), S = t->optim.shard_size;
-  float *buf = t->optim.zero_buf;
+  const df_device dev = df_ctx_device(t->ctx);
+  float *stage = t->dp.stage;
   for (int i = 0; i < 2; i++) {
-    memset(buf + t->optim.shard_off, 0, sizeof(float) * (size_t)S);
-    memcpy(buf + t->optim.shard_off, i ? t->optim.exp_avg_sq : t->optim.exp_avg,
-           sizeof(float) * (size_t)t->optim.shard_len);
-    DF_TRY(df_comm_all_gather(t->dp.comm, buf + t->optim.shard_off, buf, S, DF_COMM_F32, err));
-    memcpy(i ? v_full : m_full, buf, sizeof(float) * (size_t)n);
+    const float *mine = i ? t->optim.exp_avg_sq : t->optim.exp_avg;
+    float *full = i ? v_full : m_full;
+    for (int r = 0; r < t->dp.world; r++) {
+      int64_t off, len;
+      shard_of(t, r, &off, &len);
+      for (int64_t c = 0; c < len; c += DP_BUCKET_FLOATS) {
+        const int64_t k = len - c < DP_BUCKET_FLOATS ? len - c : DP_BUCKET_FLOATS;
+        const size_t bytes = sizeof(float) * (size_t)k;
+        if (r == t->dp.rank) DF_TRY(df_copy(t->ctx, stage, dev, mine + c, dev, bytes, err));
+        DF_TRY(df_comm_broadcast(t->dp.comm, stage, k, DF_COMM_F32, r, err));
+        DF_TRY(df_comm_wait(t->dp.comm, err));
+        if (t->dp.rank == 0) DF_TRY(df_copy(t->ctx, full + off + c, DF_DEV_CPU, stage, dev, bytes, err));
+      }
+    }
   }
   return DF_OK;
+}
+
+// Rank 0's host moments (m_full, v_full: NULL on the other ranks) into every rank's shard.
+static df_status scatter_moments(df_trainer *t, const float *m_full, const float *v_full, df_error *err) {
+  const df_device dev = df_ctx_device(t->ctx);
+  float *stage = t->dp.stage;
+  for (int i = 0; i < 2; i++) {
+    float *mine = i ? t->optim.exp_avg_sq : t->optim.exp_avg;
+    const float *full = i ? v_full : m_full;
+    for (int r = 0; r < t->dp.world; r++) {
+      int64_t off, len;
+      shard_of(t, r, &off, &len);
+      for (int64_t c = 0; c < len; c += DP_BUCKET_FLOATS) {
+        const int64_t k = len - c < DP_BUCKET_FLOATS ? len - c : DP_BUCKET_FLOATS;
+        const size_t bytes = sizeof(float) * (size_t)k;
+        if (t->dp.rank == 0) DF_TRY(df_copy(t->ctx, stage, dev, full + off + c, DF_DEV_CPU, bytes, err));
+        DF_TRY(df_comm_broadcast(t->dp.comm, stage, k, DF_COMM_F32, 0, err));
+        DF_TRY(df_comm_wait(t->dp.comm, err));
+        if (r == t->dp.rank) DF_TRY(df_copy(t->ctx, mine + c, dev, stage, dev, bytes, err));
+      }
+    }
+  }
+  return DF_OK;
+}
+
+df_status df_trainer_dp_share_state(df_trainer *t, df_error *err) {
+  const int64_t n = df_params_numel(t->table);
+  DF_TRY(comm_after_compute(t, err));
+  DF_TRY(df_comm_broadcast(t->dp.comm, df_draft_model_weights(t->model), n, DF_COMM_F32, 0, err));
+  if (!t->optim.zero) {
+    DF_TRY(df_comm_broadcast(t->dp.comm, t->optim.exp_avg, n, DF_COMM_F32, 0, err));
+    DF_TRY(df_comm_broadcast(t->dp.comm, t->optim.exp_avg_sq, n, DF_COMM_F32, 0, err));
+  }
+  DF_TRY(compute_after_comm(t, err));
+  DF_TRY(df_comm_wait(t->dp.comm, err));
+  if (t->optim.zero) // rank 0 holds the full moments in zero_full; each rank keeps its shard
+    DF_TRY(scatter_moments(t, t->optim.zero_full, t->optim.zero_full ? t->optim.zero_full + n : NULL, err));
+  return df_comm_broadcast_host(t->dp.comm, &t->prog, (int64_t)sizeof t->prog, DF_COMM_U8, 0, err);
+}
+
+df_status df_trainer_dp_alloc(df_trainer *t, df_error *err) {
+  if (!t->optim.zero) return DF_OK;
+  const int64_t n = df_params_numel(t->table);
+  const int64_t k = n < DP_BUCKET_FLOATS ? (n > 0 ? n : 1) : DP_BUCKET_FLOATS;
+  return df_buffer_alloc_as(t->ctx, DF_MEM_STAGE, sizeof(float) * (size_t)k, &t->dp.stage, err);
+}
+
+void df_trainer_dp_free(df_trainer *t) {
+  if (t->dp.stage) df_buffer_free(t->ctx, t->dp.stage);
+  df_event_destroy(t->ctx, t->dp.computed), df_event_destroy(t->ctx, t->dp.reduced);
+  t->dp.stage = NULL, t->dp.computed = t->dp.reduced = NULL;
 }

@@ -21,10 +21,10 @@
 // The optimizer's state, on the context's device: the model's fp32 weights are the masters; the AdamW moments and the
 // per-element mask (DF_PARAM_TRAIN | DF_PARAM_DECAY, kernels/ops.h) share the parameter table's layout. The
 // hyper-parameters are built once (the rate is the schedule's, per step). ZeRO-1 (training.fsdp_sharding
-// SHARD_GRAD_OP / FULL_SHARD on several ranks): the flat buffer is cut into world shards of shard_size elements (a
-// multiple of 16; the last ones may be short or empty); exp_avg / exp_avg_sq hold only this rank's [shard_off,
-// shard_off + shard_len); zero_buf (world · shard_size) carries the gradient's reduce-scatter and the parameters'
-// all-gather; zero_full holds the checkpoint's full moments (2n) on resume while they are handed out.
+// SHARD_GRAD_OP / FULL_SHARD on several ranks, train/trainer/trainer_dp.c): rank r owns [r · shard_size, ...) of
+// the flat buffer (shard_size a multiple of 16; the last rank also owns the remainder); exp_avg / exp_avg_sq hold
+// only this rank's [shard_off, shard_off + shard_len). The gradient and the parameters are exchanged in place in the
+// model's own buffers; zero_full holds the checkpoint's full moments (2n) on rank 0 while a resume hands them out.
 typedef struct {
   float *exp_avg, *exp_avg_sq;
   uint8_t *mask;
@@ -32,7 +32,7 @@ typedef struct {
   double max_grad_norm;
   bool zero;
   int64_t shard_size, shard_off, shard_len;
-  float *zero_buf, *zero_full;
+  float *zero_full;
 } df_trainer_optim;
 
 // One f64 block on the device holding the window's sums — the strategy's (nobj), then the FFN kind's statistics —
@@ -66,6 +66,8 @@ typedef struct {
   int rank, world;
   int64_t global_S, global_cmax;
   df_collective coll;
+  void *stage;                  // ZeRO-1: the moments' piece in transit (checkpoint, resume), on the context's device
+  df_event *computed, *reduced; // device ranks: the compute stream → communicator stream ordering, and back
 } df_trainer_dp;
 
 // A memory plan (train/trainer/mem_plan.h) builds a trainer on a measuring context: the recipe's configs only (no
@@ -150,7 +152,7 @@ df_status df_trainer_dp_share_state(df_trainer *t, df_error *err);
 // ZeRO-1. plan: the shard sizes (t->zero from the recipe and world). step: the update of one optimizer step on
 // the already-reduced scalars — gradient reduce-scatter, the global norm from the shards' squared sums, AdamW on
 // this shard, parameter all-gather; fills t->norm_stats as the replicated path does. gather_moments: the full
-// moments on every rank (n elements each, for a checkpoint; collective); scatter_moments: the inverse (resume).
+// moments on rank 0's host (n elements each, for a checkpoint; collective; the other ranks pass NULL).
 void df_trainer_dp_zero_plan(df_trainer *t);
 df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
                                   df_error *err);
@@ -158,6 +160,9 @@ df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, 
 df_status df_trainer_dp_zero_shard_ops(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
                                        df_error *err);
 df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_full, df_error *err);
+// The stage of the moments' transfers (ZeRO-1 only; accounted as DF_MEM_STAGE) and, on free, the events too.
+df_status df_trainer_dp_alloc(df_trainer *t, df_error *err);
+void df_trainer_dp_free(df_trainer *t);
 
 // Writes a checkpoint of the current state at t->prog.step (refusing non-finite weights or moments).
 df_status df_trainer_save(df_trainer *t, df_error *err);

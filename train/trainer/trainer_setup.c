@@ -60,6 +60,9 @@ static df_status load_resources(df_trainer *t, df_error *err) {
   t->draft = t->res.draft;
   if (t->opt->ctx_options) // a caller-chosen backend (tests: the fake device)
     DF_TRY(df_ctx_create(t->opt->ctx_options, &t->ctx, err));
+  else if (t->dp.comm && df_comm_device_buffers(t->dp.comm) && df_comm_device(t->dp.comm) >= 0)
+    DF_TRY(df_device_open_on(DF_DEVICE_CUDA, df_comm_device(t->dp.comm), NULL, t->opt->threads, t->log, &t->ctx,
+                             err)); // a GPU rank: its communicator's device
   else
     DF_TRY(df_device_open(t->opt->has_device ? t->opt->device : rc->training.device,
                           df_device_cpu_only_reason(t->draft), t->opt->threads, t->log, &t->ctx, err));
@@ -119,17 +122,14 @@ static df_status upload_mask(df_trainer *t, df_error *err) {
 }
 
 // The AdamW moments (zero), the element mask and the stats block on the device; the stage for the micro-batches.
-// ZeRO-1: the moments of this rank's shard only, and the reduce-scatter / all-gather buffer.
+// ZeRO-1: the moments of this rank's shard only, and the stage they travel through at a checkpoint or resume.
 static df_status alloc_optimizer(df_trainer *t, df_error *err) {
   const df_recipe *rc = t->recipe;
   const int64_t numel = df_params_numel(t->table);
   const df_device dev = df_ctx_device(t->ctx);
   df_trainer_dp_zero_plan(t);
   const int64_t nm = t->optim.zero ? (t->optim.shard_len > 0 ? t->optim.shard_len : 1) : numel;
-  // (host memory, CPU ranks; a memory plan exchanges nothing)
-  if (t->optim.zero && !df_ctx_measuring(t->ctx) &&
-      !(t->optim.zero_buf = malloc(sizeof(float) * (size_t)(t->dp.world * t->optim.shard_size))))
-    return DF_FAIL(err, DF_ERR_NOMEM, "training.fsdp_sharding", NULL, "out of memory for the ZeRO-1 buffer");
+  DF_TRY(df_trainer_dp_alloc(t, err));
   DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_OPTIMIZER, sizeof(float) * (size_t)nm, (void **)&t->optim.exp_avg, err));
   DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_OPTIMIZER, sizeof(float) * (size_t)nm, (void **)&t->optim.exp_avg_sq, err));
   DF_TRY(df_buffer_alloc_as(t->ctx, DF_MEM_OPTIMIZER, (size_t)numel, (void **)&t->optim.mask, err));
@@ -245,23 +245,24 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
   return t->dp.rank == 0 ? df_metrics_open(&t->rundir.metrics, rc->output_dir, 0, err) : DF_OK;
 }
 
-// state.h5 into the masters and moments: read in place on a host-addressable device, else through host staging.
+// state.h5 into the masters and moments (rank 0): read in place on a host-addressable device, else through host
+// staging. ZeRO-1: the full moments go to zero_full (host), which df_trainer_dp_share_state hands out.
 static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *have, df_error *err) {
   float *w = df_draft_model_weights(t->model);
-  const int64_t numel = df_params_numel(t->table);
-  if (t->optim.zero) // ZeRO-1 (host memory): the full moments, handed out by df_trainer_dp_share_state
-    return df_ckpt_read(dir, t->table, w, t->optim.zero_full, t->optim.zero_full + numel, have, &t->prog, err);
-  if (df_ctx_host_addressable(t->ctx))
-    return df_ckpt_read(dir, t->table, w, t->optim.exp_avg, t->optim.exp_avg_sq, have, &t->prog, err);
   const int64_t n = df_params_numel(t->table);
+  const bool zero = t->optim.zero;
+  if (df_ctx_host_addressable(t->ctx))
+    return df_ckpt_read(dir, t->table, w, zero ? t->optim.zero_full : t->optim.exp_avg,
+                        zero ? t->optim.zero_full + n : t->optim.exp_avg_sq, have, &t->prog, err);
   const size_t bytes = sizeof(float) * (size_t)n;
-  float *host = malloc(3 * bytes);
+  float *host = malloc(zero ? bytes : 3 * bytes);
   if (!host) return DF_FAIL(err, DF_ERR_NOMEM, dir, NULL, "out of memory for %lld parameters", (long long)n);
   const df_device dev = df_ctx_device(t->ctx);
-  df_status st = df_ckpt_read(dir, t->table, host, host + n, host + 2 * n, have, &t->prog, err);
+  float *m = zero ? t->optim.zero_full : host + n, *v = zero ? t->optim.zero_full + n : host + 2 * n;
+  df_status st = df_ckpt_read(dir, t->table, host, m, v, have, &t->prog, err);
   if (st == DF_OK) st = df_copy(t->ctx, w, dev, host, DF_DEV_CPU, bytes, err);
-  if (st == DF_OK) st = df_copy(t->ctx, t->optim.exp_avg, dev, host + n, DF_DEV_CPU, bytes, err);
-  if (st == DF_OK) st = df_copy(t->ctx, t->optim.exp_avg_sq, dev, host + 2 * n, DF_DEV_CPU, bytes, err);
+  if (st == DF_OK && !zero) st = df_copy(t->ctx, t->optim.exp_avg, dev, m, DF_DEV_CPU, bytes, err);
+  if (st == DF_OK && !zero) st = df_copy(t->ctx, t->optim.exp_avg_sq, dev, v, DF_DEV_CPU, bytes, err);
   free(host);
   return st;
 }
@@ -271,7 +272,7 @@ static df_status read_state(df_trainer *t, const char *dir, df_ckpt_contract *ha
 static df_status resume(df_trainer *t, const char *dir, df_error *err) {
   const df_recipe *rc = t->recipe;
   const int64_t numel = df_params_numel(t->table);
-  if (t->optim.zero && !(t->optim.zero_full = malloc(2 * sizeof(float) * (size_t)numel)))
+  if (t->optim.zero && t->dp.rank == 0 && !(t->optim.zero_full = malloc(2 * sizeof(float) * (size_t)numel)))
     return DF_FAIL(err, DF_ERR_NOMEM, "resume", NULL, "out of memory for %lld moments", (long long)(2 * numel));
   if (t->dp.rank == 0) {
     df_ckpt_contract have;
@@ -398,11 +399,12 @@ void df_trainer_teardown(df_trainer *t) {
   df_online_target_free(t->online); // after every source on it
   df_strategy_close(t->strategy);
   if (t->ctx) {
+    df_trainer_dp_free(t);
     df_buffer_free(t->ctx, t->optim.exp_avg), df_buffer_free(t->ctx, t->optim.exp_avg_sq),
         df_buffer_free(t->ctx, t->optim.mask);
     df_buffer_free(t->ctx, t->stats.buf), df_host_free(t->ctx, t->stats.host);
   }
-  free(t->optim.zero_buf), free(t->optim.zero_full);
+  free(t->optim.zero_full);
   df_draft_model_free(t->model);
   df_run_resources_free(&t->res);
   df_ctx_destroy(t->ctx);
