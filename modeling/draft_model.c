@@ -29,9 +29,11 @@ struct df_draft_model {
   df_ffn **ffns;                      // [L] layers[i].ffn, for the MoE hooks (moe/ffn_moe.h)
   float *inv_freq;                    // (hd/2) on dev
   float mscale;
-  df_dspark_heads *dspark; // DSpark drafts: the Markov/confidence heads (parameters after norm)
-  df_eagle3_model *eagle3; // EAGLE-3 drafts: the whole model (no backbone layers: L = 0)
-  df_domino_head *domino;  // Domino drafts: the GRU correction head (parameters after norm)
+  df_dspark_heads *dspark;       // DSpark drafts: the Markov/confidence heads (parameters after norm)
+  df_eagle3_model *eagle3;       // EAGLE-3 drafts: the whole model (no backbone layers: L = 0)
+  df_domino_head *domino;        // Domino drafts: the GRU correction head (parameters after norm)
+  df_grads_ready_fn grads_ready; // df_draft_model_on_grads_ready
+  void *grads_ready_user;
 
   // Activation arena, laid out for dims.
   void *arena;
@@ -560,6 +562,16 @@ static df_status context_backward(df_draft_model *m, df_error *err) {
   return df_linear_backward(m->ctx, &dfc, &th, &m->fc.w, NULL, false, &m->fc.g, NULL, err);
 }
 
+void df_draft_model_on_grads_ready(df_draft_model *m, df_grads_ready_fn fn, void *user) {
+  m->grads_ready = fn, m->grads_ready_user = user;
+}
+
+// The gradient from the parameter whose view is v to the end of the flat buffer is complete.
+static df_status grads_ready_from(df_draft_model *m, const dflash_pview *v, df_error *err) {
+  if (!m->grads_ready) return DF_OK;
+  return m->grads_ready(m->grads_ready_user, (int64_t)((const float *)v->g.data - m->grads), err);
+}
+
 df_status df_draft_model_backward(df_draft_model *m, const float *d_hidden, df_error *err) {
   if (!m->have_forward)
     return DF_FAIL(err, DF_ERR_INVALID, "backward", "run df_draft_model_forward first",
@@ -569,9 +581,12 @@ df_status df_draft_model_backward(df_draft_model *m, const float *d_hidden, df_e
   df_tensor dout = mat(d_hidden, m->dev, d->T, m->H), hL = mat(m->h[m->L], m->dev, d->T, m->H);
   df_tensor dh = mat(m->scr.dh, m->dev, d->T, m->H), r = row(m->out_rstd, m->dev, d->T);
   DF_TRY(df_rmsnorm_backward(m->ctx, &dout, &hL, &m->norm.w, &r, &dh, false, &m->norm.g, err));
+  DF_TRY(grads_ready_from(m, &m->norm, err));
   const dflash_shared sh = shared_inputs(m);
-  for (int64_t i = m->L - 1; i >= 0; i--)
+  for (int64_t i = m->L - 1; i >= 0; i--) {
     DF_TRY(draft_layer_backward(m->ctx, &m->layers[i], d, &sh, m->h[i], &m->acts[i], &m->scr, i == m->L - 1, err));
+    DF_TRY(grads_ready_from(m, &m->layers[i].in_norm, err)); // a layer's parameters start with input_layernorm
+  }
   // scr.dh now holds ∂/∂block_embed: the frozen target embedding takes no gradient.
   return context_backward(m, err);
 }

@@ -87,6 +87,13 @@ df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch,
 // d_hidden lives on the context's device, like out_hidden. Calling it twice adds the gradients twice.
 df_status df_draft_model_backward(df_draft_model *m, const float *d_hidden, df_error *err);
 void df_draft_model_zero_grads(df_draft_model *m);
+// Called by df_draft_model_backward whenever the gradient of [from, numel) of the flat buffer is complete for this
+// backward (work queued on the context: all of it is in order before what the context queues next): after the final
+// norm, then after each layer from the last to the first. The parameters are laid out fc, hidden_norm, layers 0..L-1,
+// norm, heads, and the heads' gradient is complete before the backward starts. A data-parallel trainer starts the
+// reduction of those buckets while the lower layers still run (train/trainer/trainer_dp.c). NULL: none.
+typedef df_status (*df_grads_ready_fn)(void *user, int64_t from, df_error *err);
+void df_draft_model_on_grads_ready(df_draft_model *m, df_grads_ready_fn fn, void *user);
 
 // Bytes of activation memory the last forward needed (the trainer prints it after its first micro-step): the arena laid
 // out for its (B, S, N), i.e. the batch copy, everything the backward keeps, and the backward's scratch.

@@ -31,7 +31,7 @@ echo "== CUDA execution mode (DF_CUDA=EMU: the CUDA code run and checked on the 
 cmake -S . -B build-emu -DCMAKE_BUILD_TYPE=Release -DDF_WERROR=ON -DDF_CUDA=EMU -DDF_BUILD_BENCH=OFF >/dev/null
 # Only what `ctest -L cuda` runs (the CPU suite is the release build's, below).
 cmake --build build-emu -j"$(nproc)" --target test_cuda_gpu test_cuda_emu cu_rewrite test_kernels_cuda \
-  test_kernels_causal_attn test_dist_nccl draftforge dist_worker
+  test_kernels_causal_attn test_dist_nccl test_dist_dp draftforge dist_worker
 set +e
 ctest --test-dir build-emu -L cuda -V -j2 >build-emu/ctest.log 2>&1
 emu_rc=$?

@@ -135,10 +135,13 @@ Test(mem_plan, zero1_shards_the_moments) {
   o.overrides = sets, o.n_overrides = 1;
   DF_ASSERT_OK(df_mem_plan_run(&o, &rep, &err), &err);
   cr_expect(!rep.zero && zero.zero && zero.world == 4 && rep.world == 4);
-  const int64_t n = rep.params, shard = ((n + 3) / 4 + 15) / 16 * 16;
+  const int64_t n = rep.params, shard = n / 4 / 16 * 16; // rank 0's: ⌊n / 4⌋ rounded down to 16 (trainer_dp.c)
   cr_expect_eq(rep.mem.tag[DF_MEM_OPTIMIZER].peak, 2 * 4 * n + n, "fp32 m and v, a one-byte mask");
   cr_expect_eq(zero.mem.tag[DF_MEM_OPTIMIZER].peak, 2 * 4 * shard + n, "rank 0's shard of m and v, the whole mask");
   cr_expect_eq(zero.mem.tag[DF_MEM_WEIGHTS].peak, rep.mem.tag[DF_MEM_WEIGHTS].peak);
+  cr_expect_eq(zero.mem.tag[DF_MEM_GRADS].peak, rep.mem.tag[DF_MEM_GRADS].peak, "no padded gradient copy");
+  cr_expect_eq(zero.mem.tag[DF_MEM_STAGE].peak - rep.mem.tag[DF_MEM_STAGE].peak, 4 * n,
+               "the moments' stage (n floats below 25 MiB)");
   plan_case_close(&d);
 }
 

@@ -306,6 +306,7 @@ static void build_trainer(const recipe_impl *r, df_recipe *p) {
   p->training.max_checkpoints = val(r, "training", "max_checkpoints")->i;
   p->training.resume_from = str_or_null(val(r, "training", "resume_from"));
   p->training.dist_timeout = val(r, "training", "dist_timeout")->f;
+  p->training.dp_bucket_mb = val(r, "training", "dp_bucket_mb")->f;
   const df_rvalue *nn = val(r, "deployment.trainer", "nnodes"), *np = val(r, "deployment.trainer", "nproc_per_node");
   const df_rvalue *nr = val(r, "deployment.trainer", "node_rank"), *mp = val(r, "deployment.trainer", "master_port");
   p->deployment.trainer.nnodes = nn->i, p->deployment.trainer.nnodes_set = nn->present;

@@ -86,6 +86,7 @@ typedef struct df_recipe {
     int64_t save_interval, eval_interval, log_interval, max_checkpoints; // intervals: 0 = off
     double save_interval_minutes;                                        // wall-clock saving (extension); 0 = off
     const char *resume_from;                                             // NULL: a fresh run
+    double dp_bucket_mb;                                                 // gradient all-reduce bucket (MiB)
     double dist_timeout;                                                 // minutes (train/dist)
     df_shard_kind fsdp_sharding;
   } training;

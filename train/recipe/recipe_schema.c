@@ -189,6 +189,9 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "dist_timeout", DF_RT_FLOAT, .def = "10", GT(0), USED,
       .note = "minutes a collective may wait for the other ranks before the run stops naming the silent rank; "
               "fractions of a minute are accepted too"),
+    K("training", "dp_bucket_mb", DF_RT_FLOAT, .def = "25", GT(0), USED,
+      .note = EXT ": data parallel: the gradient all-reduce goes in buckets of this many MiB (PyTorch DDP's "
+                  "bucket_cap_mb); on GPU ranks a bucket is reduced as soon as the backward has finished it"),
     K("training", "lk_loss_type", DF_RT_ENUM, .nullable = true, .choices = LK_LOSS, USED,
       .note = "EAGLE-3: null (forward KL), alpha (-log acceptance) or lambda (KL and 1 - acceptance, weighted)"),
     K("training", "kl_scale", DF_RT_FLOAT, .def = "1.0", USED, .note = "EAGLE-3 with lk_loss_type lambda"),

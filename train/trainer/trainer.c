@@ -174,6 +174,10 @@ static df_status run_window(df_trainer *t, int64_t step, window *w, df_error *er
     if (df_ffn_set_active(&t->ffn)) t->state_dirty = true; // the kind's training forwards update its buffers
     df_micro_info info;
     df_error micro_err = {0};
+    // The last micro-step's backward starts the gradient reduction of the layers it has finished (GPU ranks; a
+    // test hook reading the gradient after the micro-step turns it off).
+    const bool last = k == t->recipe->training.accumulation_steps - 1;
+    if (t->dp.world > 1) DF_TRY(df_trainer_dp_overlap(t, last && !(t->opt->hooks && t->opt->hooks->after_micro)));
     df_status st = t->strategy->table->micro(t->strategy, &a, &info, &micro_err);
     if (st == DF_ERR_NUMERIC) { // finish the window (the data stays aligned), then skip the step
       w->numeric_fail = true;

@@ -10,8 +10,7 @@
 #include "train/dist/dist.h"
 #include "train/trainer/trainer_internal.h"
 
-// A bucket of the flat gradient all-reduce: 25 MiB of fp32 (PyTorch DDP's default bucket_cap_mb). Also the size of
-// the stage the ZeRO-1 moments travel through at a checkpoint or a resume.
+// The stage the ZeRO-1 moments travel through at a checkpoint or a resume: 25 MiB of fp32.
 #define DP_BUCKET_FLOATS ((int64_t)25 * 1024 * 1024 / 4)
 
 df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
@@ -35,6 +34,7 @@ df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
                    "the %s FFN reduces its routing statistics across ranks on the host; GPU ranks keep them on the "
                    "device, which that reduction does not read yet",
                    t->ffn.kind->name);
+  t->dp.bucket_floats = df_trainer_dp_bucket_floats(t);
   if (!dev_bufs) return DF_OK;
   DF_TRY(df_event_create(t->ctx, &t->dp.computed, err));
   return df_event_create(t->ctx, &t->dp.reduced, err);
@@ -61,19 +61,62 @@ df_status df_trainer_dp_global_batch(df_trainer *t, const df_batch *b, df_error 
   return DF_OK;
 }
 
+// ---- the gradient all-reduce in buckets --------------------------------------------------------------------------
+// Bucket k covers [n − (k+1)·B, n − k·B) (the first bucket starts at 0), B = training.dp_bucket_mb: counted from the
+// end of the flat buffer, whose gradient the backward completes first. Every rank issues bucket 0, 1, ... in that
+// order and always all of them before the window's other sums, so the collectives match across ranks and the sums do
+// not depend on when a bucket was issued. On GPU ranks the draft model reports each completed suffix during the
+// window's last backward (df_draft_model_on_grads_ready) and the buckets inside it start on the communicator's
+// stream then, overlapping the lower layers' backward; the rest start after the backward.
+
+int64_t df_trainer_dp_bucket_floats(const df_trainer *t) {
+  const double f = t->recipe->training.dp_bucket_mb * 1024.0 * 1024.0 / 4.0;
+  return f < 1.0 ? 1 : (int64_t)f;
+}
+
+// Issues the next buckets while they lie inside [from, n).
+static df_status issue_buckets(df_trainer *t, int64_t from, df_error *err) {
+  const int64_t n = df_params_numel(t->table), B = t->dp.bucket_floats;
+  float *g = df_draft_model_grads(t->model);
+  bool ordered = false;
+  for (;;) {
+    const int64_t hi = n - t->dp.buckets_issued * B;
+    if (hi <= 0) return DF_OK;
+    const int64_t lo = hi > B ? hi - B : 0;
+    if (lo < from) return DF_OK;
+    if (!ordered) { // one point in the compute stream covers every bucket issued now
+      DF_TRY(comm_after_compute(t, err));
+      ordered = true;
+    }
+    DF_TRY(df_comm_all_reduce(t->dp.comm, g + lo, g + lo, hi - lo, DF_COMM_F32, DF_COMM_SUM, err));
+    t->dp.buckets_issued++;
+  }
+}
+
+static df_status on_grads_ready(void *user, int64_t from, df_error *err) { return issue_buckets(user, from, err); }
+
+df_status df_trainer_dp_overlap(df_trainer *t, bool on) {
+  t->dp.buckets_issued = 0;
+  // GPU ranks with replicated AdamW only: ZeRO-1 reduce-scatters at the boundary, and host collectives block.
+  const bool use = on && t->dp.world > 1 && !t->optim.zero && t->dp.computed;
+  df_draft_model_on_grads_ready(t->model, use ? on_grads_ready : NULL, t);
+  return DF_OK;
+}
+
 df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bool grads, df_error *err) {
+  df_draft_model_on_grads_ready(t->model, NULL, NULL);
+  const int64_t early = t->dp.buckets_issued;
+  if (grads) DF_TRY(issue_buckets(t, 0, err)); // those the backward did not start
+  if (grads && !t->dp.reported && t->log) {
+    fprintf(t->log, "  gradient all-reduce: %lld bucket(s) of %.3g MiB, %lld started during the backward\n",
+            (long long)t->dp.buckets_issued, t->recipe->training.dp_bucket_mb, (long long)early);
+    t->dp.reported = true;
+  }
+  t->dp.buckets_issued = 0;
   DF_TRY(df_comm_all_reduce_host(t->dp.comm, scalars, n_scalars, DF_COMM_F64, DF_COMM_SUM, err));
   DF_TRY(comm_after_compute(t, err));
   DF_TRY(
       df_comm_all_reduce(t->dp.comm, t->stats.win.data, t->stats.win.data, t->stats.n, DF_COMM_F64, DF_COMM_SUM, err));
-  if (grads) { // buckets from the end of the flat buffer, where the backward finishes first; the order is fixed
-    float *g = df_draft_model_grads(t->model);
-    const int64_t n = df_params_numel(t->table);
-    for (int64_t hi = n; hi > 0; hi -= DP_BUCKET_FLOATS) {
-      const int64_t lo = hi > DP_BUCKET_FLOATS ? hi - DP_BUCKET_FLOATS : 0;
-      DF_TRY(df_comm_all_reduce(t->dp.comm, g + lo, g + lo, hi - lo, DF_COMM_F32, DF_COMM_SUM, err));
-    }
-  }
   DF_TRY(compute_after_comm(t, err));
   return df_comm_wait(t->dp.comm, err); // within the timeout, never a hang on a dead rank
 }

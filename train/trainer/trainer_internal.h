@@ -66,6 +66,9 @@ typedef struct {
   int rank, world;
   int64_t global_S, global_cmax;
   df_collective coll;
+  int64_t bucket_floats;        // the gradient all-reduce bucket (training.dp_bucket_mb)
+  int64_t buckets_issued;       // of the current window's gradient (trainer_dp.c)
+  bool reported;                // the buckets' line is printed once
   void *stage;                  // ZeRO-1: the moments' piece in transit (checkpoint, resume), on the context's device
   df_event *computed, *reduced; // device ranks: the compute stream → communicator stream ordering, and back
 } df_trainer_dp;
@@ -149,6 +152,10 @@ df_status df_trainer_dp_check(df_trainer *t, df_error *err);
 df_status df_trainer_dp_global_batch(df_trainer *t, const df_batch *b, df_error *err);
 df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bool grads, df_error *err);
 df_status df_trainer_dp_share_state(df_trainer *t, df_error *err);
+// overlap(on) before a micro-step: on for the window's last one on GPU ranks with replicated AdamW, whose backward
+// then starts the gradient buckets it completes (df_draft_model_on_grads_ready); reduce issues the rest.
+df_status df_trainer_dp_overlap(df_trainer *t, bool on);
+int64_t df_trainer_dp_bucket_floats(const df_trainer *t);
 // ZeRO-1. plan: the shard sizes (t->zero from the recipe and world). step: the update of one optimizer step on
 // the already-reduced scalars — gradient reduce-scatter, the global norm from the shards' squared sums, AdamW on
 // this shard, parameter all-gather; fills t->norm_stats as the replicated path does. gather_moments: the full
