@@ -32,6 +32,10 @@ df_status df_check_storage(const df_tensor *t, const char *name, df_dtype *stora
   return DF_OK;
 }
 
+df_dtype df_grad_dtype(const df_tensor *g, df_dtype st) {
+  return st == DF_BF16 && g && g->dtype == DF_F32 ? DF_F32 : st;
+}
+
 df_status df_check_dim(const df_tensor *t, const char *name, int dim, int64_t expect, df_error *err) {
   char d[96];
   if (dim >= t->ndim || t->shape[dim] != expect)

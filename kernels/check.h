@@ -24,6 +24,9 @@ df_status df_check_tensor(const df_ctx *ctx, const df_tensor *t, const char *nam
 // is an error naming t). The op's other storage tensors are then checked against it with df_check_tensor;
 // statistics (rstd, lse, losses, row weights, norms, moments) stay fp32 whatever the storage.
 df_status df_check_storage(const df_tensor *t, const char *name, df_dtype *storage, df_error *err);
+// The dtype a weight-gradient tensor g must have under storage st: st, or f32 when st is bf16 and g is f32 (mixed
+// precision's fp32 weight gradients). Checked by the caller with df_check_tensor.
+df_dtype df_grad_dtype(const df_tensor *g, df_dtype st);
 // t->shape[dim] == expect.
 df_status df_check_dim(const df_tensor *t, const char *name, int dim, int64_t expect, df_error *err);
 // a and b have the same number of elements (views of one shape under different splits are fine).

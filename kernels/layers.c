@@ -56,7 +56,7 @@ df_status df_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor 
   DF_TRY(df_check_tensor(ctx, dx, "dx", st, -1, err));
   DF_TRY(df_check_same_numel(x, "x", dx, "dx", err));
   if (dw) {
-    DF_TRY(df_check_tensor(ctx, dw, "dw", st, 1, err));
+    DF_TRY(df_check_tensor(ctx, dw, "dw", df_grad_dtype(dw, st), 1, err));
     DF_TRY(df_check_dim(dw, "dw", 0, w->shape[0], err));
   }
   DF_REQUIRE_OP(ctx, DF_OP_RMSNORM_BACKWARD, st, err);

@@ -55,9 +55,9 @@ df_status df_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *
   DF_TRY(check_linear(ctx, x, w, NULL, dy, "dy", &st, err));
   if (dx) DF_TRY(df_check_same_numel(x, "x", dx, "dx", err));
   if (dx) DF_TRY(df_check_tensor(ctx, dx, "dx", st, -1, err));
-  if (dw) DF_TRY(df_check_tensor(ctx, dw, "dw", st, 2, err));
+  if (dw) DF_TRY(df_check_tensor(ctx, dw, "dw", df_grad_dtype(dw, st), 2, err));
   if (dw) DF_TRY(df_check_same_numel(w, "w", dw, "dw", err));
-  if (db) DF_TRY(df_check_tensor(ctx, db, "db", st, 1, err));
+  if (db) DF_TRY(df_check_tensor(ctx, db, "db", df_grad_dtype(db, st), 1, err));
   if (db) DF_TRY(df_check_dim(db, "db", 0, w->shape[0], err));
   DF_REQUIRE_OP(ctx, DF_OP_LINEAR_BACKWARD, st, err);
   return ctx->backend->linear_backward(ctx, dy, x, w, dx, accumulate_dx, dw, db, err);

@@ -152,7 +152,9 @@ df_status df_matmul(df_ctx *ctx, const df_tensor *a, bool trans_a, const df_tens
 df_status df_linear_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, const df_tensor *b, df_tensor *y,
                             df_error *err);
 
-// dx[M,K] (= or +=) dy · w;  dw[N,K] += dyᵀ · x;  db[N] += Σ_rows dy.  dx, dw, db may each be NULL.
+// dx[M,K] (= or +=) dy · w;  dw[N,K] += dyᵀ · x;  db[N] += Σ_rows dy.  dx, dw, db may each be NULL. With bf16
+// storage, dw and db may be f32 (mixed precision keeps fp32 weight gradients: the products accumulate in fp32 and
+// are added to the fp32 gradient without a bf16 rounding).
 df_status df_linear_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w, df_tensor *dx,
                              bool accumulate_dx, df_tensor *dw, df_tensor *db, df_error *err);
 
@@ -173,7 +175,7 @@ df_status df_cast(df_ctx *ctx, const df_tensor *src, df_tensor *dst, df_error *e
 // w [hd]). rstd [R] is saved for the backward.
 df_status df_rmsnorm_forward(df_ctx *ctx, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
                              df_tensor *rstd, df_error *err);
-// dx (= or +=) ∂/∂x;  dw[D] += ∂/∂w (dw may be NULL).
+// dx (= or +=) ∂/∂x;  dw[D] += ∂/∂w (dw may be NULL; f32 under bf16 storage too, as in df_linear_backward).
 df_status df_rmsnorm_backward(df_ctx *ctx, const df_tensor *dy, const df_tensor *x, const df_tensor *w,
                               const df_tensor *rstd, df_tensor *dx, bool accumulate_dx, df_tensor *dw, df_error *err);
 

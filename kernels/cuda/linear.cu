@@ -14,8 +14,8 @@ df_cu_gemm_args gemm_of(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const
   return g;
 }
 
-// db[j] += Σ_i dy[i, j], rows in order, in double.
-template <typename T> __global__ void column_sums_add(T *db, const T *dy, int64_t rows, int64_t n) {
+// db[j] += Σ_i dy[i, j], rows in order, in double (db f32 or the storage dtype).
+template <typename T, typename TB> __global__ void column_sums_add(TB *db, const T *dy, int64_t rows, int64_t n) {
   const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (j >= n) return;
   double s = 0.0;
@@ -52,13 +52,18 @@ static df_status cuda_linear_backward(df_ctx *ctx, const df_tensor *dy, const df
         gemm_of(false, false, m, k, n, dy->data, n, w->data, k, st, dx->data, k, 1.0f, accumulate_dx ? 1.0f : 0.0f);
     DF_TRY(df_cu_gemm(g, s, &a, err));
   }
-  if (dw) { // dw[N, K] += dy[M, N]ᵀ · x[M, K]
+  if (dw) { // dw[N, K] += dy[M, N]ᵀ · x[M, K] (dw f32 under bf16 storage: fp32 output, no bf16 rounding)
     df_cu_gemm_args a = gemm_of(true, false, n, k, m, dy->data, n, x->data, k, st, dw->data, k, 1.0f, 1.0f);
+    a.cd_dt = dw->dtype;
     DF_TRY(df_cu_gemm(g, s, &a, err));
   }
-  if (db) {
+  if (db && db->dtype != st) { // f32 bias gradient of bf16 storage
+    column_sums_add<bf16, float>
+        <<<df_cu_blocks(n, 256), 256, 0, s>>>((float *)db->data, (const bf16 *)dy->data, m, n);
+  } else if (db) {
     DF_CU_SWITCH_DT(st, T, err, "linear_backward.db",
-                    column_sums_add<T><<<df_cu_blocks(n, 256), 256, 0, s>>>((T *)db->data, (const T *)dy->data, m, n));
+                    column_sums_add<T, T>
+                    <<<df_cu_blocks(n, 256), 256, 0, s>>>((T *)db->data, (const T *)dy->data, m, n));
     DF_CU_CHECK_LAUNCH(err, "linear_backward.column_sums");
   }
   return DF_OK;

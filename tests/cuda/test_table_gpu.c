@@ -94,6 +94,58 @@ Test(cuda_table, linear_matmul_axpy_fp32_and_bf16) {
   cu_pair_close(&p);
 }
 
+// A bf16 copy on the device of host fp32 values (already bf16-exact), through df_cast.
+static df_tensor dev_bf16(cu_pair *p, const df_tensor *h) {
+  df_error err = {0};
+  df_tensor f = cu_pair_dev(p, h), b = f;
+  void *d = NULL;
+  DF_ASSERT_OK(df_buffer_alloc(p->gpu, 2 * (size_t)df_numel(&f), &d, &err), &err);
+  b.data = d, b.dtype = DF_BF16;
+  DF_ASSERT_OK(df_cast(p->gpu, &f, &b, &err), &err);
+  release(p, &f);
+  return b;
+}
+
+// Mixed precision's weight gradients: bf16 activations, weights and output gradients, fp32 dw / db, added twice
+// (two micro-steps). The products of bf16 values are exact in fp32, so the GPU matches the CPU's fp32 op on the
+// same (bf16-rounded) inputs to fp32 accumulation order: 1e-5 of max |ref|.
+Test(cuda_table, fp32_weight_gradients_under_bf16_storage) {
+  CU_REQUIRE_GPU();
+  cu_pair p = cu_pair_open();
+  df_error err = {0};
+  enum { M = 70, K = 48, N = 40 };
+  float *x = rnd(M * K, 31, -1, 1), *w = rnd(N * K, 32, -1, 1), *dy = rnd(M * N, 33, -1, 1);
+  cu_round_bf16(x, M * K), cu_round_bf16(w, N * K), cu_round_bf16(dy, M * N);
+  float *dw = calloc(N * K, 4), *db = calloc(N, 4);
+  df_tensor tx = df_f32(x, M, K), tw = df_f32(w, N, K), tdy = df_f32(dy, M, N), tdw = df_f32(dw, N, K),
+            tdb = df_f32(db, N);
+  df_tensor gx = dev_bf16(&p, &tx), gw = dev_bf16(&p, &tw), gdy = dev_bf16(&p, &tdy);
+  df_tensor gdw = cu_pair_dev(&p, &tdw), gdb = cu_pair_dev(&p, &tdb); // fp32, zero
+  for (int k = 0; k < 2; k++) {
+    DF_ASSERT_OK(df_linear_backward(p.cpu, &tdy, &tx, &tw, NULL, false, &tdw, &tdb, &err), &err);
+    DF_ASSERT_OK(df_linear_backward(p.gpu, &gdy, &gx, &gw, NULL, false, &gdw, &gdb, &err), &err);
+  }
+  expect_dev(&p, "linear dw (f32 of bf16)", &gdw, dw, 1e-5);
+  expect_dev(&p, "linear db (f32 of bf16)", &gdb, db, 1e-5);
+  // RMSNorm: bf16 x, w, dy, dx; fp32 dw.
+  enum { R = 36, D = 64 };
+  float *nx = rnd(R * D, 34, -2, 2), *nw = rnd(D, 35, 0.5f, 1.5f), *ndy = rnd(R * D, 36, -1, 1);
+  cu_round_bf16(nx, R * D), cu_round_bf16(nw, D), cu_round_bf16(ndy, R * D);
+  float ny[R * D], nr[R], ndx[R * D], ndw[D] = {0};
+  df_tensor ttx = df_f32(nx, R, D), ttw = df_f32(nw, D), tty = df_f32(ny, R, D), ttr = df_f32(nr, R);
+  df_tensor ttdy = df_f32(ndy, R, D), ttdx = df_f32(ndx, R, D), ttdw = df_f32(ndw, D);
+  DF_ASSERT_OK(df_rmsnorm_forward(p.cpu, &ttx, &ttw, 1e-6f, &tty, &ttr, &err), &err);
+  df_tensor hx = dev_bf16(&p, &ttx), hw = dev_bf16(&p, &ttw), hdy = dev_bf16(&p, &ttdy), hdx = dev_bf16(&p, &ttdy);
+  df_tensor hr = cu_pair_dev(&p, &ttr), hdw = cu_pair_dev(&p, &ttdw); // the CPU's rstd; fp32 dw, zero
+  DF_ASSERT_OK(df_rmsnorm_backward(p.cpu, &ttdy, &ttx, &ttw, &ttr, &ttdx, false, &ttdw, &err), &err);
+  DF_ASSERT_OK(df_rmsnorm_backward(p.gpu, &hdy, &hx, &hw, &hr, &hdx, false, &hdw, &err), &err);
+  expect_dev(&p, "rmsnorm dw (f32 of bf16)", &hdw, ndw, 1e-5);
+  df_tensor *all[] = {&gx, &gw, &gdy, &gdw, &gdb, &hx, &hw, &hdy, &hdx, &hr, &hdw};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) release(&p, all[i]);
+  free(x), free(w), free(dy), free(dw), free(db), free(nx), free(nw), free(ndy);
+  cu_pair_close(&p);
+}
+
 Test(cuda_table, fill_scale_cast_gather_exact) {
   CU_REQUIRE_GPU();
   cu_pair p = cu_pair_open();
