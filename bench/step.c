@@ -112,7 +112,7 @@ static df_status setup(step_state *s, const step_shape *sh, int threads, df_erro
   bench_fill(s->head, vh, 2, -0.035f, 0.035f);
   make_batch(sh, &s->batch);
   df_dflash_sampler_init(&s->sampler, 42);
-  const df_frozen fz = {s->embed, s->head, sh->V, sh->H};
+  const df_frozen fz = {s->embed, s->head, sh->V, sh->H, DF_F32};
   const df_step_settings set = {
       .num_anchors = sh->anchors, .loss_decay_gamma = 7.0, .mask_token_id = sh->V - 1, .chunk_blocks = 128};
   return df_step_open(s->ctx, s->model, s->cfg, &fz, &set, false, &s->run, err);

@@ -81,6 +81,9 @@ typedef struct {
   float mscale;           // RoPE cos/sin multiplier
   float eps;              // rms_norm_eps
   df_device dev;
+  df_dtype dt; // storage of the activations, their gradients and the weights the forward reads (f32 or bf16); the
+               // statistics (rstd, lse) and inv_freq are fp32 whatever it is. Arena pointers are typed float * but
+               // hold dt elements: offsets go through the layer's element arithmetic.
 } dflash_shared;
 
 // Appends layer i's parameters to p in checkpoint order (the FFN's last) and creates its FFN.

@@ -20,7 +20,9 @@ struct df_draft_model {
   df_ctx *ctx;
   df_device dev;
   df_params *params;
-  float *weights, *grads; // (df_params_numel) flat fp32 on dev
+  float *weights, *grads; // (df_params_numel) flat fp32 on dev: the masters and their gradient
+  df_dtype dt;            // storage of the forward: f32, or bf16 (mixed precision)
+  void *params16;         // bf16: the copy of the masters the forward reads (NULL for f32)
   int64_t numel;
   int64_t L, H, K, nH, nKV, hd, bs;
   float eps;
@@ -39,6 +41,7 @@ struct df_draft_model {
   void *arena;
   float *ffn_state; // the FFNs' persistent device state (modeling/ffn.h state_elems), NULL when none
   size_t arena_cap, arena_used;
+  float *th32;       // bf16: (B, S, K·H) fp32 target features as the batch hands them, cast into th
   int32_t *host_pos; // (T + KV) host staging for the positions
   int64_t host_pos_cap;
   dflash_dims dims;
@@ -129,11 +132,17 @@ static df_status bind_ffn_state(df_draft_model *m, df_error *err) {
 static df_status alloc_state(df_draft_model *m, df_error *err) {
   m->numel = df_params_numel(m->params);
   const size_t bytes = (size_t)m->numel * sizeof(float);
-  DF_TRY(df_buffer_alloc_as(m->ctx, DF_MEM_WEIGHTS, bytes, (void **)&m->weights, err));
+  const bool mixed = m->dt != DF_F32; // the masters are then a copy of their own, the forward's weights bf16
+  DF_TRY(df_buffer_alloc_as(m->ctx, mixed ? DF_MEM_MASTERS : DF_MEM_WEIGHTS, bytes, (void **)&m->weights, err));
   DF_TRY(df_buffer_alloc_as(m->ctx, DF_MEM_GRADS, bytes, (void **)&m->grads, err));
   // Alignment padding belongs to no parameter: zero it once so whole-buffer comparisons are defined.
   DF_TRY(zero_device(m, m->weights, m->numel, err));
   df_draft_model_zero_grads(m);
+  if (mixed) {
+    DF_TRY(df_buffer_alloc_as(m->ctx, DF_MEM_WEIGHTS, (size_t)m->numel * df_dtype_size(m->dt), &m->params16, err));
+    DF_TRY(df_draft_model_sync_params(m, err));
+    df_params_set_compute(m->params, m->weights, m->params16, m->dt); // the binds below give bf16 weight views
+  }
   if (m->cfg->kind == DF_DRAFT_EAGLE3)
     return df_eagle3_model_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->eagle3, err);
   DF_TRY(bind_top(m, "fc.weight", &m->fc, err));
@@ -161,13 +170,32 @@ static df_status build_rope(df_draft_model *m, df_error *err) {
 }
 
 df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draft_model **out, df_error *err) {
+  return df_draft_model_create_as(cfg, ctx, DF_F32, out, err);
+}
+
+const char *df_draft_model_bf16_unsupported(const df_draft_config *cfg) {
+  if (cfg->kind != DF_DRAFT_DFLASH) return "bf16 storage covers DFlash drafts so far";
+  if (cfg->ffn_kind) return "bf16 storage covers the dense FFN so far";
+  return NULL;
+}
+
+df_status df_draft_model_create_as(const df_draft_config *cfg, df_ctx *ctx, df_dtype storage, df_draft_model **out,
+                                   df_error *err) {
   *out = NULL;
   DF_TRY(check_config(cfg, err));
+  if (storage != DF_F32 && storage != DF_BF16)
+    return DF_FAIL(err, DF_ERR_INVALID, "model.torch_dtype", "use bfloat16 or float32",
+                   "the draft cannot store its activations as %s", df_dtype_name(storage));
+  const char *why = storage == DF_BF16 ? df_draft_model_bf16_unsupported(cfg) : NULL;
+  if (why)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "model.torch_dtype", "train this draft with model.torch_dtype: float32",
+                   "%s: %s", cfg->source, why);
   df_draft_model *m = calloc(1, sizeof *m);
   if (!m) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "cannot allocate the DFlash model");
   m->cfg = cfg;
   m->ctx = ctx;
   m->dev = df_ctx_device(ctx);
+  m->dt = storage;
   copy_sizes(m, cfg);
   if (cfg->kind == DF_DRAFT_EAGLE3) m->L = 0; // its one layer is the EAGLE-3 model's (modeling/eagle3_model.h)
   m->layers = calloc((size_t)m->L + 1, sizeof *m->layers);
@@ -196,6 +224,7 @@ void df_draft_model_free(df_draft_model *m) {
   df_domino_head_free(m->domino);
   df_buffer_free(m->ctx, m->weights);
   df_buffer_free(m->ctx, m->grads);
+  df_buffer_free(m->ctx, m->params16);
   df_buffer_free(m->ctx, m->inv_freq);
   df_buffer_free(m->ctx, m->arena);
   df_buffer_free(m->ctx, m->ffn_state);
@@ -211,6 +240,14 @@ void df_draft_model_free(df_draft_model *m) {
 const df_params *df_draft_model_params(const df_draft_model *m) { return m->params; }
 float *df_draft_model_weights(df_draft_model *m) { return m->weights; }
 float *df_draft_model_grads(df_draft_model *m) { return m->grads; }
+df_dtype df_draft_model_storage(const df_draft_model *m) { return m->dt; }
+void *df_draft_model_compute_params(df_draft_model *m) { return m->params16; }
+
+df_status df_draft_model_sync_params(df_draft_model *m, df_error *err) {
+  if (!m->params16) return DF_OK;
+  df_tensor src = df_f32_on(m->dev, m->weights, m->numel), dst = df_view_on(m->dt, m->dev, m->params16, m->numel);
+  return df_cast(m->ctx, &src, &dst, err);
+}
 int64_t df_draft_model_activation_bytes(const df_draft_model *m) {
   return m->eagle3 ? df_eagle3_activation_bytes(m->eagle3) : (int64_t)m->arena_used;
 }
@@ -251,10 +288,11 @@ static df_status host_flat(df_draft_model *m, float **out, df_error *err) {
 }
 
 static df_status host_flat_commit(df_draft_model *m, float *host, df_status st, df_error *err) {
-  if (host == m->weights) return st;
-  if (st == DF_OK) st = df_copy(m->ctx, m->weights, m->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)m->numel, err);
-  free(host);
-  return st;
+  if (host != m->weights) {
+    if (st == DF_OK) st = df_copy(m->ctx, m->weights, m->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)m->numel, err);
+    free(host);
+  }
+  return st == DF_OK ? df_draft_model_sync_params(m, err) : st;
 }
 
 // Weights of two or more dimensions (linear, router, embedding, the stacked MoE experts [E, out, in]) draw
@@ -329,27 +367,30 @@ static void *carve(carver *c, int64_t bytes) {
   return p;
 }
 static float *carve_f(carver *c, int64_t n) { return carve(c, n * (int64_t)sizeof(float)); }
+// n elements of the storage dtype (activations and their gradients; statistics stay fp32: carve_f).
+static float *carve_s(carver *c, df_dtype dt, int64_t n) { return carve(c, n * (int64_t)df_dtype_size(dt)); }
 
-static void layout_layer(carver *c, const draft_layer *L, const dflash_dims *d, draft_layer_acts *a) {
+static void layout_layer(carver *c, df_dtype dt, const draft_layer *L, const dflash_dims *d, draft_layer_acts *a) {
   const int64_t T = d->T, KV = d->KV, H = d->H, qd = d->nH * d->hd, kvd = d->nKV * d->hd;
-  *a = (draft_layer_acts){.x = carve_f(c, T * H),
+  *a = (draft_layer_acts){.x = carve_s(c, dt, T * H),
                           .rstd_in = carve_f(c, T),
-                          .q_raw = carve_f(c, T * qd),
+                          .q_raw = carve_s(c, dt, T * qd),
                           .q_rstd = carve_f(c, T * d->nH),
-                          .q = carve_f(c, T * qd),
-                          .k_raw = carve_f(c, KV * kvd),
+                          .q = carve_s(c, dt, T * qd),
+                          .k_raw = carve_s(c, dt, KV * kvd),
                           .k_rstd = carve_f(c, KV * d->nKV),
-                          .k = carve_f(c, KV * kvd),
-                          .v = carve_f(c, KV * kvd),
-                          .attn = carve_f(c, T * qd),
+                          .k = carve_s(c, dt, KV * kvd),
+                          .v = carve_s(c, dt, KV * kvd),
+                          .attn = carve_s(c, dt, T * qd),
                           .lse = carve_f(c, T * d->nH),
-                          .h_mid = carve_f(c, T * H),
-                          .y = carve_f(c, T * H),
+                          .h_mid = carve_s(c, dt, T * H),
+                          .y = carve_s(c, dt, T * H),
                           .rstd_post = carve_f(c, T),
-                          .ffn_saved = carve_f(c, L->ffn->vt->saved_elems(L->ffn, T))};
+                          .ffn_saved = carve_s(c, dt, L->ffn->vt->saved_elems(L->ffn, T))};
 }
 
 static void layout_scratch(carver *c, const df_draft_model *m, const dflash_dims *d, dflash_scratch *s) {
+  const df_dtype dt = m->dt;
   const int64_t T = d->T, KV = d->KV, H = d->H, qd = d->nH * d->hd, kvd = d->nKV * d->hd;
   int64_t ffn = 0;
   for (int64_t i = 0; i < m->L; i++) {
@@ -357,32 +398,34 @@ static void layout_scratch(carver *c, const df_draft_model *m, const dflash_dims
     const int64_t n = f->vt->scratch_elems(f, T);
     ffn = n > ffn ? n : ffn;
   }
-  *s = (dflash_scratch){.dh = carve_f(c, T * H),
-                        .dtmp = carve_f(c, T * H),
-                        .dattn = carve_f(c, T * qd),
-                        .dq = carve_f(c, T * qd),
-                        .dk = carve_f(c, KV * kvd),
-                        .dk_raw = carve_f(c, KV * kvd),
-                        .dv = carve_f(c, KV * kvd),
-                        .dctx = carve_f(c, d->C * H),
-                        .ffn = carve_f(c, ffn)};
+  *s = (dflash_scratch){.dh = carve_s(c, dt, T * H),
+                        .dtmp = carve_s(c, dt, T * H),
+                        .dattn = carve_s(c, dt, T * qd),
+                        .dq = carve_s(c, dt, T * qd),
+                        .dk = carve_s(c, dt, KV * kvd),
+                        .dk_raw = carve_s(c, dt, KV * kvd),
+                        .dv = carve_s(c, dt, KV * kvd),
+                        .dctx = carve_s(c, dt, d->C * H),
+                        .ffn = carve_s(c, dt, ffn)};
 }
 
 static void layout(carver *c, df_draft_model *m, const dflash_dims *d) {
   const int64_t T = d->T, C = d->C, H = d->H;
-  m->th = carve_f(c, C * m->K * H);
-  m->fc_out = carve_f(c, C * H);
-  m->ctx_h = carve_f(c, C * H);
+  const df_dtype dt = m->dt;
+  m->th = carve_s(c, dt, C * m->K * H);
+  m->th32 = dt != DF_F32 ? carve_f(c, C * m->K * H) : NULL;
+  m->fc_out = carve_s(c, dt, C * H);
+  m->ctx_h = carve_s(c, dt, C * H);
   m->ctx_rstd = carve_f(c, C);
-  m->dfc = carve_f(c, C * H);
-  for (int64_t i = 0; i <= m->L; i++) m->h[i] = carve_f(c, T * H);
-  m->out = carve_f(c, T * H);
+  m->dfc = carve_s(c, dt, C * H);
+  for (int64_t i = 0; i <= m->L; i++) m->h[i] = carve_s(c, dt, T * H);
+  m->out = carve_s(c, dt, T * H);
   m->out_rstd = carve_f(c, T);
   m->pos_q = carve(c, T * (int64_t)sizeof(int32_t));
   m->pos_kv = carve(c, d->KV * (int64_t)sizeof(int32_t));
   m->anchors = carve(c, d->B * d->N * (int64_t)sizeof(int32_t));
   m->keep = carve(c, d->B * d->N);
-  for (int64_t i = 0; i < m->L; i++) layout_layer(c, &m->layers[i], d, &m->acts[i]);
+  for (int64_t i = 0; i < m->L; i++) layout_layer(c, dt, &m->layers[i], d, &m->acts[i]);
   layout_scratch(c, m, d, &m->scr);
 }
 
@@ -484,16 +527,24 @@ static df_status upload_batch(df_draft_model *m, const df_draft_batch *b, df_err
     df_draft_fill_positions(d->B, d->S, d->N, d->bs, b->anchors, b->keep, m->host_pos, m->host_pos + d->T);
     pq = m->host_pos, pkv = m->host_pos + d->T, pos_src = DF_DEV_CPU;
   }
-  DF_TRY(put(m, m->th, b->target_hidden, src, d->C * m->K * d->H * f, err));
-  DF_TRY(put(m, m->h[0], b->block_embed, src, d->T * d->H * f, err));
+  if (m->th32) { // the batch's fp32 features, rounded once into the storage dtype
+    DF_TRY(put(m, m->th32, b->target_hidden, src, d->C * m->K * d->H * f, err));
+    df_tensor t32 = df_f32_on(m->dev, m->th32, d->C * m->K * d->H),
+              ts = df_view_on(m->dt, m->dev, m->th, d->C * m->K * d->H);
+    DF_TRY(df_cast(m->ctx, &t32, &ts, err));
+  } else {
+    DF_TRY(put(m, m->th, b->target_hidden, src, d->C * m->K * d->H * f, err));
+  }
+  DF_TRY(put(m, m->h[0], b->block_embed, src, d->T * d->H * (int64_t)df_dtype_size(m->dt), err)); // storage dtype
   DF_TRY(put(m, m->anchors, b->anchors, src, d->B * d->N * i4, err));
   DF_TRY(put(m, m->keep, b->keep, src, d->B * d->N, err));
   DF_TRY(put(m, m->pos_q, pq, pos_src, d->T * i4, err));
   return put(m, m->pos_kv, pkv, pos_src, d->KV * i4, err);
 }
 
-static df_tensor mat(const float *p, df_device dev, int64_t rows, int64_t cols) {
-  return df_view((void *)p, DF_F32, dev, 2, (const int64_t[]){rows, cols});
+// A storage-dtype matrix (activations, their gradients).
+static df_tensor smat(const df_draft_model *m, const void *p, int64_t rows, int64_t cols) {
+  return df_view((void *)p, m->dt, m->dev, 2, (const int64_t[]){rows, cols});
 }
 static df_tensor row(const float *p, df_device dev, int64_t n) {
   return df_view((void *)p, DF_F32, dev, 1, (const int64_t[]){n});
@@ -508,14 +559,15 @@ static dflash_shared shared_inputs(const df_draft_model *m) {
                          .inv_freq = m->inv_freq,
                          .mscale = m->mscale,
                          .eps = m->eps,
-                         .dev = m->dev};
+                         .dev = m->dev,
+                         .dt = m->dt};
 }
 
 // ctx = hidden_norm(fc(target_hidden)), once for all layers.
 static df_status context_forward(df_draft_model *m, df_error *err) {
   const int64_t C = m->dims.C, H = m->H;
-  df_tensor th = mat(m->th, m->dev, C, m->K * H), fc = mat(m->fc_out, m->dev, C, H);
-  df_tensor ctx = mat(m->ctx_h, m->dev, C, H), r = row(m->ctx_rstd, m->dev, C);
+  df_tensor th = smat(m, m->th, C, m->K * H), fc = smat(m, m->fc_out, C, H);
+  df_tensor ctx = smat(m, m->ctx_h, C, H), r = row(m->ctx_rstd, m->dev, C);
   DF_TRY(df_linear_forward(m->ctx, &th, &m->fc.w, NULL, &fc, err));
   return df_rmsnorm_forward(m->ctx, &fc, &m->hidden_norm.w, m->eps, &ctx, &r, err);
 }
@@ -542,7 +594,7 @@ df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch,
     st = draft_layer_forward(m->ctx, &m->layers[i], &d, &sh, m->h[i], m->h[i + 1], &m->acts[i], &m->scr, err);
   df_ffn_set_stats(&fs, NULL, 0.0);
   DF_TRY(st);
-  df_tensor hL = mat(m->h[m->L], m->dev, d.T, m->H), out = mat(m->out, m->dev, d.T, m->H);
+  df_tensor hL = smat(m, m->h[m->L], d.T, m->H), out = smat(m, m->out, d.T, m->H);
   df_tensor r = row(m->out_rstd, m->dev, d.T);
   DF_TRY(df_rmsnorm_forward(m->ctx, &hL, &m->norm.w, m->eps, &out, &r, err));
   m->have_forward = true;
@@ -555,9 +607,9 @@ df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch,
 // ∂ctx (summed over layers) → hidden_norm → fc.weight; target_hidden takes no gradient.
 static df_status context_backward(df_draft_model *m, df_error *err) {
   const int64_t C = m->dims.C, H = m->H;
-  df_tensor dctx = mat(m->scr.dctx, m->dev, C, H), fc = mat(m->fc_out, m->dev, C, H);
-  df_tensor dfc = mat(m->dfc, m->dev, C, H), r = row(m->ctx_rstd, m->dev, C);
-  df_tensor th = mat(m->th, m->dev, C, m->K * H);
+  df_tensor dctx = smat(m, m->scr.dctx, C, H), fc = smat(m, m->fc_out, C, H);
+  df_tensor dfc = smat(m, m->dfc, C, H), r = row(m->ctx_rstd, m->dev, C);
+  df_tensor th = smat(m, m->th, C, m->K * H);
   DF_TRY(df_rmsnorm_backward(m->ctx, &dctx, &fc, &m->hidden_norm.w, &r, &dfc, false, &m->hidden_norm.g, err));
   return df_linear_backward(m->ctx, &dfc, &th, &m->fc.w, NULL, false, &m->fc.g, NULL, err);
 }
@@ -578,8 +630,8 @@ df_status df_draft_model_backward(df_draft_model *m, const float *d_hidden, df_e
                    "no forward to differentiate (none yet, or the last one failed)");
   if (!d_hidden) return DF_FAIL(err, DF_ERR_INVALID, "d_hidden", NULL, "d_hidden is NULL");
   const dflash_dims *d = &m->dims;
-  df_tensor dout = mat(d_hidden, m->dev, d->T, m->H), hL = mat(m->h[m->L], m->dev, d->T, m->H);
-  df_tensor dh = mat(m->scr.dh, m->dev, d->T, m->H), r = row(m->out_rstd, m->dev, d->T);
+  df_tensor dout = smat(m, d_hidden, d->T, m->H), hL = smat(m, m->h[m->L], d->T, m->H);
+  df_tensor dh = smat(m, m->scr.dh, d->T, m->H), r = row(m->out_rstd, m->dev, d->T);
   DF_TRY(df_rmsnorm_backward(m->ctx, &dout, &hL, &m->norm.w, &r, &dh, false, &m->norm.g, err));
   DF_TRY(grads_ready_from(m, &m->norm, err));
   const dflash_shared sh = shared_inputs(m);

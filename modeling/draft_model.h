@@ -25,8 +25,8 @@ typedef struct df_draft_model df_draft_model;
 // arrays already live on the context's device (strategies/dflash/stage.c staged them) and are copied device to device.
 typedef struct {
   int64_t B, S, N;            // batch, padded context length, blocks per sample (block size from config)
-  const float *target_hidden; // (B, S, K·H) raw concatenated target features
-  const float *block_embed;   // (B, N·bs, H) frozen-embedding rows of the block input ids
+  const float *target_hidden; // (B, S, K·H) raw concatenated target features (fp32)
+  const float *block_embed;   // (B, N·bs, H) frozen-embedding rows of the block input ids, in the storage dtype
   const int32_t *anchors;     // (B, N) block n of sample b covers positions anchor .. anchor+bs−1
   const uint8_t *keep;        // (B, N) 0 = padding block: sees nothing, outputs 0 from attention
   // (B·N·bs) and (B·(S + N·bs)) position ids (df_draft_fill_positions), or NULL: the model derives them from
@@ -51,11 +51,27 @@ void df_draft_fill_positions(int64_t B, int64_t S, int64_t N, int64_t bs, const 
 // post_attention_layernorm, mlp.{gate,up,down}_proj, and last norm.weight. cfg is borrowed: it must outlive
 // the model. The MLP is built through modeling/ffn.h.
 df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draft_model **out, df_error *err);
+// The same with the forward's storage dtype (modeling/ and kernels/ ops: activations, their gradients and the weights
+// the forward reads). DF_BF16 is mixed precision: the fp32 parameters (df_draft_model_weights) are the masters the
+// optimizer updates and checkpoints hold, a bf16 copy of them (df_draft_model_compute_params) is what the forward and
+// backward read, and the weight gradients stay fp32; norms' statistics, softmax statistics and losses are fp32 in any
+// case. DF_F32 is df_draft_model_create. A draft the bf16 path does not cover yet is refused (reason below).
+df_status df_draft_model_create_as(const df_draft_config *cfg, df_ctx *ctx, df_dtype storage, df_draft_model **out,
+                                   df_error *err);
+// Why cfg cannot be stored in bf16 yet, or NULL.
+const char *df_draft_model_bf16_unsupported(const df_draft_config *cfg);
 void df_draft_model_free(df_draft_model *m);
 
 const df_params *df_draft_model_params(const df_draft_model *m);
 float *df_draft_model_weights(df_draft_model *m); // flat (df_params_numel) fp32 parameters
 float *df_draft_model_grads(df_draft_model *m);   // flat fp32 gradients, same layout
+df_dtype df_draft_model_storage(const df_draft_model *m);
+// bf16 storage: the flat bf16 copy of the masters (df_params_numel elements) that df_adamw_fused refreshes with each
+// update; NULL for fp32 storage.
+void *df_draft_model_compute_params(df_draft_model *m);
+// Rounds the masters into the bf16 copy: after anything but the fused AdamW wrote the masters (init, load, a resume,
+// a ZeRO-1 all-gather, a test hook). A no-op for fp32 storage.
+df_status df_draft_model_sync_params(df_draft_model *m, df_error *err);
 
 // HF post_init: every weight / router / embedding of ndim >= 2 (linear weights, and the stacked MoE experts
 // [E, out, in]) ~ N(0, initializer_range) drawn in table order, row-major, from df_rng_init(seed,
@@ -78,13 +94,13 @@ df_ffn_set df_draft_model_ffn_set(const df_draft_model *m);
 // produce no aux loss. A no-op for dense drafts.
 void df_draft_model_set_training(df_draft_model *m, bool training);
 
-// Forward of one micro-batch; *out_hidden points at the final-normed hidden states (B, N·bs, H), owned by
-// the model and valid until the next forward. Activations needed by the backward are kept; the batch is
-// copied (uploaded, or copied device to device), so its arrays may be reused as soon as this returns.
+// Forward of one micro-batch; *out_hidden points at the final-normed hidden states (B, N·bs, H) in the storage dtype,
+// owned by the model and valid until the next forward. Activations needed by the backward are kept; the batch is copied
+// (uploaded, or copied device to device), so its arrays may be reused as soon as this returns.
 df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch, const float **out_hidden,
                                  df_error *err);
 // Backward of the last forward: d_hidden (B, N·bs, H) → parameter gradients added into the grads buffer.
-// d_hidden lives on the context's device, like out_hidden. Calling it twice adds the gradients twice.
+// d_hidden (storage dtype) lives on the context's device, like out_hidden. Calling it twice adds the gradients twice.
 df_status df_draft_model_backward(df_draft_model *m, const float *d_hidden, df_error *err);
 void df_draft_model_zero_grads(df_draft_model *m);
 // Called by df_draft_model_backward whenever the gradient of [from, numel) of the flat buffer is complete for this

@@ -38,17 +38,20 @@ static df_status dense_bind(df_ffn *f, const df_params *p, float *weights, float
   return bind_one(p, f->layer, DENSE_NAMES[2], weights, grads, dev, &d->w_down, &d->g_down, err);
 }
 
-static df_tensor rows_view(float *p, df_device dev, int64_t rows, int64_t cols) {
-  return df_view(p, DF_F32, dev, 2, (const int64_t[]){rows, cols});
+// A (rows, cols) view of x's storage dtype at element offset off of p (the saved and scratch buffers hold elements of
+// the activations' dtype).
+static df_tensor rows_view(const df_tensor *x, const float *p, int64_t off, int64_t rows, int64_t cols) {
+  char *at = (char *)p + off * (int64_t)df_dtype_size(x->dtype);
+  return df_view(at, x->dtype, x->device, 2, (const int64_t[]){rows, cols});
 }
 
 static df_status dense_forward(df_ffn *f, df_ctx *ctx, const df_tensor *x, df_tensor *y, float *saved, float *scratch,
                                df_error *err) {
   ffn_dense *d = (ffn_dense *)f;
   const int64_t R = df_numel(x) / d->H;
-  df_tensor gate = rows_view(saved, x->device, R, d->I);          // (R, I)
-  df_tensor up = rows_view(saved + R * d->I, x->device, R, d->I); // (R, I)
-  df_tensor act = rows_view(scratch, x->device, R, d->I);         // (R, I) silu(gate) ⊙ up
+  df_tensor gate = rows_view(x, saved, 0, R, d->I);      // (R, I)
+  df_tensor up = rows_view(x, saved, R * d->I, R, d->I); // (R, I)
+  df_tensor act = rows_view(x, scratch, 0, R, d->I);     // (R, I) silu(gate) ⊙ up
   DF_TRY(df_linear_forward(ctx, x, &d->w_gate, NULL, &gate, err));
   DF_TRY(df_linear_forward(ctx, x, &d->w_up, NULL, &up, err));
   DF_TRY(df_swiglu_forward(ctx, &gate, &up, 0.0f, &act, err));
@@ -59,11 +62,11 @@ static df_status dense_backward(df_ffn *f, df_ctx *ctx, const df_tensor *x, cons
                                 bool accumulate_dx, const float *saved, float *scratch, df_error *err) {
   ffn_dense *d = (ffn_dense *)f;
   const int64_t R = df_numel(x) / d->H, RI = R * d->I;
-  df_tensor gate = rows_view((float *)saved, x->device, R, d->I);    // (R, I)
-  df_tensor up = rows_view((float *)saved + RI, x->device, R, d->I); // (R, I)
-  df_tensor act = rows_view(scratch, x->device, R, d->I);            // (R, I), reused for d_gate
-  df_tensor d_act = rows_view(scratch + RI, x->device, R, d->I);     // (R, I)
-  df_tensor d_up = rows_view(scratch + 2 * RI, x->device, R, d->I);  // (R, I)
+  df_tensor gate = rows_view(x, saved, 0, R, d->I);        // (R, I)
+  df_tensor up = rows_view(x, saved, RI, R, d->I);         // (R, I)
+  df_tensor act = rows_view(x, scratch, 0, R, d->I);       // (R, I), reused for d_gate
+  df_tensor d_act = rows_view(x, scratch, RI, R, d->I);    // (R, I)
+  df_tensor d_up = rows_view(x, scratch, 2 * RI, R, d->I); // (R, I)
   DF_TRY(df_swiglu_forward(ctx, &gate, &up, 0.0f, &act, err));
   DF_TRY(df_linear_backward(ctx, dy, &act, &d->w_down, &d_act, false, &d->g_down, NULL, err));
   df_tensor d_gate = act; // act is dead once down_proj's weight gradient is taken

@@ -10,6 +10,10 @@ struct df_params {
   df_param **by_name; // sorted by name, built at finalize
   int64_t numel, param_numel;
   bool final;
+  // Mixed precision (df_params_set_compute): binds of `masters` give weight views into `compute` instead.
+  const float *masters;
+  void *compute;
+  df_dtype compute_dt;
 };
 
 const char *df_param_role_name(df_param_role r) {
@@ -143,8 +147,16 @@ df_status df_params_bind(const df_params *p, const char *name, float *weights, f
                          df_tensor *w, df_tensor *g, df_error *err) {
   DF_TRY(df_params_view_named(p, name, weights, w, err));
   DF_TRY(df_params_view_named(p, name, grads, g, err));
-  w->device = g->device = dev; // views of the flat buffers, which live on the context's device
+  w->device = g->device = dev;               // views of the flat buffers, which live on the context's device
+  if (p->compute && weights == p->masters) { // the forward's copy, same element offsets
+    w->data = (char *)p->compute + ((float *)w->data - weights) * (int64_t)df_dtype_size(p->compute_dt);
+    w->dtype = p->compute_dt;
+  }
   return DF_OK;
+}
+
+void df_params_set_compute(df_params *p, const float *masters, void *compute, df_dtype dt) {
+  p->masters = masters, p->compute = compute, p->compute_dt = dt;
 }
 
 df_status df_params_add_f32(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,

@@ -80,6 +80,10 @@ df_status df_params_view_named(const df_params *p, const char *name, float *flat
 df_status df_params_bind(const df_params *p, const char *name, float *weights, float *grads, df_device dev,
                          df_tensor *w, df_tensor *g, df_error *err);
 
+// Mixed precision: a later df_params_bind of the flat buffer `masters` gives the weight view in `compute` (the same
+// element offsets, dtype dt: the bf16 copy the forward reads), the gradient view as before. compute NULL: off.
+void df_params_set_compute(df_params *p, const float *masters, void *compute, df_dtype dt);
+
 // Adds a trainable fp32 parameter of shape [d0] (ndim 1) or [d0, d1]; weights and embeddings get weight decay.
 df_status df_params_add_f32(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
                             df_error *err);

@@ -24,10 +24,12 @@ extern "C" {
 
 // ---- what a strategy is given ------------------------------------------------------------------------------------
 
-// The frozen target pieces a draft reads: embedding and LM head, [vocab, hidden] fp32 on the run's device.
+// The frozen target pieces a draft reads: embedding and LM head, [vocab, hidden] on the run's device, in dtype (f32,
+// or bf16 when the draft stores bf16: df_run_resources_place_as).
 typedef struct {
-  const float *embed, *lm_head;
+  const void *embed, *lm_head;
   int64_t vocab, hidden;
+  df_dtype dtype; // DF_F32 (0) unless placed as bf16
 } df_frozen;
 
 // The values of a strategy's own recipe keys (df_strategy.keys), looked up by name ("dspark_ce_loss_alpha"): the

@@ -16,7 +16,8 @@ df_status df_block_open(df_block_run *b, const df_strategy *table, const df_stra
                               .vocab = env->frozen.vocab,
                               .hidden = env->frozen.hidden,
                               .mask_token_id = env->mask_token_id,
-                              .last_hidden = last_hidden};
+                              .last_hidden = last_hidden,
+                              .storage = df_draft_model_storage(env->model)};
   return df_stage_create(env->ctx, &spec, &b->stage, err);
 }
 
@@ -33,7 +34,7 @@ void df_block_close(df_block_run *b) {
 
 df_tensor df_block_head(const df_block_run *b) {
   const df_frozen *fz = &b->env.frozen;
-  return df_f32_on(df_ctx_device(b->env.ctx), fz->lm_head, fz->vocab, fz->hidden);
+  return df_view_on(fz->dtype, df_ctx_device(b->env.ctx), fz->lm_head, fz->vocab, fz->hidden);
 }
 
 int32_t df_block_argmax(const float *z, int64_t V) {
@@ -134,7 +135,7 @@ static df_status staged_step(df_block_run *b, const df_micro_args *a, const df_d
   info->loss_den = st.loss_den, info->num_blocks = st.num_blocks, info->upload_bytes = st.upload_bytes;
   if (!e->eval) st.model.ffn_stats = a->ffn_stats, st.model.ffn_stats_den = st.loss_den;
   df_tensor hidden;
-  DF_TRY(df_stage_forward(e->ctx, e->model, e->frozen.embed, e->frozen.vocab, &st, &hidden, err));
+  DF_TRY(df_stage_forward(e->ctx, e->model, &e->frozen, &st, &hidden, err));
   if (e->eval) return b->hooks.objective(b->hooks.self, b, &st, &hidden, 0.0, NULL, a->stats, err);
   if (!a->accumulate) df_draft_model_zero_grads(e->model); // the heads add their gradients in the objective
   DF_TRY(b->hooks.objective(b->hooks.self, b, &st, &hidden, a->grad_scale, &st.dhidden, a->stats, err));

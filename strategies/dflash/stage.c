@@ -57,10 +57,10 @@ static void pack_layout(df_carver *c, const dims *d, bool copy_features, packed 
 }
 
 // The shared device scratch: block embeddings, d(hidden).
-static void scratch_layout(df_carver *c, const dims *d, df_device dev, df_staged *o) {
-  const int64_t R = d->d.R, H = d->H;
-  o->block_embed = df_f32_on(dev, df_carve(c, R * H * 4), R, H);
-  o->dhidden = df_f32_on(dev, df_carve(c, R * H * 4), R, H);
+static void scratch_layout(df_carver *c, const dims *d, df_dtype dt, df_device dev, df_staged *o) {
+  const int64_t R = d->d.R, H = d->H, e = (int64_t)df_dtype_size(dt);
+  o->block_embed = df_view_on(dt, dev, df_carve(c, R * H * e), R, H);
+  o->dhidden = df_view_on(dt, dev, df_carve(c, R * H * e), R, H);
 }
 
 df_status df_stage_create(df_ctx *ctx, const df_stage_spec *spec, df_stage **out, df_error *err) {
@@ -202,7 +202,7 @@ static void measure(const df_stage *s, const dims *d, const df_stage_rows *rows,
   packed p;
   df_staged tmp;
   pack_layout(&cu, d, !s->direct, &p);
-  scratch_layout(&cs, d, s->dev, &tmp);
+  scratch_layout(&cs, d, s->spec.storage, s->dev, &tmp);
   rows->layout(rows->self, DF_STAGE_MEASURE, &cu, &cs, &d->d, s->dev, NULL);
   *up = cu.off, *scratch = cs.off;
 }
@@ -240,19 +240,24 @@ df_status df_stage_prepare(df_stage *s, const df_batch *bt, const df_dflash_anch
   }
   df_carver cd = {.base = sl->dev}, cc = {.base = s->scratch};
   pack_layout(&cd, &d, !s->direct, &p);
-  scratch_layout(&cc, &d, s->dev, out);
+  scratch_layout(&cc, &d, s->spec.storage, s->dev, out);
   views(s, bt, &d, &p, out);
   rows->layout(rows->self, DF_STAGE_BIND, &cd, &cc, &d.d, s->dev, &out->keep);
   return DF_OK;
 }
 
-df_status df_stage_forward(df_ctx *ctx, df_draft_model *m, const float *embed, int64_t vocab, df_staged *st,
-                           df_tensor *hidden, df_error *err) {
+df_status df_stage_forward(df_ctx *ctx, df_draft_model *m, const df_frozen *fz, df_staged *st, df_tensor *hidden,
+                           df_error *err) {
   const int64_t H = st->block_embed.shape[1];
-  df_tensor table = df_f32_on(df_ctx_device(ctx), embed, vocab, H);
+  const df_dtype dt = df_draft_model_storage(m);
+  if (fz->dtype != dt)
+    return DF_FAIL(err, DF_ERR_INVALID, "frozen target pieces",
+                   "place them in the draft's dtype (df_run_resources_place_as)",
+                   "the embedding is %s, the draft stores %s", df_dtype_name(fz->dtype), df_dtype_name(dt));
+  df_tensor table = df_view_on(dt, df_ctx_device(ctx), fz->embed, fz->vocab, H);
   DF_TRY(df_embedding_forward(ctx, &table, &st->block_ids, &st->block_embed, err));
   const float *out = NULL;
   DF_TRY(df_draft_model_forward(m, &st->model, &out, err));
-  *hidden = df_f32_on(df_ctx_device(ctx), out, st->R, H);
+  *hidden = df_view_on(dt, df_ctx_device(ctx), out, st->R, H);
   return DF_OK;
 }

@@ -18,6 +18,7 @@
 #include "modeling/draft_model.h"
 #include "strategies/batch.h"
 #include "strategies/dflash/dflash.h"
+#include "strategies/strategy.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,6 +62,7 @@ typedef struct {
   int64_t hidden;     // H of the frozen pieces (block embeddings, teacher rows)
   int64_t mask_token_id;
   bool last_hidden; // upload the batch's target_last_hidden_states (the strategy reads the teacher rows)
+  df_dtype storage; // of the block embeddings and d(hidden): the draft's (df_draft_model_storage)
 } df_stage_spec;
 
 // A staged micro-batch: views on the context's device, valid until its slot is prepared again (two prepares on).
@@ -91,10 +93,11 @@ void df_stage_free(df_stage *s);
 // slot — block ids, positions, the rows, loss_den, every id checked — then queues the upload.
 df_status df_stage_prepare(df_stage *s, const df_batch *bt, const df_dflash_anchors *a, const df_stage_rows *rows,
                            df_staged *out, df_error *err);
-// The forward of a staged micro-batch: the frozen embedding of the block ids (embed [V, H] on the context's device)
-// into block_embed, then df_draft_model_forward. *hidden views the model's final-normed output [R, H].
-df_status df_stage_forward(df_ctx *ctx, df_draft_model *m, const float *embed, int64_t vocab, df_staged *st,
-                           df_tensor *hidden, df_error *err);
+// The forward of a staged micro-batch: the frozen embedding of the block ids (fz->embed [V, H] on the context's device,
+// in the draft's storage dtype) into block_embed, then df_draft_model_forward. *hidden views the model's final-normed
+// output [R, H] (storage dtype).
+df_status df_stage_forward(df_ctx *ctx, df_draft_model *m, const df_frozen *fz, df_staged *st, df_tensor *hidden,
+                           df_error *err);
 
 #ifdef __cplusplus
 }

@@ -117,13 +117,16 @@ static int read_losses(const char *run, double *loss, int n) {
   return k;
 }
 
-static void train(const char *root, const char *data, const char *run, const char *device) {
-  run_ok(root, device,
+// dtype: model.torch_dtype (the CPU computes in fp32 whatever it says).
+static void train(const char *root, const char *data, const char *run, const char *device, const char *dtype) {
+  char label[64];
+  snprintf(label, sizeof label, "%s_%s", device, dtype);
+  run_ok(root, label,
          "train %s/recipes/demo-dflash.yaml --set output_dir='%s' --set data.hidden_states_path='%s' "
          "--set data.eval_hidden_states_path='%s' --set training.device=%s --set training.max_steps=%d "
          "--set training.batch_size=2 --set training.num_anchors=8 --set training.log_interval=1 "
-         "--set training.eval_interval=0",
-         CU_SOURCE_PATH, run, data, data, device, STEPS);
+         "--set training.eval_interval=0 --set model.torch_dtype=%s",
+         CU_SOURCE_PATH, run, data, data, device, STEPS, dtype);
 }
 
 static void expect_exports_close(const char *a_path, const char *b_path) {
@@ -177,8 +180,8 @@ Test(cuda_program, capture_train_export_eval_and_spec_decode_on_the_tiny_target,
   run_ok(root, "capture_gpu", cap, CU_SOURCE_PATH, tok, CU_SOURCE_PATH, cap_gpu, "cuda");
   expect_same_shards(cap_cpu, cap_gpu);
 
-  train(root, cap_cpu, run_cpu, "cpu");
-  train(root, cap_cpu, run_gpu, "cuda");
+  train(root, cap_cpu, run_cpu, "cpu", "float32");
+  train(root, cap_cpu, run_gpu, "cuda", "float32"); // fp32 storage: the same program as the CPU's
   double lc[STEPS], lg[STEPS];
   cr_assert_eq(read_losses(run_cpu, lc, STEPS), STEPS);
   cr_assert_eq(read_losses(run_gpu, lg, STEPS), STEPS);
@@ -219,6 +222,24 @@ Test(cuda_program, capture_train_export_eval_and_spec_decode_on_the_tiny_target,
   cr_expect(json_equal(json_object_get(sg, "per_position_reached"), json_object_get(sc, "per_position_reached")),
             "per-slot counts differ");
   json_decref(sc), json_decref(sg);
+
+  // Mixed precision, the CUDA default: the same training in bf16 storage follows the CPU's fp32 losses within bf16's
+  // reach (2e-2 relative per step over these few steps; the 50-step curve is cuda_step's), and its bf16 export
+  // (as users export) drafts for the target: speculative decoding with it is the target's greedy output.
+  char run16[300];
+  snprintf(run16, sizeof run16, "%s/run_bf16", root);
+  train(root, cap_cpu, run16, "cuda", "bfloat16");
+  double l16[STEPS];
+  cr_assert_eq(read_losses(run16, l16, STEPS), STEPS);
+  for (int i = 0; i < STEPS; i++)
+    cr_expect_leq(fabs(l16[i] - lc[i]), 2e-2 * fabs(lc[i]), "step %d: bf16 loss %.8g, fp32 CPU %.8g", i + 1, l16[i],
+                  lc[i]);
+  run_ok(root, "export_bf16", "export '%s' --out '%s/export' --dtype bfloat16", run16, run16);
+  run_ok(root, "spec_bf16", sd, CU_SOURCE_PATH, run16, tok, root, "bf16", "cuda");
+  snprintf(pa, sizeof pa, "%s/spec_bf16.json", root);
+  json_t *s16 = load_json(pa);
+  cr_expect(json_is_true(json_object_get(s16, "identical_to_greedy")), "the bf16 draft's decode differs from greedy");
+  json_decref(s16);
   cu_rmtree(root);
 }
 

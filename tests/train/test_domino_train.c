@@ -133,7 +133,7 @@ Test(domino_train, window_gradient_is_the_mean_of_the_micro_step_gradients) {
   df_feed *feed;
   df_feed_options fo = {.path = FX "/data", .batch_size = 2, .max_length = 64, .seed = 7, .world_size = 1};
   DF_ASSERT_OK(df_feed_open(&fo, &feed, &err), &err);
-  const df_frozen fz = {tp.embed, tp.lm_head, tp.vocab, tp.hidden};
+  const df_frozen fz = {tp.embed, tp.lm_head, tp.vocab, tp.hidden, DF_F32};
   // λ = lambda_base_start 0.3 at step 0 of the 12-step horizon: the micro-steps get the trainer's schedule position
   const df_strategy_value v[] = {{.key = "lambda_base_start", .number = 0.3},
                                  {.key = "lambda_base_decay_ratio", .number = 0.5}};

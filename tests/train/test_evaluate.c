@@ -36,7 +36,7 @@ static setup load(void) {
   DF_ASSERT_OK(df_draft_model_load(s.m, STEP_DIR "/draft_ckpt", &err), &err);
   df_target_pieces_options o = {.expect_vocab = 256, .expect_hidden = 64};
   DF_ASSERT_OK(df_target_pieces_load(STEP_DIR "/target", &o, &s.tp, &err), &err);
-  s.fz = (df_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
+  s.fz = (df_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden, DF_F32};
   return s;
 }
 
@@ -183,7 +183,7 @@ static setup load_dspark(void) {
   DF_ASSERT_OK(df_draft_model_load(s.m, DSPARK_DIR "/ckpt_rnn", &err), &err);
   df_target_pieces_options o = {.expect_vocab = 256, .expect_hidden = 64};
   DF_ASSERT_OK(df_target_pieces_load(STEP_DIR "/target", &o, &s.tp, &err), &err);
-  s.fz = (df_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden};
+  s.fz = (df_frozen){s.tp.embed, s.tp.lm_head, s.tp.vocab, s.tp.hidden, DF_F32};
   return s;
 }
 

@@ -256,7 +256,7 @@ static void manual_open(manual *m) {
   df_feed_options fo = {.path = FX "/data", .batch_size = 2, .max_length = 64, .seed = 42, .world_size = 1};
   DF_ASSERT_OK(df_feed_open(&fo, &m->feed, &err), &err);
   df_dflash_sampler_init(&m->sampler, 42);
-  const df_frozen fz = {m->pieces.embed, m->pieces.lm_head, m->pieces.vocab, m->pieces.hidden};
+  const df_frozen fz = {m->pieces.embed, m->pieces.lm_head, m->pieces.vocab, m->pieces.hidden, DF_F32};
   const df_step_settings set = {.num_anchors = 4, .loss_decay_gamma = 7.0, .mask_token_id = 255, .chunk_blocks = 2};
   DF_ASSERT_OK(df_step_open(m->ctx, m->model, m->cfg, &fz, &set, false, &m->run, &err), &err);
 }

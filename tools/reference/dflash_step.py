@@ -535,7 +535,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("recipe")
     ap.add_argument("--dump", metavar="DIR", help="write grads.safetensors, step.json and batch.json here")
-    ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    ap.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64",
+                    help="bfloat16: the draft and every activation in bf16 as SpecForge trains (the model cast to bf16; "
+                         "norms, RoPE tables and softmax statistics in fp32 inside the ops), gradients as PyTorch's bf16")
     ap.add_argument("--bench", action="store_true", help="time forward+backward in float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)

@@ -18,6 +18,7 @@ import sys
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -162,6 +163,9 @@ def coverage(prep: ref.Prepared) -> Dict[str, bool]:
             "few_candidates_sample": 1 in prep.batch.sample_order}
 
 
+BF16_CASE = "dflash_cold"
+
+
 def generate(out: str) -> Dict[str, Dict[str, Any]]:
     sf.fresh_dir(out)
     rng = np.random.default_rng(20260808)
@@ -174,6 +178,9 @@ def generate(out: str) -> Dict[str, Dict[str, Any]]:
         prep = ref.prepare(dio.load_recipe(recipe))
         res = ref.run_step(prep)
         ref.dump(prep, res, os.path.join(os.path.dirname(recipe), "expected"), "float64")
+        if case["name"] == BF16_CASE:  # mixed precision's reference: the same step as PyTorch runs it in bf16
+            ref.dump(prep, ref.run_step(prep, torch.bfloat16), os.path.join(os.path.dirname(recipe), "expected_bf16"),
+                     "bfloat16")
         return {**res.summary(), **coverage(prep)}
 
     results = sf.write_cases(out, CASES, recipe_text, run)
@@ -211,6 +218,9 @@ which rewrites this whole folder, README included. One case by hand:
 Each `CASE/` holds `recipe.yaml` (paths from the repository root) and `expected/`: `grads.safetensors` (F32 gradient of
 loss_num / loss_den for every draft parameter), `step.json` (loss_num, loss_den, loss, acc_num, acc_den,
 num_blocks) and `batch.json` (sample order, S, N, anchors, keep: for debugging, not part of the contract).
+`dflash_cold/expected_bf16/` holds the same step as PyTorch runs it in bf16 (`dflash_step.py --dtype bfloat16`:
+the draft and every activation bf16, gradients PyTorch's bf16 ones), the reference of the CUDA backend's mixed
+precision (`tests/cuda/test_step_gpu.c`).
 
 | case | loss | acc | blocks | covers |
 |---|---|---|---|---|

@@ -16,6 +16,8 @@ static const df_cli_opt STEP_OPTS[] = {
     {"--threads", "N", DF_CLI_VALUE, "OpenMP's", "CPU threads"},
     {"--device", "auto|cpu|cuda", DF_CLI_VALUE, "training.device (auto)",
      "where it runs; auto takes CUDA when a GPU is visible and its backend has every op of a step, else the CPU"},
+    {"--set", "KEY=VALUE", DF_CLI_REPEAT, "none",
+     "override a recipe key, as draftforge train does: --set model.torch_dtype=float32"},
     {"--schema", NULL, DF_CLI_FLAG, "off", "print every recipe key (type, default, support) and exit"},
     DF_CLI_END};
 
@@ -32,6 +34,8 @@ static const df_cli_spec STEP_CLI = {
 
 typedef struct {
   const char *recipe, *dump;
+  const char **sets; // --set values (copied out of the parsed arguments)
+  int n_sets;
   int threads;
   bool schema, verbose, has_device;
   df_device_choice device;
@@ -50,6 +54,12 @@ static int parse_step_args(int argc, char **argv, step_args *s) {
   s->has_device = !rc && df_cli_has(&a, "--device"), s->device = (df_device_choice)device;
   s->recipe = a.npos ? a.pos[0] : NULL, s->dump = df_cli_get(&a, "--dump"), s->threads = (int)threads;
   s->schema = df_cli_has(&a, "--schema"), s->verbose = a.verbose;
+  int n = 0;
+  const char *const *sets = rc ? NULL : df_cli_list(&a, "--set", &n);
+  if (n > 0 && (s->sets = calloc((size_t)n, sizeof *s->sets)))
+    for (int i = 0; i < n; i++) s->sets[i] = strdup(sets[i]), s->n_sets++;
+  if (s->recipe) s->recipe = strdup(s->recipe);
+  if (s->dump) s->dump = strdup(s->dump);
   df_cli_free(&a);
   if (rc || s->schema) return rc;
   if (!s->recipe || !s->dump) return df_cli_usage_error(&STEP_CLI, "RECIPE.yaml and --dump DIR are required");
@@ -77,11 +87,16 @@ int df_cmd_step(int argc, char **argv) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   df_step_result r;
   df_error err = {0};
-  if (df_step_run(a.recipe, a.dump, a.threads, a.has_device ? &a.device : NULL, &r, &err) != DF_OK) {
+  rc = 0;
+  if (df_step_run_ex(a.recipe, a.sets, a.n_sets, a.dump, a.threads, a.has_device ? &a.device : NULL, &r, &err) !=
+      DF_OK) {
     df_error_print_verbose(&err, a.verbose);
-    return DF_EXIT_FAILURE;
+    rc = DF_EXIT_FAILURE;
+  } else {
+    print_summary(&r, a.dump);
+    df_step_result_free(&r);
   }
-  print_summary(&r, a.dump);
-  df_step_result_free(&r);
-  return 0;
+  for (int i = 0; i < a.n_sets; i++) free((void *)a.sets[i]);
+  free(a.sets), free((void *)a.recipe), free((void *)a.dump);
+  return rc;
 }

@@ -34,6 +34,7 @@ static const char *const ROLES_OK[] = {"all", NULL};
 static const char *const SCHEDULERS[] = {"cosine", "constant", NULL};
 static const char *const BACKENDS[] = {"sglang", NULL}; // SpecForge dropped hf / custom with its server-only capture
 static const char *const DTYPES[] = {"bfloat16", "float16", "float32", NULL};
+static const char *const DTYPES_OK[] = {"bfloat16", "float32", NULL};
 static const char *const REPORT_TO[] = {"none", "wandb", "tensorboard", "swanlab", "mlflow", NULL};
 static const char *const DEPLOY_MODES[] = {"local_colocated", "disaggregated", NULL};
 static const char *const DEPLOY_MODES_OK[] = {"local_colocated", NULL};
@@ -93,8 +94,10 @@ static const df_recipe_key SCHEMA[] = {
     K("model", "aux_hidden_state_layer_ids", DF_RT_INT_LIST, .nullable = true, USED,
       .note = "EAGLE-3: the three captured target layers (id k = hidden_states[k + 1]); else the draft config's "
               "eagle_config, else [1, L/2 - 1, L - 4]. DFlash-family drafts set dflash_config.target_layer_ids"),
-    K("model", "torch_dtype", DF_RT_ENUM, .def = "bfloat16", .choices = DTYPES,
-      TODO("the precision follows the backend (CPU fp32, CUDA bf16)")),
+    K("model", "torch_dtype", DF_RT_ENUM, .def = "bfloat16", .choices = DTYPES, .supported = DTYPES_OK, USED,
+      .note = "the draft's storage on CUDA: bfloat16 (weights, activations and activation gradients bf16; fp32 "
+              "masters, weight gradients, AdamW moments and statistics) or float32; the CPU backend computes in "
+              "float32 either way; float16 would need loss scaling"),
     K("model", "cache_dir", DF_RT_STRING, .nullable = true, USED,
       .note = "the Hugging Face hub cache that hub ids in the model paths resolve in (from_pretrained's cache_dir)"),
     K("model", "mask_token_id", DF_RT_INT, .nullable = true, GE(0), USED),

@@ -39,6 +39,9 @@ typedef struct {
   int64_t data_size;  // samples
   int64_t batch_size; // the global batch: ranks × training.batch_size (resumable on another number of ranks)
   int64_t accumulation_steps, world_size; // world_size: informational, not compared on resume
+  // The storage of the run that wrote it ("bfloat16" or "float32"): informational, not compared (the masters and
+  // moments are fp32 either way, so a bf16 GPU run resumes on the CPU and back); "float32" for older checkpoints.
+  char precision[16];
   int64_t block_size, num_anchors, max_length, mask_token_id;
   int64_t seed;
   int64_t horizon; // LR schedule T

@@ -300,6 +300,8 @@ static df_status write_groups(const h5io *io, hid_t f, const df_ckpt_state *s) {
     if (i == 1) st = put_fields(io, g, PROGRESS, NFIELDS(PROGRESS), s->progress);
     if (i == 2) st = put_fields(io, g, CONTRACT, NFIELDS(CONTRACT), s->contract);
     if (i == 2 && st == DF_OK) st = put_strategy_keys(io, g, s->contract);
+    if (i == 2 && st == DF_OK)
+      st = put_str(io, g, "precision", s->contract->precision[0] ? s->contract->precision : "float32");
     if (i == 3) st = put_data(io, g, "anchors", H5T_NATIVE_UINT64, s->progress->anchor_rng.s, 4);
     H5Gclose(g);
   }
@@ -343,6 +345,10 @@ static df_status read_groups(const h5io *io, hid_t f, const df_params *t, float 
   if (st == DF_OK) st = get_fields(io, g[1], PROGRESS, NFIELDS(PROGRESS), p);
   if (st == DF_OK) st = get_fields(io, g[2], CONTRACT, NFIELDS(CONTRACT), c);
   if (st == DF_OK) st = get_strategy_keys(io, g[2], c);
+  if (st == DF_OK && H5Aexists(g[2], "precision") > 0)
+    st = get_str(io, g[2], "precision", c->precision, sizeof c->precision);
+  else if (st == DF_OK)
+    snprintf(c->precision, sizeof c->precision, "float32"); // written before the attribute existed
   if (st == DF_OK) st = get_data(io, g[3], "anchors", H5T_NATIVE_UINT64, p->anchor_rng.s, 4);
   if (st == DF_OK) st = get_data(io, f, "params", H5T_NATIVE_FLOAT, params, numel);
   if (st == DF_OK) st = get_data(io, g[4], "exp_avg", H5T_NATIVE_FLOAT, m, numel);

@@ -25,7 +25,7 @@ static df_status load_draft_config(const df_recipe *rc, const df_draft_config **
 static df_status size_pieces(df_run_resources *t) {
   t->pieces = (df_target_pieces){
       .vocab = t->target->vocab_size, .hidden = t->target->hidden_size, .tied = t->target->tie_word_embeddings};
-  t->frozen = (df_frozen){NULL, NULL, t->pieces.vocab, t->pieces.hidden};
+  t->frozen = (df_frozen){NULL, NULL, t->pieces.vocab, t->pieces.hidden, DF_F32};
   return DF_OK;
 }
 
@@ -36,7 +36,7 @@ static df_status load_pieces(const df_recipe *rc, df_run_resources *t, df_error 
                                 .expect_vocab = t->target->vocab_size,
                                 .expect_hidden = t->target->hidden_size};
   DF_TRY(df_target_pieces_load(rc->model.target_model_path, &o, &t->pieces, err));
-  t->frozen = (df_frozen){t->pieces.embed, t->pieces.lm_head, t->pieces.vocab, t->pieces.hidden};
+  t->frozen = (df_frozen){t->pieces.embed, t->pieces.lm_head, t->pieces.vocab, t->pieces.hidden, DF_F32};
   if (!t->target->has_logits_mup) return DF_OK;
   // SpecForge divides the frozen head by the target's logits_mup_width_multiplier (reference §1.6).
   int64_t n = t->pieces.vocab * t->pieces.hidden;
@@ -135,7 +135,43 @@ df_status df_run_resources_load_shapes(const df_recipe *rc, df_run_resources *ou
   return load(rc, NULL, true, out, err);
 }
 
+df_dtype df_run_storage(const df_recipe *rc, const df_ctx *ctx, const df_draft_config *draft, const char **why) {
+  const char *no = df_draft_model_bf16_unsupported(draft);
+  if (rc->model.torch_dtype == DF_F32) return *why = "model.torch_dtype: float32", DF_F32;
+  if (df_ctx_device(ctx) != DF_DEV_CUDA)
+    return *why = "model.torch_dtype: bfloat16, but the CPU backend computes in float32", DF_F32;
+  if (no) return *why = no, DF_F32;
+  return *why = "model.torch_dtype: bfloat16", DF_BF16;
+}
+
 df_status df_run_resources_place(df_run_resources *r, df_ctx *ctx, df_error *err) {
+  return df_run_resources_place_as(r, ctx, DF_F32, err);
+}
+
+df_status df_run_resources_place_as(df_run_resources *r, df_ctx *ctx, df_dtype dt, df_error *err) {
+  if (dt != DF_F32) { // bf16: rounded once on the device from an fp32 upload (freed before training starts)
+    const int64_t n = r->frozen.vocab * r->frozen.hidden;
+    const df_device dev = df_ctx_device(ctx);
+    if (!r->frozen.embed && !df_ctx_measuring(ctx))
+      return DF_FAIL(err, DF_ERR_INVALID, "target pieces", "load them (df_run_resources_load) to place them",
+                     "the frozen pieces were only sized (a memory plan)");
+    float *tmp = NULL;
+    DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_FROZEN, sizeof(float) * (size_t)n, (void **)&tmp, err));
+    const void *src[2] = {r->frozen.embed, r->frozen.lm_head};
+    void *dst[2] = {NULL, NULL};
+    df_status st = DF_OK;
+    for (int i = 0; i < 2 && st == DF_OK; i++) {
+      st = df_buffer_alloc_as(ctx, DF_MEM_FROZEN, df_dtype_size(dt) * (size_t)n, &dst[i], err);
+      if (st == DF_OK && src[i]) st = df_copy(ctx, tmp, dev, src[i], DF_DEV_CPU, sizeof(float) * (size_t)n, err);
+      df_tensor a = df_f32_on(dev, tmp, n), b = df_view_on(dt, dev, dst[i], n);
+      if (st == DF_OK) st = df_cast(ctx, &a, &b, err);
+    }
+    df_buffer_free(ctx, tmp);
+    r->placed = ctx, r->dev_embed = dst[0], r->dev_head = dst[1];
+    if (st != DF_OK) return st;
+    r->frozen.embed = r->dev_embed, r->frozen.lm_head = r->dev_head, r->frozen.dtype = dt;
+    return DF_OK;
+  }
   if (df_ctx_host_addressable(ctx)) return DF_OK;
   if (!r->frozen.embed && !df_ctx_measuring(ctx))
     return DF_FAIL(err, DF_ERR_INVALID, "target pieces", "load them (df_run_resources_load) to place them",

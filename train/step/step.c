@@ -135,8 +135,11 @@ static void run_free(step_run *r) {
 static df_status load_model(step_run *r, int threads, const df_device_choice *device, df_error *err) {
   DF_TRY(df_device_open(device ? *device : r->recipe->training.device, df_device_cpu_only_reason(r->res.draft), threads,
                         stderr, &r->ctx, err));
-  DF_TRY(df_run_resources_place(&r->res, r->ctx, err));
-  DF_TRY(df_draft_model_create(r->res.draft, r->ctx, &r->model, err));
+  const char *why = NULL;
+  const df_dtype storage = df_run_storage(r->recipe, r->ctx, r->res.draft, &why);
+  if (storage != DF_F32) fprintf(stderr, "precision bf16 (%s)\n", why);
+  DF_TRY(df_run_resources_place_as(&r->res, r->ctx, storage, err));
+  DF_TRY(df_draft_model_create_as(r->res.draft, r->ctx, storage, &r->model, err));
   const df_recipe *rc = r->recipe;
   if (!rc->model.draft_checkpoint_path) return df_draft_model_init(r->model, rc->training.seed, err);
   // A warm start: the FFN kind's buffers (MoE centering) may be absent; they keep the init values.
@@ -158,8 +161,9 @@ static df_status prepare_strategy(const step_run *r, df_strategy_run *run, df_er
 
 // Recipe; configs, strategy check, frozen pieces and mask token (df_run_resources_load, as the trainer); model;
 // the first batch.
-static df_status load_all(step_run *r, const char *recipe, int threads, const df_device_choice *device, df_error *err) {
-  df_recipe_options ro = {.log = stderr};
+static df_status load_all(step_run *r, const char *recipe, const char *const *sets, int n_sets, int threads,
+                          const df_device_choice *device, df_error *err) {
+  df_recipe_options ro = {.log = stderr, .overrides = sets, .n_overrides = n_sets};
   DF_TRY(df_recipe_load(recipe, &ro, &r->recipe, err));
   const df_recipe *rc = r->recipe;
   if (!rc->data.hidden_states_path)
@@ -273,9 +277,14 @@ static df_status schedule_horizon(const df_recipe *rc, int64_t *out, df_error *e
 
 df_status df_step_run(const char *recipe, const char *dump_dir, int threads, const df_device_choice *device,
                       df_step_result *out, df_error *err) {
+  return df_step_run_ex(recipe, NULL, 0, dump_dir, threads, device, out, err);
+}
+
+df_status df_step_run_ex(const char *recipe, const char *const *sets, int n_sets, const char *dump_dir, int threads,
+                         const df_device_choice *device, df_step_result *out, df_error *err) {
   memset(out, 0, sizeof *out);
   step_run r = {0};
-  df_status st = load_all(&r, recipe, threads, device, err);
+  df_status st = load_all(&r, recipe, sets, n_sets, threads, device, err);
   df_strategy_run *run = NULL;
   const df_strategy_values values = r.recipe ? df_recipe_strategy_values(r.recipe) : (df_strategy_values){0};
   if (st == DF_OK) {

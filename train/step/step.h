@@ -67,6 +67,9 @@ df_status df_step_micro_scaled(df_strategy_run *run, const df_batch *batch, df_d
 // strategy; training.strategy must agree with it. device: where it runs (NULL: the recipe's training.device).
 df_status df_step_run(const char *recipe, const char *dump_dir, int threads, const df_device_choice *device,
                       df_step_result *out, df_error *err);
+// The same with recipe overrides ("section.key=value", as `draftforge train --set`).
+df_status df_step_run_ex(const char *recipe, const char *const *sets, int n_sets, const char *dump_dir, int threads,
+                         const df_device_choice *device, df_step_result *out, df_error *err);
 // Writes r as step.json into dir (temp file + rename).
 df_status df_step_write_json(const df_step_result *r, const char *dir, df_error *err);
 // `draftforge step RECIPE.yaml --dump DIR [--threads N] [--device auto|cpu|cuda]`: argv holds the arguments after

@@ -26,6 +26,7 @@ static void fill(const df_trainer *t, int64_t N, df_mem_plan *out) {
   out->world = t->plan->world, out->zero = t->optim.zero;
   out->online = t->online != NULL, out->eval = t->eval_src != NULL;
   snprintf(out->backend, sizeof out->backend, "%s", df_ctx_backend_name(t->ctx));
+  out->bf16 = t->storage == DF_BF16;
 }
 
 // deployment.trainer: nnodes × nproc_per_node ranks.
@@ -135,16 +136,16 @@ const char *df_mem_bytes_text(int64_t bytes, char *buf, size_t n) {
 // What each category holds, for the table's readers.
 static const char *const WHAT[DF_MEM_TAGS] = {
     [DF_MEM_OTHER] = "RoPE tables, small buffers",
-    [DF_MEM_WEIGHTS] = "draft parameters, fp32 (they are the masters)",
+    [DF_MEM_WEIGHTS] = "draft parameters the forward reads (fp32: also the masters)",
     [DF_MEM_GRADS] = "parameter gradients, fp32",
-    [DF_MEM_MASTERS] = "fp32 masters of bf16 weights (none: weights are fp32)",
+    [DF_MEM_MASTERS] = "fp32 masters of bf16 weights (0 for fp32 storage)",
     [DF_MEM_OPTIMIZER] = "AdamW exp_avg, exp_avg_sq (fp32) + element mask (1 B)",
     [DF_MEM_ACTIVATIONS] = "the model's arena: what the backward keeps + scratch",
     [DF_MEM_STAGE] = "2 upload slots (batch features, ids) + step scratch",
     [DF_MEM_WORKSPACE] = "op workspace: LM-head chunk logits, attention, norms",
     [DF_MEM_STATS] = "metric sums + {norm, coef, ok}, f64",
     [DF_MEM_FFN_STATE] = "the FFN kind's state (MoE statistics, stashes)",
-    [DF_MEM_FROZEN] = "target embed_tokens + lm_head, fp32 (EAGLE-3: + its vocab rows)",
+    [DF_MEM_FROZEN] = "target embed_tokens + lm_head, draft's dtype (EAGLE-3: + vocab rows)",
     [DF_MEM_TARGET_WEIGHTS] = "online target's weights, fp32",
     [DF_MEM_KV_CACHE] = "online target's KV cache (data.max_length)",
     [DF_MEM_TARGET_ACTIVATIONS] = "online target's prefill scratch + output rows"};
@@ -159,7 +160,8 @@ static void print_header(const df_mem_plan *p, FILE *fp) {
     fprintf(fp, "%lld training-time-test steps", (long long)p->N);
   fprintf(fp, ", %d rank%s%s\n", p->world, p->world > 1 ? "s" : "",
           p->world > 1 ? (p->zero ? " (ZeRO-1: rank 0's moment shard)" : " (replicated AdamW)") : "");
-  fprintf(fp, "  draft %lld parameters; %s%s\n", (long long)p->params,
+  fprintf(fp, "  draft %lld parameters, %s; %s%s\n", (long long)p->params,
+          p->bf16 ? "bf16 storage with fp32 masters" : "fp32 storage",
           p->online ? "online target (weights, KV cache, prefill) on the same device" : "offline data",
           p->eval ? "; one evaluation included" : "");
 }

@@ -36,6 +36,7 @@ typedef struct {
   int world;               // ranks; the moments are rank 0's shard under ZeRO-1 (zero)
   bool zero, online, eval; // ZeRO-1; the target runs online (its weights and KV cache counted); one eval measured
   char backend[16];        // the table planned for ("cuda", "cpu", "fake")
+  bool bf16;               // the draft stores bf16 (model.torch_dtype resolved for that backend)
 } df_mem_plan;
 
 // The context options a plan takes by default: the CUDA table when the build has one (with or without a GPU), else

@@ -231,7 +231,8 @@ static df_status after_update_hook(df_trainer *t, int64_t step, df_error *err) {
   host_view v;
   DF_TRY(view_down(t, w, n, &v, err));
   hooks->after_update(hooks->ctx, step, v.p, n);
-  return view_up(t, w, n, &v, true, err);
+  DF_TRY(view_up(t, w, n, &v, true, err));
+  return df_draft_model_sync_params(t->model, err); // the hook may have written the masters
 }
 
 // The boundary, queued without a host round trip: the norm of grad/Σ loss_den with the clip coefficient and the
@@ -266,8 +267,10 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
     const int64_t n = df_params_numel(t->table);
     df_tensor p = df_f32_on(dev, df_draft_model_weights(t->model), n), m = df_f32_on(dev, t->optim.exp_avg, n);
     df_tensor v = df_f32_on(dev, t->optim.exp_avg_sq, n);
-    t->state_dirty = true; // from the update until the progress record follows
-    DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->stats.norm, NULL, err));
+    t->state_dirty = true;                               // from the update until the progress record follows
+    void *p16 = df_draft_model_compute_params(t->model); // bf16 storage: the forward's copy, rounded from the update
+    df_tensor pc = df_view_on(df_draft_model_storage(t->model), dev, p16, n);
+    DF_TRY(df_adamw_fused(t->ctx, &ad, &p, &g, &m, &v, &mk, &t->stats.norm, p16 ? &pc : NULL, err));
   }
   const size_t bytes = sizeof(double) * (size_t)(t->stats.n + DF_NORM_STATS);
   DF_TRY(df_copy(t->ctx, t->stats.host, DF_DEV_CPU, t->stats.buf, df_ctx_device(t->ctx), bytes, err));

@@ -192,7 +192,8 @@ df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, 
   if (S > 0) DF_TRY(df_comm_all_gather(t->dp.comm, w + t->optim.shard_off, w, S, DF_COMM_F32, err));
   if (tail > 0) DF_TRY(df_comm_broadcast(t->dp.comm, w + W * S, tail, DF_COMM_F32, (int)W - 1, err));
   DF_TRY(compute_after_comm(t, err));
-  return df_comm_wait(t->dp.comm, err);
+  DF_TRY(df_comm_wait(t->dp.comm, err));
+  return df_draft_model_sync_params(t->model, err); // every shard's update into the forward's bf16 copy
 }
 
 df_status df_trainer_dp_zero_shard_ops(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,

@@ -91,6 +91,8 @@ typedef struct {
   const df_draft_config *draft; // = res.draft
   df_ctx *ctx;
   df_draft_model *model;
+  df_dtype storage;        // the draft's storage (model.torch_dtype as resolved for this device and draft)
+  const char *storage_why; // why that storage, for the start-up line
   const df_params *table;
   df_ffn_set ffn;            // the model's FFNs with their kind (hooks: no-ops for a dense draft)
   df_strategy_values values; // the strategy's own recipe keys

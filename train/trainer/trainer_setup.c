@@ -66,8 +66,9 @@ static df_status load_resources(df_trainer *t, df_error *err) {
   else
     DF_TRY(df_device_open(t->opt->has_device ? t->opt->device : rc->training.device,
                           df_device_cpu_only_reason(t->draft), t->opt->threads, t->log, &t->ctx, err));
-  DF_TRY(df_run_resources_place(&t->res, t->ctx, err));
-  DF_TRY(df_draft_model_create(t->draft, t->ctx, &t->model, err));
+  t->storage = df_run_storage(rc, t->ctx, t->draft, &t->storage_why);
+  DF_TRY(df_run_resources_place_as(&t->res, t->ctx, t->storage, err));
+  DF_TRY(df_draft_model_create_as(t->draft, t->ctx, t->storage, &t->model, err));
   t->table = df_draft_model_params(t->model);
   t->ffn = df_draft_model_ffn_set(t->model);
   t->values = df_recipe_strategy_values(rc);
@@ -161,6 +162,7 @@ static void fill_contract(df_trainer *t) {
   df_ckpt_config_hash(t->draft->json, c->draft_config_hash);
   snprintf(c->lr_scheduler, sizeof c->lr_scheduler, "%s",
            rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant");
+  snprintf(c->precision, sizeof c->precision, "%s", t->storage == DF_BF16 ? "bfloat16" : "float32");
   c->data_size = df_feed_num_samples(t->feed);
   c->batch_size = t->dp.world * rc->training.batch_size, c->accumulation_steps = rc->training.accumulation_steps;
   c->world_size = t->dp.world;
@@ -282,6 +284,7 @@ static df_status resume(df_trainer *t, const char *dir, df_error *err) {
   if (t->dp.world > 1) DF_TRY(df_trainer_dp_share_state(t, err));
   free(t->optim.zero_full);
   t->optim.zero_full = NULL;
+  DF_TRY(df_draft_model_sync_params(t->model, err)); // the restored masters into the forward's bf16 copy
   DF_TRY(df_feed_seek(t->feed, t->prog.epoch, t->prog.cursor, err));
   t->sampler.rng = t->prog.anchor_rng;
   snprintf(t->rundir.last_ckpt, sizeof t->rundir.last_ckpt, "%s",
@@ -313,6 +316,10 @@ static void print_plan(const df_trainer *t) {
           rc->training.lr_scheduler == DF_LR_COSINE ? "cosine" : "constant", rc->training.learning_rate,
           (long long)t->sched.warmup, (long long)t->sched.horizon, (long long)t->stop_step);
   fprintf(t->log, "  device %s (%d CPU threads)\n", df_ctx_backend_name(t->ctx), df_ctx_num_threads(t->ctx));
+  fprintf(t->log, "  precision %s (%s)\n",
+          t->storage == DF_BF16 ? "bf16: bf16 weights and activations, fp32 masters, weight gradients and AdamW moments"
+                                : "fp32",
+          t->storage_why);
   if (t->dp.world > 1)
     fprintf(t->log, "  data parallel: %d ranks x batch %lld = global batch %lld; %s\n", t->dp.world,
             (long long)rc->training.batch_size, (long long)(t->dp.world * rc->training.batch_size),
