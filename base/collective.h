@@ -18,6 +18,8 @@ typedef df_status (*df_allreduce_fn)(void *user, float *buf, int64_t n, df_error
 
 typedef struct {
   df_allreduce_fn sum; // NULL: world size 1, nothing to reduce
+  // The same for host memory whatever the model's device (GPU ranks stage it through the device); NULL: sum.
+  df_allreduce_fn sum_host;
   void *user;
   int world_size; // the mean of a reduced sum divides by this (1 when sum is NULL)
 } df_collective;
@@ -25,6 +27,8 @@ typedef struct {
 // Reduces buf (n) over ranks (SUM), then divides by the world size when `mean` (a host loop: `mean` only for host
 // buffers; device buffers are reduced with mean false and scaled on the device).
 df_status df_allreduce(const df_collective *c, float *buf, int64_t n, bool mean, df_error *err);
+// The same on host memory (counters and statistics the host computes), on any device.
+df_status df_allreduce_host(const df_collective *c, float *buf, int64_t n, bool mean, df_error *err);
 
 #ifdef __cplusplus
 }

@@ -118,6 +118,10 @@ df_status df_moe_layer_init(df_moe_layer *L, const df_moe_config *m, int64_t H, 
 void df_moe_layer_free(df_moe_layer *L) {
   free(L->host_record), free(L->owned_state), free(L->dp_counts), free(L->dp_buf), free(L->dp_sums);
   L->host_record = NULL, L->owned_state = NULL, L->dp_counts = NULL, L->dp_buf = NULL, L->dp_sums = NULL;
+  if (L->dp_counts_dev && L->ctx) df_buffer_free(L->ctx, L->dp_counts_dev);
+  free(L->dp_scores), free(L->dp_local), free(L->dp_stats), free(L->dp_bias);
+  L->dp_counts_dev = NULL, L->dp_scores = NULL, L->dp_local = NULL, L->dp_stats = NULL, L->dp_bias = NULL;
+  L->dp_scores_cap = 0;
 }
 
 // State: [record (DF_MOE_STATS(E) f64) | count stash (E) | centering stash (H)], each region 16-float aligned.
@@ -238,37 +242,49 @@ static df_tensor mat(const float *p, df_device dev, int64_t rows, int64_t cols) 
 // ---- data parallel: the routing statistics over every rank's rows -------------------------------------------
 
 // This rank's counts, score column sums (double, in row order) and rows, summed over the ranks in one fp32
-// all-reduce (counts stay exact below 2^24 rows) into dp_counts, dp_sums and dp_T. Host-addressable contexts
-// only: the sums are formed on the host.
+// all-reduce (counts stay exact below 2^24 rows) into dp_counts, dp_sums and dp_T. The sums are formed on the host: a
+// device context reads its counts and scores back first and gets the reduced counts written to dp_counts_dev.
 static df_status reduce_routing(df_moe_layer *L, df_ctx *ctx, int64_t T, const df_moe_routing *r, df_error *err) {
   const int64_t E = L->router.E;
-  if (!df_ctx_host_addressable(ctx))
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "training.device",
-                   "train MoE drafts data-parallel on the CPU backend, or on one rank",
-                   "layer %lld MoE FFN: data-parallel routing statistics are formed on the host, and the %s context "
-                   "is not host-addressable",
-                   (long long)L->layer, df_ctx_backend_name(ctx));
+  const bool host = df_ctx_host_addressable(ctx);
+  const df_device dev = df_ctx_device(ctx);
   if (!L->dp_counts) L->dp_counts = malloc(sizeof(int32_t) * (size_t)E);
   if (!L->dp_buf) L->dp_buf = malloc(sizeof(float) * (size_t)(2 * E + 1));
   if (!L->dp_sums) L->dp_sums = malloc(sizeof(double) * (size_t)E);
   if (!L->dp_counts || !L->dp_buf || !L->dp_sums) return DF_FAIL(err, DF_ERR_NOMEM, "moe", NULL, "out of memory");
+  const float *scores = r->scores;
+  const int32_t *counts = r->counts;
+  if (!host) {
+    if (!L->dp_local) L->dp_local = malloc(sizeof(int32_t) * (size_t)E);
+    if (!L->dp_counts_dev) DF_TRY(df_buffer_alloc(ctx, sizeof(int32_t) * (size_t)E, (void **)&L->dp_counts_dev, err));
+    if (T * E > L->dp_scores_cap) {
+      free(L->dp_scores);
+      L->dp_scores = malloc(sizeof(float) * (size_t)(T * E));
+      L->dp_scores_cap = L->dp_scores ? T * E : 0;
+    }
+    if (!L->dp_local || !L->dp_scores) return DF_FAIL(err, DF_ERR_NOMEM, "moe", NULL, "out of memory");
+    DF_TRY(df_copy(ctx, L->dp_scores, DF_DEV_CPU, r->scores, dev, sizeof(float) * (size_t)(T * E), err));
+    DF_TRY(df_copy(ctx, L->dp_local, DF_DEV_CPU, r->counts, dev, sizeof(int32_t) * (size_t)E, err));
+    scores = L->dp_scores, counts = L->dp_local;
+  }
   float *b = L->dp_buf;
   for (int64_t e = 0; e < E; e++) {
     double p = 0.0;
-    for (int64_t t = 0; t < T; t++) p += r->scores[t * E + e];
-    b[e] = (float)r->counts[e], b[E + e] = (float)p;
+    for (int64_t t = 0; t < T; t++) p += scores[t * E + e];
+    b[e] = (float)counts[e], b[E + e] = (float)p;
   }
   b[2 * E] = (float)T;
-  DF_TRY(df_allreduce(&L->coll, b, 2 * E + 1, false, err));
+  DF_TRY(df_allreduce_host(&L->coll, b, 2 * E + 1, false, err));
   for (int64_t e = 0; e < E; e++) L->dp_counts[e] = (int32_t)b[e], L->dp_sums[e] = (double)b[E + e];
   L->dp_T = (int64_t)b[2 * E];
+  if (!host) DF_TRY(df_copy(ctx, L->dp_counts_dev, dev, L->dp_counts, DF_DEV_CPU, sizeof(int32_t) * (size_t)E, err));
   return DF_OK;
 }
 
 // The statistics block (DF_MOE_STATS(E), as df_moe_route_stats lays it out) of the reduced routing: the switch
 // aux loss coeff·E·Σ_e (counts_e / T)·(Σ_t s_te / T), the load ratios and shares over all ranks' T·k slots, and
-// max |bias| (the same on every rank). den weights DF_MOE_STAT_AUX_NUM.
-static void global_stats(const df_moe_layer *L, double coeff, double den, double *v) {
+// max |bias| (bias: host memory, the same on every rank). den weights DF_MOE_STAT_AUX_NUM.
+static void global_stats(const df_moe_layer *L, double coeff, double den, const float *bias, double *v) {
   const int64_t E = L->router.E, k = L->router.k, T = L->dp_T;
   const int32_t *c = L->dp_counts;
   for (int64_t i = 0; i < DF_MOE_STATS(E); i++) v[i] = 0.0;
@@ -294,9 +310,9 @@ static void global_stats(const df_moe_layer *L, double coeff, double den, double
   v[DF_MOE_STAT_LOAD_MAX] = mx / uniform;
   v[DF_MOE_STAT_LOAD_MIN] = mn / uniform;
   v[DF_MOE_STAT_UNUSED] = (double)unused / (double)E;
-  if (L->cfg.balance == DF_MOE_BALANCE_NOAUX_TC && L->balance.bias) {
+  if (bias) {
     float m = 0.0f;
-    for (int64_t e = 0; e < E; e++) m = fabsf(L->balance.bias[e]) > m ? fabsf(L->balance.bias[e]) : m;
+    for (int64_t e = 0; e < E; e++) m = fabsf(bias[e]) > m ? fabsf(bias[e]) : m;
     v[DF_MOE_STAT_BIAS_ABS_MAX] = m;
   }
   for (int64_t e = 0; e < E; e++) v[DF_MOE_STAT_LOAD + e] = (double)c[e] / (double)(T * k);
@@ -304,18 +320,35 @@ static void global_stats(const df_moe_layer *L, double coeff, double den, double
 
 // Data parallel: the record gets the global batch's statistics; the sink gets them divided by the world size
 // (the trainer sums its stats vector over the ranks) except the aux numerator, weighted by this rank's own
-// loss_den (the ranks' numerators add to aux·Σ loss_den).
+// loss_den (the ranks' numerators add to aux·Σ loss_den). On a device context the statistics are formed on the host
+// and the record and sink written back (one small copy each way).
 static df_status dp_stats(df_moe_layer *L, df_ctx *ctx, int64_t T, const df_moe_routing *r, double coeff,
                           df_error *err) {
   DF_TRY(reduce_routing(L, ctx, T, r, err));
-  const int64_t n = DF_MOE_STATS(L->router.E);
-  global_stats(L, coeff, 0.0, L->record);
-  if (!L->sink) return DF_OK;
-  const double w = 1.0 / (double)L->coll.world_size;
-  for (int64_t i = 0; i < n; i++)
-    L->sink[i] += i == DF_MOE_STAT_AUX_NUM ? (L->sink_den > 0 ? L->record[DF_MOE_STAT_AUX] * L->sink_den : 0.0)
-                                           : L->record[i] * w;
-  return DF_OK;
+  const int64_t n = DF_MOE_STATS(L->router.E), E = L->router.E;
+  const bool host = df_ctx_host_addressable(ctx);
+  const df_device dev = df_ctx_device(ctx);
+  const bool noaux = L->cfg.balance == DF_MOE_BALANCE_NOAUX_TC && L->balance.bias;
+  const float *bias = noaux ? L->balance.bias : NULL;
+  double *rec = L->record, *sink = L->sink;
+  if (!host) {
+    if (!L->dp_stats) L->dp_stats = malloc(sizeof(double) * (size_t)(2 * n));
+    if (noaux && !L->dp_bias) L->dp_bias = malloc(sizeof(float) * (size_t)E);
+    if (!L->dp_stats || (noaux && !L->dp_bias)) return DF_FAIL(err, DF_ERR_NOMEM, "moe", NULL, "out of memory");
+    if (noaux) DF_TRY(df_copy(ctx, L->dp_bias, DF_DEV_CPU, L->balance.bias, dev, sizeof(float) * (size_t)E, err));
+    bias = noaux ? L->dp_bias : NULL;
+    rec = L->dp_stats, sink = L->sink ? L->dp_stats + n : NULL;
+    if (sink) DF_TRY(df_copy(ctx, sink, DF_DEV_CPU, L->sink, dev, sizeof(double) * (size_t)n, err));
+  }
+  global_stats(L, coeff, 0.0, bias, rec);
+  if (sink) {
+    const double w = 1.0 / (double)L->coll.world_size;
+    for (int64_t i = 0; i < n; i++)
+      sink[i] += i == DF_MOE_STAT_AUX_NUM ? (L->sink_den > 0 ? rec[DF_MOE_STAT_AUX] * L->sink_den : 0.0) : rec[i] * w;
+  }
+  if (host) return DF_OK;
+  DF_TRY(df_copy(ctx, L->record, dev, rec, DF_DEV_CPU, sizeof(double) * (size_t)n, err));
+  return sink ? df_copy(ctx, L->sink, dev, sink, DF_DEV_CPU, sizeof(double) * (size_t)n, err) : DF_OK;
 }
 
 // The router input: x itself, x minus each sample's mean (training), or x minus the running mean (eval).
@@ -444,9 +477,10 @@ df_status df_moe_layer_backward(df_moe_layer *L, df_ctx *ctx, const df_tensor *x
   const bool aux_on = L->fwd.aux_on;
   if (aux_on) {
     const df_moe_stats_desc sd = {.aux = L->cfg.aux_loss_type, .coeff = L->cfg.aux_loss_coeff, .k = k};
-    // Data parallel: the global counts and rows of the forward (the reduced routing; host-addressable context).
+    // Data parallel: the global counts and rows of the forward (the reduced routing).
     const bool dp = L->fwd.dp;
-    df_tensor cn = df_i32_on(dev, dp ? L->dp_counts : r.counts, E), row = df_f32_on(dev, aux_row, E);
+    const int32_t *cnt = !dp ? r.counts : (df_ctx_host_addressable(ctx) ? L->dp_counts : L->dp_counts_dev);
+    df_tensor cn = df_i32_on(dev, cnt, E), row = df_f32_on(dev, aux_row, E);
     DF_TRY(df_moe_aux_backward(ctx, &sd, dp ? L->dp_T : T, &cn, (double)L->aux_grad_scale, &row, err));
   }
   const float *u = NULL;

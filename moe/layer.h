@@ -87,12 +87,19 @@ typedef struct {
   double *host_record; // (DF_MOE_STATS(E)) the record read back for the metrics getters (owned)
   // Data parallel (coll.world_size > 1): the last training forward's routing counts, score column sums and row
   // count summed over the ranks — what the aux loss, its gradient and the statistics use, as one process would
-  // over the global batch (owned; the experts still run on this rank's own counts). Needs a host-addressable
-  // context (the sums are formed on the host).
+  // over the global batch (owned; the experts still run on this rank's own counts). The sums are formed on the host:
+  // a device context reads the counts and scores back (one copy each per training forward) and gets the reduced
+  // counts (dp_counts_dev, for the aux gradient) and statistics written back.
   int32_t *dp_counts; // (E)
   int64_t dp_T;
-  float *dp_buf;   // (2E + 1) the reduction's buffer
-  double *dp_sums; // (E) the reduced score column sums
+  float *dp_buf;          // (2E + 1) the reduction's buffer
+  double *dp_sums;        // (E) the reduced score column sums
+  int32_t *dp_counts_dev; // (E) device copy of dp_counts (device contexts only)
+  float *dp_scores;       // (T·E) host copy of the scores (device contexts only), dp_scores_cap elements
+  int32_t *dp_local;      // (E) host copy of this rank's counts (device contexts only)
+  double *dp_stats;       // (2·DF_MOE_STATS(E)) host: the global statistics and the sink read back
+  float *dp_bias;         // (E) host copy of the noaux_tc bias
+  int64_t dp_scores_cap;
 } df_moe_layer;
 
 // Validates the config for a layer of hidden size H and sets the layer up (unbound).

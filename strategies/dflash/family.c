@@ -115,7 +115,7 @@ static df_status ffn_term(df_block_run *b, const df_micro_args *a, double loss_d
   double den = loss_den;
   if (a->world > 1 && a->dp_sum) {
     float d = (float)loss_den;
-    DF_TRY(df_allreduce(a->dp_sum, &d, 1, false, err));
+    DF_TRY(df_allreduce_host(a->dp_sum, &d, 1, false, err));
     den = d;
   }
   *term = den > 0 && !a->ffn_stats ? df_ffn_set_loss_term(&fs) : 0.0;

@@ -70,9 +70,14 @@ static df_status collective_sum(void *user, float *buf, int64_t n, df_error *err
   return df_comm_all_reduce(user, buf, buf, n, DF_COMM_F32, DF_COMM_SUM, err);
 }
 
+static df_status collective_sum_host(void *user, float *buf, int64_t n, df_error *err) {
+  return df_comm_all_reduce_host(user, buf, n, DF_COMM_F32, DF_COMM_SUM, err);
+}
+
 df_collective df_dist_collective(df_comm *c) {
   if (!c || df_comm_size(c) == 1) return (df_collective){.world_size = 1};
-  return (df_collective){.sum = collective_sum, .user = c, .world_size = df_comm_size(c)};
+  return (df_collective){
+      .sum = collective_sum, .sum_host = collective_sum_host, .user = c, .world_size = df_comm_size(c)};
 }
 
 // ---- the communicator for this launch ------------------------------------------------------------------------

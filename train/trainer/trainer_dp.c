@@ -13,11 +13,29 @@
 // The stage the ZeRO-1 moments travel through at a checkpoint or a resume: 25 MiB of fp32.
 #define DP_BUCKET_FLOATS ((int64_t)25 * 1024 * 1024 / 4)
 
+static df_status comm_after_compute(df_trainer *t, df_error *err);
+static df_status compute_after_comm(df_trainer *t, df_error *err);
+
+// The layers' all-reduce (base/collective.h): a device buffer in the order of the context's stream (the collective
+// starts after what the context queued and the context's next work sees its result), a host buffer through the
+// communicator's host exchange.
+static df_status coll_sum(void *user, float *buf, int64_t n, df_error *err) {
+  df_trainer *t = user;
+  DF_TRY(comm_after_compute(t, err));
+  DF_TRY(df_comm_all_reduce(t->dp.comm, buf, buf, n, DF_COMM_F32, DF_COMM_SUM, err));
+  DF_TRY(compute_after_comm(t, err));
+  return df_comm_wait(t->dp.comm, err);
+}
+
+static df_status coll_sum_host(void *user, float *buf, int64_t n, df_error *err) {
+  return df_comm_all_reduce_host(((df_trainer *)user)->dp.comm, buf, n, DF_COMM_F32, DF_COMM_SUM, err);
+}
+
 df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
   if (t->dp.world == 1) return DF_OK;
   // The FFN kind's routing statistics and deferred updates over every rank's rows (MoE), and the ranks' SUM for the
   // kind's loss-term weight.
-  t->dp.coll = df_dist_collective(t->dp.comm);
+  t->dp.coll = (df_collective){.sum = coll_sum, .sum_host = coll_sum_host, .user = t, .world_size = t->dp.world};
   df_ffn_set_collective(&t->ffn, &t->dp.coll);
   const bool dev_bufs = !df_ctx_host_addressable(t->ctx);
   if (dev_bufs != df_comm_device_buffers(t->dp.comm))
@@ -28,12 +46,6 @@ df_status df_trainer_dp_check(df_trainer *t, df_error *err) {
                    df_comm_backend_name(df_comm_backend_of(t->dp.comm)),
                    df_comm_device_buffers(t->dp.comm) ? "device" : "host", df_ctx_backend_name(t->ctx),
                    dev_bufs ? "on a device" : "in host memory");
-  if (dev_bufs && df_ffn_set_active(&t->ffn) && t->ffn.kind->set_collective)
-    return DF_FAIL(err, DF_ERR_NOT_IMPLEMENTED, "draft_model_config",
-                   "train this draft data-parallel on CPU ranks (mpirun, training.device: cpu), or on one GPU",
-                   "the %s FFN reduces its routing statistics across ranks on the host; GPU ranks keep them on the "
-                   "device, which that reduction does not read yet",
-                   t->ffn.kind->name);
   t->dp.bucket_floats = df_trainer_dp_bucket_floats(t);
   if (!dev_bufs) return DF_OK;
   DF_TRY(df_event_create(t->ctx, &t->dp.computed, err));
