@@ -20,7 +20,10 @@ static const char *const MAY_CHANGE[] = {
     "training.resume_from",
     // data parallel: the per-rank batch follows the world size; the
     // checkpoint's contract checks the global batch (ranks x batch_size)
-    "training.batch_size", "tracking.", "profiling.", NULL}; // a trailing '.' takes the whole section
+    "training.batch_size",
+    // the device and the storage: a checkpoint holds fp32 masters and moments whatever the run computed in, so a bf16
+    // GPU run continues on the CPU and back (docs/gpu-training.md "Mixed precision")
+    "training.device", "model.torch_dtype", "tracking.", "profiling.", NULL}; // a trailing '.' takes the whole section
 
 bool df_run_plan_may_change(const char *key) {
   for (int i = 0; MAY_CHANGE[i]; i++) {
