@@ -69,7 +69,8 @@ static df_status check_markov(const df_ctx *ctx, const df_lmhead_dspark_in *in, 
     return DF_FAIL(err, DF_ERR_INVALID, out->du ? "dw2" : "du", "a backward with a Markov latent needs du and dw2",
                    "missing Markov gradient output");
   DF_TRY(check_matrix(ctx, out->du, "du", R, r, st, err));
-  return check_matrix(ctx, out->dw2, "dw2", V, r, st, err);
+  // W2's gradient is fp32 under bf16 storage too (mixed precision's weight gradient; the backends write fp32 there)
+  return check_matrix(ctx, out->dw2, "dw2", V, r, DF_F32, err);
 }
 
 static df_status check_teacher_conf(const df_ctx *ctx, const df_lmhead_dspark_desc *desc, const df_lmhead_dspark_in *in,

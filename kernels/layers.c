@@ -191,7 +191,15 @@ df_status df_embedding_forward(df_ctx *ctx, const df_tensor *table, const df_ten
 df_status df_embedding_backward(df_ctx *ctx, const df_tensor *dout, const df_tensor *ids, df_tensor *dtable,
                                 df_error *err) {
   df_dtype st;
-  DF_TRY(check_embedding(ctx, dtable, "dtable", ids, dout, "dout", &st, err));
+  DF_TRY(df_check_storage(dout, "dout", &st, err));
+  if (st == DF_BF16 && dtable && dtable->dtype == DF_F32) { // mixed precision: an fp32 table gradient
+    df_tensor as_storage = *dtable;
+    as_storage.dtype = st;
+    DF_TRY(check_embedding(ctx, &as_storage, "dtable", ids, dout, "dout", &st, err));
+    DF_TRY(df_check_tensor(ctx, dtable, "dtable", DF_F32, 2, err));
+  } else {
+    DF_TRY(check_embedding(ctx, dtable, "dtable", ids, dout, "dout", &st, err));
+  }
   DF_REQUIRE_OP(ctx, DF_OP_EMBEDDING_BACKWARD, st, err);
   return ctx->backend->embedding_backward(ctx, dout, ids, dtable, err);
 }

@@ -174,7 +174,8 @@ df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draf
 }
 
 const char *df_draft_model_bf16_unsupported(const df_draft_config *cfg) {
-  if (cfg->kind != DF_DRAFT_DFLASH) return "bf16 storage covers DFlash drafts so far";
+  if (cfg->kind != DF_DRAFT_DFLASH && cfg->kind != DF_DRAFT_DSPARK)
+    return "bf16 storage covers DFlash and DSpark drafts so far";
   if (cfg->ffn_kind) return "bf16 storage covers the dense FFN so far";
   return NULL;
 }

@@ -26,6 +26,7 @@ struct df_dspark_heads {
   const df_draft_config *cfg;
   df_ctx *ctx;
   df_device dev;
+  df_dtype dt;     // storage of the activations and of the weight views (the draft's: f32, or bf16 with fp32 grads)
   int64_t V, H, r; // r = 0: no Markov head
   df_markov_head_type type;
   bool conf, conf_markov;
@@ -45,7 +46,9 @@ struct df_dspark_heads {
   float *gate;         // gated: [R, r] σ(gate_proj(gin))
   float *z, *y, *s;    // rnn, slot-major: [bs, nb, 2r + H] inputs, [bs, nb, 3r] outputs, [bs, nb, r] states
   float *cin;          // confidence with Markov: [R, H + r]
-  float *conf_out;     // [R]
+  float *conf_out;     // [R] fp32 (the fused loss reads fp32 logits)
+  float *conf_s;       // [R] the confidence head's output in the storage dtype (bf16 storage only)
+  float *dconf_s;      // [R] d(confidence logit) in the storage dtype (bf16 storage only)
   float *de;           // backward: [R, r] dL/de
   float *da, *dgin;    // gated backward: [R, r], [R, H + r]
   float *ds, *dy, *dz; // rnn backward: [nb, r], [nb, 3r], [nb, 2r + H]
@@ -112,6 +115,7 @@ df_status df_dspark_heads_create(const df_draft_config *cfg, df_ctx *ctx, const 
   h->conf = cfg->dflash.enable_confidence_head;
   h->conf_markov = h->conf && cfg->dflash.confidence_head_with_markov && h->r > 0;
   df_status st = bind_all(h, p, weights, grads, err);
+  h->dt = h->conf ? h->conf_w.w.dtype : (h->r > 0 ? h->w1.w.dtype : DF_F32); // the model's storage (its weight views)
   if (st != DF_OK) {
     df_dspark_heads_free(h);
     return st;
@@ -152,32 +156,39 @@ static size_t carve(df_dspark_heads *h, char *base, int64_t R, int64_t nb) {
   const int64_t r = h->r, H = h->H, K = 2 * r + H, Kc = H + (h->conf_markov ? r : 0);
   const bool gated = r > 0 && h->type == DF_MARKOV_GATED, rnn = r > 0 && h->type == DF_MARKOV_RNN;
   size_t at = 0;
-#define PIECE(field, cond, n, type)                                                                                    \
+#define PIECE_BYTES(field, cond, bytes)                                                                                \
   do {                                                                                                                 \
     h->field = NULL;                                                                                                   \
     if (cond) {                                                                                                        \
-      if (base) h->field = (type *)(void *)(base + at);                                                                \
-      at += ((size_t)(n) * sizeof(type) + 63) / 64 * 64;                                                               \
+      if (base) h->field = (void *)(base + at);                                                                        \
+      at += ((size_t)(bytes) + 63) / 64 * 64;                                                                          \
     }                                                                                                                  \
   } while (0)
+#define PIECE(field, cond, n, type) PIECE_BYTES(field, cond, (size_t)(n) * sizeof(type))
+  const size_t es = df_dtype_size(h->dt);
+#define SPIECE(field, cond, n) PIECE_BYTES(field, cond, (size_t)(n)*es)
   PIECE(prev, r > 0, R, int32_t);
-  PIECE(e, r > 0, R * r, float);
-  PIECE(de, r > 0, R * r, float);
-  PIECE(u, r > 0 && h->type != DF_MARKOV_VANILLA, R * r, float);
-  PIECE(gin, gated, R * (H + r), float);
-  PIECE(gate, gated, R * r, float);
-  PIECE(da, gated, R * r, float);
-  PIECE(dgin, gated, R * (H + r), float);
-  PIECE(z, rnn, R * K, float);
-  PIECE(y, rnn, R * 3 * r, float);
-  PIECE(s, rnn, R * r, float);
-  PIECE(ds, rnn, nb * r, float);
-  PIECE(dy, rnn, nb * 3 * r, float);
-  PIECE(dz, rnn, nb * K, float);
-  PIECE(cin, h->conf_markov, R * (H + r), float);
+  SPIECE(e, r > 0, R * r);
+  SPIECE(de, r > 0, R * r);
+  SPIECE(u, r > 0 && h->type != DF_MARKOV_VANILLA, R * r);
+  SPIECE(gin, gated, R * (H + r));
+  SPIECE(gate, gated, R * r);
+  SPIECE(da, gated, R * r);
+  SPIECE(dgin, gated, R * (H + r));
+  SPIECE(z, rnn, R * K);
+  SPIECE(y, rnn, R * 3 * r);
+  SPIECE(s, rnn, R * r);
+  SPIECE(ds, rnn, nb * r);
+  SPIECE(dy, rnn, nb * 3 * r);
+  SPIECE(dz, rnn, nb * K);
+  SPIECE(cin, h->conf_markov, R * (H + r));
   PIECE(conf_out, h->conf, R, float);
-  PIECE(dcin, h->conf, R * Kc, float);
+  SPIECE(conf_s, h->conf && h->dt != DF_F32, R);
+  SPIECE(dconf_s, h->conf && h->dt != DF_F32, R);
+  SPIECE(dcin, h->conf, R * Kc);
+#undef SPIECE
 #undef PIECE
+#undef PIECE_BYTES
   return at;
 }
 
@@ -200,14 +211,18 @@ static df_status ensure(df_dspark_heads *h, int64_t R, int64_t nb, df_error *err
 
 // ---- op helpers ----------------------------------------------------------------------------------------------
 
+// Views of storage-dtype activations, and n storage elements past p (the pieces are typed float * but hold h->dt).
 static df_tensor mat(const df_dspark_heads *h, const float *p, int64_t rows, int64_t cols) {
-  return df_f32_on(h->dev, (float *)p, rows, cols);
+  return df_view_on(h->dt, h->dev, p, rows, cols);
+}
+static float *at(const df_dspark_heads *h, const float *p, int64_t n) {
+  return (float *)((char *)p + n * (int64_t)df_dtype_size(h->dt));
 }
 
-// df_copy_2d from src (src_n floats) into dst (dst_n floats).
+// df_copy_2d from src (src_n elements) into dst (dst_n elements), storage dtype.
 static df_status copy2d(df_dspark_heads *h, const float *src, int64_t src_n, float *dst, int64_t dst_n,
                         df_copy_2d_desc d, df_error *err) {
-  df_tensor s = df_f32_on(h->dev, (float *)src, src_n), t = df_f32_on(h->dev, dst, dst_n);
+  df_tensor s = df_view_on(h->dt, h->dev, src, src_n), t = df_view_on(h->dt, h->dev, dst, dst_n);
   return df_copy_2d(h->ctx, &d, &s, &t, err);
 }
 
@@ -260,8 +275,8 @@ static df_status gated_forward(df_dspark_heads *h, df_error *err) {
 static df_status rnn_forward(df_dspark_heads *h, df_error *err) {
   const int64_t nb = h->nb, bs = h->bs, r = h->r, H = h->H, K = 2 * r + H, R = h->R;
   for (int64_t k = 0; k < bs; k++) {
-    float *zk = h->z + k * nb * K, *yk = h->y + k * nb * 3 * r, *sk = h->s + k * nb * r;
-    const float *sp = k ? h->s + (k - 1) * nb * r : NULL;
+    float *zk = at(h, h->z, k * nb * K), *yk = at(h, h->y, k * nb * 3 * r), *sk = at(h, h->s, k * nb * r);
+    const float *sp = k ? at(h, h->s, (k - 1) * nb * r) : NULL;
     if (sp)
       DF_TRY(copy2d(h, sp, nb * r, zk, nb * K,
                     (df_copy_2d_desc){.rows = nb, .cols = r, .src_stride = r, .dst_stride = K}, err));
@@ -294,7 +309,10 @@ static df_status conf_forward(df_dspark_heads *h, df_error *err) {
     DF_TRY(concat_rows(h, h->cin, h->hidden, h->H, h->e, h->r, h->R, err));
     x = h->cin;
   }
-  return linear(h, x, h->R, &h->conf_w, &h->conf_b, h->conf_out, err);
+  if (!h->conf_s) return linear(h, x, h->R, &h->conf_w, &h->conf_b, h->conf_out, err);
+  DF_TRY(linear(h, x, h->R, &h->conf_w, &h->conf_b, h->conf_s, err)); // bf16 storage: the logits to fp32 for the loss
+  df_tensor a = mat(h, h->conf_s, h->R, 1), b = df_f32_on(h->dev, h->conf_out, h->R, 1);
+  return df_cast(h->ctx, &a, &b, err);
 }
 
 df_status df_dspark_heads_forward(df_dspark_heads *h, int64_t nblocks, int64_t bs, const float *hidden,
@@ -327,6 +345,11 @@ df_status df_dspark_heads_forward(df_dspark_heads *h, int64_t nblocks, int64_t b
 
 static df_status conf_backward(df_dspark_heads *h, const float *dconf, float *dhidden, df_error *err) {
   const int64_t R = h->R, H = h->H, K = h->conf_w.w.shape[1];
+  if (h->dconf_s) { // the loss's fp32 d(logit) into the storage dtype
+    df_tensor a = df_f32_on(h->dev, dconf, R, 1), b = mat(h, h->dconf_s, R, 1);
+    DF_TRY(df_cast(h->ctx, &a, &b, err));
+    dconf = h->dconf_s;
+  }
   DF_TRY(linear_back(h, dconf, h->conf_markov ? h->cin : h->hidden, R, &h->conf_w, &h->conf_b, h->dcin, err));
   DF_TRY(add_cols(h, dhidden, H, h->dcin, K, 0, R, err));
   return h->conf_markov ? add_cols(h, h->de, h->r, h->dcin, K, H, R, err) : DF_OK;
@@ -350,11 +373,11 @@ static df_status rnn_backward(df_dspark_heads *h, const float *du, float *dhidde
   df_tensor ds = mat(h, h->ds, nb, r), dy = mat(h, h->dy, nb, 3 * r), tdu = mat(h, du, R, r);
   DF_TRY(df_fill(h->ctx, &ds, 0.0, err));
   for (int64_t k = bs - 1; k >= 0; k--) {
-    const float *sp = k ? h->s + (k - 1) * nb * r : NULL;
+    const float *sp = k ? at(h, h->s, (k - 1) * nb * r) : NULL;
     df_markov_rnn_desc d = {.slot = k, .block_size = bs};
-    df_tensor y = mat(h, h->y + k * nb * 3 * r, nb, 3 * r), s_prev = mat(h, sp, nb, r);
+    df_tensor y = mat(h, at(h, h->y, k * nb * 3 * r), nb, 3 * r), s_prev = mat(h, sp, nb, r);
     DF_TRY(df_markov_rnn_backward(h->ctx, &d, &y, sp ? &s_prev : NULL, &tdu, &ds, &dy, err));
-    DF_TRY(linear_back(h, h->dy, h->z + k * nb * K, nb, &h->proj_w, &h->proj_b, h->dz, err));
+    DF_TRY(linear_back(h, h->dy, at(h, h->z, k * nb * K), nb, &h->proj_w, &h->proj_b, h->dz, err));
     DF_TRY(add_cols(h, h->ds, r, h->dz, K, 0, nb, err));
     DF_TRY(copy2d(h, h->dz, nb * K, h->de, R * r,
                   (df_copy_2d_desc){.rows = nb,

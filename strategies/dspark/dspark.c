@@ -103,7 +103,7 @@ static df_status run_fused(df_ctx *ctx, const df_dspark_loss_options *opt, df_ds
                            df_dspark_work *w, df_tensor *dhidden, df_error *err) {
   const df_device dev = df_ctx_device(ctx);
   const int64_t R = rows->B * rows->N * rows->bs, rk = t->rank;
-  df_tensor u = df_f32_on(dev, latent, R, rk > 0 ? rk : 1), conf = df_f32_on(dev, conf_logits, R);
+  df_tensor u = df_view_on(hidden->dtype, dev, latent, R, rk > 0 ? rk : 1), conf = df_f32_on(dev, conf_logits, R);
   df_lmhead_dspark_desc d = {.chunk_rows = opt->chunk_blocks * rows->bs,
                              .grad_scale = gs,
                              .alpha_ce = (float)opt->ce_alpha,
@@ -150,7 +150,12 @@ df_status df_dspark_objective_rows(df_ctx *ctx, const df_dspark_loss_options *op
                    "capture the data with target_last_hidden_states (DSpark), or set dspark_l1_loss_alpha and "
                    "dspark_confidence_head_alpha to 0",
                    "the DSpark L1/confidence loss needs the target's final hidden states, and the batch has none");
-  if (t.teacher) DF_TRY(df_gather_rows(ctx, last_hidden, &rows->teacher_idx, &w->teacher, err));
+  if (t.teacher && w->teacher.dtype != last_hidden->dtype) { // bf16 storage: gather the fp32 rows, round them once
+    DF_TRY(df_gather_rows(ctx, last_hidden, &rows->teacher_idx, &w->teacher32, err));
+    DF_TRY(df_cast(ctx, &w->teacher32, &w->teacher, err));
+  } else if (t.teacher) {
+    DF_TRY(df_gather_rows(ctx, last_hidden, &rows->teacher_idx, &w->teacher, err));
+  }
   const float gs = opt->grad_scale > 0  ? (float)opt->grad_scale
                    : rows->loss_den > 0 ? (float)(1.0 / rows->loss_den)
                                         : 0.0f;

@@ -103,8 +103,10 @@ typedef struct {
 
 // Device scratch of the objective: per row f32 ce, top1, l1, ttop1, bce, dconf; u8 correct, agree; du [R, r]
 // (with a Markov head); teacher [R, H] (the gathered teacher rows, when the teacher runs).
+// du and teacher are in the draft's storage dtype; teacher32 (bf16 storage only, else data NULL) receives the fp32
+// teacher rows before their cast.
 typedef struct {
-  df_tensor ce, top1, l1, ttop1, bce, dconf, correct, agree, du, teacher;
+  df_tensor ce, top1, l1, ttop1, bce, dconf, correct, agree, du, teacher, teacher32;
 } df_dspark_work;
 
 // Σ weights of labels built on the host; the teacher row indices (df_dspark_rows.teacher_idx) for context S.

@@ -59,9 +59,12 @@ static void rows_layout(void *self, df_stage_pass pass, df_carver *up, df_carver
   float *f[6];
   for (int i = 0; i < 6; i++) f[i] = df_carve(scratch, R * 4);
   uint8_t *correct = df_carve(scratch, R), *agree = df_carve(scratch, R);
-  float *du = df_carve(scratch, R * rank * 4);
+  const df_dtype dt = df_draft_model_storage(r->blk.env.model);
+  const int64_t es = (int64_t)df_dtype_size(dt);
+  float *du = df_carve(scratch, R * rank * es);
   const int64_t trows = r->terms.teacher ? R : 1;
-  float *teacher = df_carve(scratch, trows * H * 4);
+  float *teacher = df_carve(scratch, trows * H * es);
+  float *teacher32 = dt != DF_F32 ? df_carve(scratch, trows * H * 4) : NULL;
   if (pass != DF_STAGE_BIND) return;
   r->rows = (df_dspark_rows){.B = d->B,
                              .N = d->N,
@@ -80,8 +83,9 @@ static void rows_layout(void *self, df_stage_pass pass, df_carver *up, df_carver
                              .dconf = df_f32_on(dev, f[5], R),
                              .correct = df_u8_on(dev, correct, R),
                              .agree = df_u8_on(dev, agree, R),
-                             .du = df_f32_on(dev, du, R, rank),
-                             .teacher = df_f32_on(dev, teacher, trows, H)};
+                             .du = df_view_on(dt, dev, du, R, rank),
+                             .teacher = df_view_on(dt, dev, teacher, trows, H),
+                             .teacher32 = df_f32_on(dev, teacher32, trows, H)};
 }
 
 static void rows_release(void *self) { df_dspark_labels_free(&((dspark_run *)self)->built); }

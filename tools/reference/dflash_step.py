@@ -498,7 +498,7 @@ def dump_main(argv: Optional[List[str]], doc: str, load: Callable[[str], Any], p
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("recipe")
     ap.add_argument("--dump", metavar="DIR", required=True, help="write grads.safetensors, step.json, batch.json")
-    ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    ap.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)

@@ -19,6 +19,7 @@ import sys
 from typing import Any, Dict, List
 
 import numpy as np
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -164,6 +165,9 @@ def coverage(prep: ref.Prepared) -> Dict[str, bool]:
             "prefix_cut": cut, "teacher": ref.need_teacher(prep)}
 
 
+BF16_CASES = ("gated_all_anchors", "rnn_warm")  # the gated and RNN heads, the L1 and confidence terms
+
+
 def generate(out: str) -> Dict[str, Dict[str, Any]]:
     sf.fresh_dir(out)
     target = os.path.join(sf.ROOT, TARGET)
@@ -177,6 +181,9 @@ def generate(out: str) -> Dict[str, Dict[str, Any]]:
         prep = ref.prepare(ref.load_recipe(recipe))
         res = ref.run_step(prep)
         ref.dump(prep, res, os.path.join(os.path.dirname(recipe), "expected"), "float64")
+        if case["name"] in BF16_CASES:  # mixed precision's reference: the same step as PyTorch runs it in bf16
+            ref.dump(prep, ref.run_step(prep, torch.bfloat16), os.path.join(os.path.dirname(recipe), "expected_bf16"),
+                     "bfloat16")
         return {**res.terms, **coverage(prep)}
 
     results = sf.write_cases(out, CASES, recipe_text, run)
@@ -216,6 +223,8 @@ which rewrites this whole folder, README included. One case by hand:
 Each `CASE/` holds `recipe.yaml` and `expected/`: `grads.safetensors` (F32 gradient of loss_num / loss_den for every
 draft parameter, heads included), `step.json` (loss terms, the DSpark metric numerators, ratios and per-position
 lists) and `batch.json` (sample order, S, N, anchors, keep).
+`gated_all_anchors/expected_bf16/` and `rnn_warm/expected_bf16/` hold the same steps as PyTorch runs them in bf16
+(`dspark_step.py --dtype bfloat16`), the reference of the CUDA backend's mixed precision (`tests/cuda/test_step_gpu.c`).
 
 | case | loss | acc | tau_probabilistic | blocks | covers |
 |---|---|---|---|---|---|

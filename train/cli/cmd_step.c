@@ -34,7 +34,7 @@ static const df_cli_spec STEP_CLI = {
 
 typedef struct {
   const char *recipe, *dump;
-  const char **sets; // --set values (copied out of the parsed arguments)
+  const char **sets; // --set values (pointers into argv; the array is this struct's)
   int n_sets;
   int threads;
   bool schema, verbose, has_device;
@@ -57,9 +57,7 @@ static int parse_step_args(int argc, char **argv, step_args *s) {
   int n = 0;
   const char *const *sets = rc ? NULL : df_cli_list(&a, "--set", &n);
   if (n > 0 && (s->sets = calloc((size_t)n, sizeof *s->sets)))
-    for (int i = 0; i < n; i++) s->sets[i] = strdup(sets[i]), s->n_sets++;
-  if (s->recipe) s->recipe = strdup(s->recipe);
-  if (s->dump) s->dump = strdup(s->dump);
+    for (int i = 0; i < n; i++) s->sets[s->n_sets++] = sets[i];
   df_cli_free(&a);
   if (rc || s->schema) return rc;
   if (!s->recipe || !s->dump) return df_cli_usage_error(&STEP_CLI, "RECIPE.yaml and --dump DIR are required");
@@ -78,6 +76,7 @@ static void print_summary(const df_step_result *r, const char *dump) {
 int df_cmd_step(int argc, char **argv) {
   step_args a;
   int rc = parse_step_args(argc, argv, &a);
+  if (rc || a.schema) free(a.sets);
   if (rc) return rc == 1 ? 0 : rc;
   if (a.schema) {
     df_recipe_print_schema(stdout);
@@ -96,7 +95,6 @@ int df_cmd_step(int argc, char **argv) {
     print_summary(&r, a.dump);
     df_step_result_free(&r);
   }
-  for (int i = 0; i < a.n_sets; i++) free((void *)a.sets[i]);
-  free(a.sets), free((void *)a.recipe), free((void *)a.dump);
+  free(a.sets);
   return rc;
 }
