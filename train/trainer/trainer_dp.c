@@ -226,49 +226,37 @@ df_status df_trainer_dp_zero_shard_ops(df_trainer *t, const df_adamw_fused_desc 
 // rank's shard to rank 0's host copy, a resume hands rank 0's host copy out to the shards' owners. Only broadcasts,
 // so every element arrives bit for bit.
 
-df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_full, df_error *err) {
+// gather: every shard to rank 0's host copy (m_full, v_full); else rank 0's host copy out to the shards' owners. The
+// host copies are NULL on the other ranks.
+static df_status move_moments(df_trainer *t, float *m_full, float *v_full, bool gather, df_error *err) {
   const df_device dev = df_ctx_device(t->ctx);
+  const int me = t->dp.rank;
   float *stage = t->dp.stage;
   for (int i = 0; i < 2; i++) {
-    const float *mine = i ? t->optim.exp_avg_sq : t->optim.exp_avg;
-    float *full = i ? v_full : m_full;
+    float *mine = i ? t->optim.exp_avg_sq : t->optim.exp_avg, *full = i ? v_full : m_full;
     for (int r = 0; r < t->dp.world; r++) {
       int64_t off, len;
       shard_of(t, r, &off, &len);
+      const int from = gather ? r : 0, to = gather ? 0 : r; // the rank whose copy goes out, the one that keeps it
       for (int64_t c = 0; c < len; c += DP_BUCKET_FLOATS) {
         const int64_t k = len - c < DP_BUCKET_FLOATS ? len - c : DP_BUCKET_FLOATS;
         const size_t bytes = sizeof(float) * (size_t)k;
-        if (r == t->dp.rank) DF_TRY(df_copy(t->ctx, stage, dev, mine + c, dev, bytes, err));
-        DF_TRY(df_comm_broadcast(t->dp.comm, stage, k, DF_COMM_F32, r, err));
+        if (me == from)
+          DF_TRY(gather ? df_copy(t->ctx, stage, dev, mine + c, dev, bytes, err)
+                        : df_copy(t->ctx, stage, dev, full + off + c, DF_DEV_CPU, bytes, err));
+        DF_TRY(df_comm_broadcast(t->dp.comm, stage, k, DF_COMM_F32, from, err));
         DF_TRY(df_comm_wait(t->dp.comm, err));
-        if (t->dp.rank == 0) DF_TRY(df_copy(t->ctx, full + off + c, DF_DEV_CPU, stage, dev, bytes, err));
+        if (me == to)
+          DF_TRY(gather ? df_copy(t->ctx, full + off + c, DF_DEV_CPU, stage, dev, bytes, err)
+                        : df_copy(t->ctx, mine + c, dev, stage, dev, bytes, err));
       }
     }
   }
   return DF_OK;
 }
 
-// Rank 0's host moments (m_full, v_full: NULL on the other ranks) into every rank's shard.
-static df_status scatter_moments(df_trainer *t, const float *m_full, const float *v_full, df_error *err) {
-  const df_device dev = df_ctx_device(t->ctx);
-  float *stage = t->dp.stage;
-  for (int i = 0; i < 2; i++) {
-    float *mine = i ? t->optim.exp_avg_sq : t->optim.exp_avg;
-    const float *full = i ? v_full : m_full;
-    for (int r = 0; r < t->dp.world; r++) {
-      int64_t off, len;
-      shard_of(t, r, &off, &len);
-      for (int64_t c = 0; c < len; c += DP_BUCKET_FLOATS) {
-        const int64_t k = len - c < DP_BUCKET_FLOATS ? len - c : DP_BUCKET_FLOATS;
-        const size_t bytes = sizeof(float) * (size_t)k;
-        if (t->dp.rank == 0) DF_TRY(df_copy(t->ctx, stage, dev, full + off + c, DF_DEV_CPU, bytes, err));
-        DF_TRY(df_comm_broadcast(t->dp.comm, stage, k, DF_COMM_F32, 0, err));
-        DF_TRY(df_comm_wait(t->dp.comm, err));
-        if (r == t->dp.rank) DF_TRY(df_copy(t->ctx, mine + c, dev, stage, dev, bytes, err));
-      }
-    }
-  }
-  return DF_OK;
+df_status df_trainer_dp_gather_moments(df_trainer *t, float *m_full, float *v_full, df_error *err) {
+  return move_moments(t, m_full, v_full, true, err);
 }
 
 df_status df_trainer_dp_share_state(df_trainer *t, df_error *err) {
@@ -282,7 +270,7 @@ df_status df_trainer_dp_share_state(df_trainer *t, df_error *err) {
   DF_TRY(compute_after_comm(t, err));
   DF_TRY(df_comm_wait(t->dp.comm, err));
   if (t->optim.zero) // rank 0 holds the full moments in zero_full; each rank keeps its shard
-    DF_TRY(scatter_moments(t, t->optim.zero_full, t->optim.zero_full ? t->optim.zero_full + n : NULL, err));
+    DF_TRY(move_moments(t, t->optim.zero_full, t->optim.zero_full ? t->optim.zero_full + n : NULL, false, err));
   return df_comm_broadcast_host(t->dp.comm, &t->prog, (int64_t)sizeof t->prog, DF_COMM_U8, 0, err);
 }
 
