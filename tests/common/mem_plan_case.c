@@ -111,3 +111,13 @@ df_mem_plan plan_case_equals_run(const plan_case *d, const df_ctx_options *real,
     cr_expect_gt(p.mem.tag[present[i]].peak, 0, "%s: no %s", what, df_mem_tag_name(present[i]));
   return p;
 }
+
+df_mem_plan plan_case_offline(plan_case *d, const char *name, const char *target, const char *draft,
+                              const char *strategy, bool last, bool eval, const char *extra,
+                              const df_ctx_options *real) {
+  plan_case_open(d, name);
+  const int layers[] = {1, 2};
+  plan_case_write_shard(d, PLAN_CASE_MAX_LEN + 9, 64, 2, layers, 256, last);
+  plan_case_write_recipe(d, target, draft, strategy, false, eval, extra);
+  return plan_case_equals_run(d, real, 4, name);
+}

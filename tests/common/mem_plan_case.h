@@ -36,5 +36,11 @@ void plan_case_write_recipe(const plan_case *d, const char *target, const char *
 // plan measured 2 x PLAN_CASE_MAX_LEN tokens (and `anchors` blocks per sample, when >= 0) and every category a run
 // always has is there. Returns the plan for the caller's own checks.
 df_mem_plan plan_case_equals_run(const plan_case *d, const df_ctx_options *real, int64_t anchors, const char *what);
+// The offline case both suites run: a shard of PLAN_CASE_MAX_LEN + 9 tokens (H 64, layers 1 and 2, vocab 256, the final
+// hidden states with last) and a recipe on target, checked by plan_case_equals_run with 4 anchors. d stays open for
+// the caller's checks (plan_case_close).
+df_mem_plan plan_case_offline(plan_case *d, const char *name, const char *target, const char *draft,
+                              const char *strategy, bool last, bool eval, const char *extra,
+                              const df_ctx_options *real);
 
 #endif

@@ -16,12 +16,8 @@
 static void cuda_case(const char *name, const char *draft, const char *strategy, bool last, bool eval,
                       const char *extra) {
   plan_case d;
-  plan_case_open(&d, name);
-  const int layers[] = {1, 2};
-  plan_case_write_shard(&d, PLAN_CASE_MAX_LEN + 9, 64, 2, layers, 256, last);
-  plan_case_write_recipe(&d, DFX "/target", draft, strategy, false, eval, extra);
   const df_ctx_options o = {.device = DF_DEV_CUDA, .num_threads = 1};
-  df_mem_plan p = plan_case_equals_run(&d, &o, 4, name);
+  df_mem_plan p = plan_case_offline(&d, name, DFX "/target", draft, strategy, last, eval, extra, &o);
   cr_expect_str_eq(p.backend, "cuda");
   cr_expect_eq(p.eval, eval);
   if (strstr(draft, "moe")) cr_expect_gt(p.mem.tag[DF_MEM_FFN_STATE].peak, 0, "the MoE layers' state");

@@ -23,12 +23,8 @@ static df_ctx_options fake(void) { return (df_ctx_options){.num_threads = 2, .ba
 static void offline_case(const char *name, const char *draft, const char *strategy, bool last, bool eval,
                          const char *extra) {
   plan_case d;
-  plan_case_open(&d, name);
-  const int layers[] = {1, 2};
-  plan_case_write_shard(&d, PLAN_CASE_MAX_LEN + 9, 64, 2, layers, 256, last);
-  plan_case_write_recipe(&d, DFX "/target", draft, strategy, false, eval, extra);
   const df_ctx_options o = fake();
-  df_mem_plan p = plan_case_equals_run(&d, &o, 4, name);
+  df_mem_plan p = plan_case_offline(&d, name, DFX "/target", draft, strategy, last, eval, extra, &o);
   cr_expect_eq(p.eval, eval);
   cr_expect_eq(p.mem.tag[DF_MEM_TARGET_WEIGHTS].peak, 0, "offline: no target on the device");
   plan_case_close(&d);

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "train/dist/dist.h"
+#include "train/dist/comm.h"
 #include "train/trainer/trainer_internal.h"
 
 // The stage the ZeRO-1 moments travel through at a checkpoint or a resume: 25 MiB of fp32.
