@@ -71,7 +71,10 @@ static df_status build_table(df_draft_model *m, df_error *err) {
   }
   DF_TRY(df_params_add_f32(m->params, "fc.weight", DF_ROLE_WEIGHT, 2, m->H, m->K * m->H, err));
   DF_TRY(df_params_add_f32(m->params, "hidden_norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
-  for (int64_t i = 0; i < m->L; i++) DF_TRY(draft_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
+  for (int64_t i = 0; i < m->L; i++) {
+    DF_TRY(draft_layer_add_params(m->cfg, i, m->params, &m->layers[i], err));
+    m->layers[i].ffn->dt = m->dt; // its activations' dtype, before anything sizes its saved / scratch memory
+  }
   DF_TRY(df_params_add_f32(m->params, "norm.weight", DF_ROLE_NORM, 1, m->H, 0, err));
   DF_TRY(df_dspark_heads_add_params(m->cfg, m->params, err)); // nothing unless a DSpark draft
   DF_TRY(df_domino_head_add_params(m->cfg, m->params, err));  // nothing unless a Domino draft
@@ -176,7 +179,6 @@ df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draf
 const char *df_draft_model_bf16_unsupported(const df_draft_config *cfg) {
   if (cfg->kind != DF_DRAFT_DFLASH && cfg->kind != DF_DRAFT_DSPARK)
     return "bf16 storage covers DFlash and DSpark drafts so far";
-  if (cfg->ffn_kind) return "bf16 storage covers the dense FFN so far";
   return NULL;
 }
 

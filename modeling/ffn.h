@@ -26,7 +26,8 @@ typedef struct df_ffn df_ffn;
 // region per layer); `scratch` is free to reuse between calls (shared by every layer, forward and backward).
 typedef struct {
   const char *kind; // "dense", "moe", ...
-  // fp32 elements of saved / scratch memory for R rows (an upper bound when the need is data-dependent).
+  // Elements of the FFN's dtype (f->dt) of saved / scratch memory for R rows (an upper bound when the need is
+  // data-dependent).
   int64_t (*saved_elems)(const df_ffn *f, int64_t rows);
   int64_t (*scratch_elems)(const df_ffn *f, int64_t rows);
   // Called after the table is finalized and the flat buffers are allocated on the context's device.
@@ -49,6 +50,9 @@ typedef struct {
 struct df_ffn {
   const df_ffn_vtable *vt;
   int64_t layer; // decoder layer index (names: layers.{layer}.mlp.*)
+  // The storage dtype of x, y, dx, dy and of the saved / scratch elements (the model sets it before sizing them;
+  // DF_F32 unless the draft trains in mixed precision).
+  df_dtype dt;
 };
 
 // ---- FFN kinds -------------------------------------------------------------------------------------------------

@@ -20,11 +20,25 @@ static const df_ffn_vtable MOE_VT;
 df_moe_layer *df_ffn_moe_layer(df_ffn *f) { return f && f->vt == &MOE_VT ? &((ffn_moe *)f)->L : NULL; }
 bool df_ffn_is_moe(const df_ffn *f) { return f && f->vt == &MOE_VT; }
 
+// Mixed precision: the MoE layer is an fp32 island. Its router math is fp32 by contract (kernels/ops_moe.h) and its
+// grouped expert GEMMs are CUDA-core kernels that accumulate in fp32 whatever they load, so it reads the fp32
+// masters and casts at its boundary: x and dy up to fp32, y and dx down to the storage dtype. Its saved and scratch
+// memory holds fp32 (and i32) values; sized in elements of f->dt, it asks for as many bytes.
+static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+static int64_t in_dt(const df_ffn *f, int64_t floats) {
+  return floats * (int64_t)sizeof(float) / (int64_t)df_dtype_size(f->dt);
+}
+static bool island(const df_ffn *f) { return f->dt != DF_F32; }
+// The island's fp32 staging rows ahead of the layer's own scratch: x, y (forward); x, dy, dx (backward).
+static int64_t staging(const df_ffn *f, int64_t rows) {
+  return island(f) ? 3 * round16(rows * ((const ffn_moe *)f)->L.H) : 0;
+}
+
 static int64_t moe_saved_elems(const df_ffn *f, int64_t rows) {
-  return df_moe_layer_saved_elems(&((const ffn_moe *)f)->L, rows);
+  return in_dt(f, df_moe_layer_saved_elems(&((const ffn_moe *)f)->L, rows));
 }
 static int64_t moe_scratch_elems(const df_ffn *f, int64_t rows) {
-  return df_moe_layer_scratch_elems(&((const ffn_moe *)f)->L, rows);
+  return in_dt(f, staging(f, rows) + df_moe_layer_scratch_elems(&((const ffn_moe *)f)->L, rows));
 }
 
 // The weight (and gradient) view of one MoE tensor by its native name.
@@ -80,14 +94,32 @@ static df_status moe_bind(df_ffn *f, const df_params *p, float *weights, float *
   return DF_OK;
 }
 
+// An fp32 tensor of t's shape at p.
+static df_tensor f32_like(const df_tensor *t, float *p) { return df_view(p, DF_F32, t->device, t->ndim, t->shape); }
+
 static df_status moe_forward(df_ffn *f, df_ctx *ctx, const df_tensor *x, df_tensor *y, float *saved, float *scratch,
                              df_error *err) {
-  return df_moe_layer_forward(&((ffn_moe *)f)->L, ctx, x, y, saved, scratch, err);
+  df_moe_layer *L = &((ffn_moe *)f)->L;
+  if (!island(f)) return df_moe_layer_forward(L, ctx, x, y, saved, scratch, err);
+  const int64_t n = round16(df_numel(x));
+  df_tensor x32 = f32_like(x, scratch), y32 = f32_like(y, scratch + n);
+  DF_TRY(df_cast(ctx, x, &x32, err));
+  DF_TRY(df_moe_layer_forward(L, ctx, &x32, &y32, saved, scratch + staging(f, df_numel(x) / L->H), err));
+  return df_cast(ctx, &y32, y, err);
 }
 
 static df_status moe_backward(df_ffn *f, df_ctx *ctx, const df_tensor *x, const df_tensor *dy, df_tensor *dx,
                               bool accumulate_dx, const float *saved, float *scratch, df_error *err) {
-  return df_moe_layer_backward(&((ffn_moe *)f)->L, ctx, x, dy, dx, accumulate_dx, saved, scratch, err);
+  df_moe_layer *L = &((ffn_moe *)f)->L;
+  if (!island(f)) return df_moe_layer_backward(L, ctx, x, dy, dx, accumulate_dx, saved, scratch, err);
+  const int64_t n = round16(df_numel(x));
+  df_tensor x32 = f32_like(x, scratch), dy32 = f32_like(dy, scratch + n), dx32 = f32_like(dx, scratch + 2 * n);
+  DF_TRY(df_cast(ctx, x, &x32, err));
+  DF_TRY(df_cast(ctx, dy, &dy32, err));
+  if (accumulate_dx) DF_TRY(df_cast(ctx, dx, &dx32, err)); // the sum rounds to the storage dtype once
+  DF_TRY(df_moe_layer_backward(L, ctx, &x32, &dy32, &dx32, accumulate_dx, saved,
+                               scratch + staging(f, df_numel(x) / L->H), err));
+  return df_cast(ctx, &dx32, dx, err);
 }
 
 static int64_t moe_state_elems(const df_ffn *f) { return df_moe_layer_state_elems(&((const ffn_moe *)f)->L); }

@@ -46,7 +46,9 @@ enum { STEPS = 50, TAIL = 10 };
 #endif
 
 // Every gradient tensor within rtol·max|ref| + 1e-6 of the reference's.
-static void expect_grads_within(const char *name, const char *want_path, const char *got_path, double rtol) {
+// Returns the worst max|Δ| / max|ref| over the tensors.
+static double expect_grads_within(const char *name, const char *want_path, const char *got_path, double rtol) {
+  double worst = 0;
   df_st_file *wf = NULL, *gf = NULL;
   df_error err = {0};
   DF_ASSERT_OK(df_st_open(want_path, &wf, &err), &err);
@@ -66,9 +68,11 @@ static void expect_grads_within(const char *name, const char *want_path, const c
     }
     cr_expect_leq(maxd, rtol * ref + 1e-6, "%s: %s max|Δ| %.3g > %g·max|ref| (%.3g) + 1e-6", name, w->name, maxd, rtol,
                   ref);
+    worst = fmax(worst, ref > 0 ? maxd / ref : maxd);
     free(x), free(y);
   }
   df_st_close(wf), df_st_close(gf);
+  return worst;
 }
 
 static void expect_grads_close(const char *name, const char *want_path, const char *got_path) {
@@ -139,7 +143,9 @@ static void bf16_step_matches(const char *sub, const char *name, double loss_tol
   // PyTorch sums the (decayed) row weights in bf16 too: loss_den 194.0 for the float64 193.795 (gated_all_anchors)
   cr_expect_leq(fabs(json_num(g, "loss_den") - json_num(w, "loss_den")), loss_tol * json_num(w, "loss_den"),
                 "%s: loss_den %.8g vs %.8g", name, json_num(g, "loss_den"), json_num(w, "loss_den"));
-  expect_grads_within(name, wantg, gotg, grad_tol);
+  const double worst = expect_grads_within(name, wantg, gotg, grad_tol);
+  printf("%s/%s in bf16: loss %.8g vs PyTorch bf16 %.8g, worst gradient max|Δ|/max|ref| %.3g\n", sub, name, lg, lw,
+         worst);
   json_decref(w), json_decref(g);
   cu_rmtree(out);
 }
@@ -166,6 +172,18 @@ Test(cuda_step, dspark_bf16_steps_match_pytorch_bf16, .timeout = 300) {
   CU_REQUIRE_GPU();
   bf16_step_matches("dspark_step", "gated_all_anchors", 1e-2, 8e-2);
   bf16_step_matches("dspark_step", "rnn_warm", 1e-2, 8e-2);
+}
+
+// An MoE draft in bf16: the decoder layers bf16 around the MoE FFN's fp32 island (moe/ffn_moe.c), against PyTorch's
+// bf16 step with the router math in fp32 and the experts in bf16 (tools/reference/moe_reference.py). Both cases route
+// with a selection margin >= 1e-3, so bf16 rounding leaves the routing alone (with the 4e-5 of the fp32 cases it
+// flipped one token's expert, and that expert's gradient with it). Measured in the emulator: loss 4.86390 vs PyTorch's
+// 4.86764 and 4.60465 vs 4.58333 (PyTorch's is the further from float64's 4.85752 and 4.59724: its loss sum is bf16),
+// gradients within 3.2e-2 and 2.2e-2 of max|ref|; the DSpark bounds.
+Test(cuda_step, moe_bf16_steps_match_pytorch_bf16, .timeout = 300) {
+  CU_REQUIRE_GPU();
+  bf16_step_matches("moe_step", "qwen_bf16", 1e-2, 8e-2);
+  bf16_step_matches("moe_step", "deepseek_bf16", 1e-2, 8e-2);
 }
 
 Test(cuda_step, dspark_fixtures_on_gpu_match_fp32, .timeout = 300) {
@@ -275,9 +293,14 @@ Test(cuda_step, demo_loss_curve_dspark_gpu_vs_cpu, .timeout = 300) {
   curves_agree("recipes/demo-dspark.yaml");
 }
 
-Test(cuda_step, demo_loss_curve_moe_gpu_vs_cpu, .timeout = 300) {
+// The MoE draft in bf16 over 50 steps against the CPU's fp32: bf16 decoder layers around the MoE FFN's fp32 island
+// (router, grouped experts and shared expert on the fp32 masters, cast at the layer's boundary; moe/ffn_moe.c), the
+// switch aux loss and sample centering included. Measured in the emulator: a mean gap of 2.3e-3 and 1.1e-3 on the last
+// 10 steps' mean; the same 1e-2 as the dense drafts. (fp32 storage of an MoE draft on the GPU: the DSpark-MoE curve
+// below and moe_fixtures_on_gpu_match_fp32.)
+Test(cuda_step, demo_loss_curve_moe_bf16_vs_cpu_fp32, .timeout = 300) {
   CU_REQUIRE_GPU();
-  curves_agree("recipes/demo-dflash-moe.yaml");
+  curves_agree_as("recipes/demo-dflash-moe.yaml", "--set model.torch_dtype=bfloat16", 50, 10, 1e-2, 1e-2);
 }
 
 Test(cuda_step, demo_loss_curve_dspark_moe_gpu_vs_cpu, .timeout = 300) {

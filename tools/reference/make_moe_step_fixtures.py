@@ -21,6 +21,7 @@ import sys
 from typing import Any, Dict, List
 
 import numpy as np
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -33,6 +34,10 @@ import moe_step as ms  # noqa: E402
 import step_fixtures as sf  # noqa: E402
 
 MARGIN = 2e-5
+# The mixed-precision cases (expected_bf16/) need routing that bf16 noise cannot flip: the decoder layers round the
+# router's input to bf16 (draftforge and PyTorch at different places), which moved selection values of the tiny
+# cold drafts by up to a few 1e-4 (measured: margins of 4e-5 flipped an expert in one case and not in the other).
+BF16_MARGIN = 1e-3
 SHARED = sf.fixture("dflash_step")  # target/ and data/; recipe paths are relative to the repository root
 
 # name -> changes to a base config (None deletes a key; "dflash_config" entries merge)
@@ -103,6 +108,15 @@ CASES: List[Dict[str, Any]] = [
                 "gradients (router, shared expert and gate are); centering, aux 0.05; warm start from "
                 "moe_ckpt_qwen_nocenter (qwen layout, without gate.input_mean(_steps): optional on a warm start); "
                 "batch_size 2"),
+    dict(name="qwen_bf16", config="tiny-dflash-moe.json", max_length=40, bf16=True,
+         training=dict(seed=26, batch_size=2, num_anchors=3, objective_chunk_blocks=0),
+         covers="mixed precision: configs/tiny-dflash-moe.json (centering, aux 0.001, gated shared expert) with "
+                "expected_bf16/ too (PyTorch's bf16 step, router math fp32); seed picked for a selection margin "
+                ">= BF16_MARGIN"),
+    dict(name="deepseek_bf16", config="tiny-dflash-moe-deepseek.json", bf16=True,
+         training=dict(seed=14, batch_size=2, num_anchors=2, objective_chunk_blocks=0),
+         covers="mixed precision: configs/tiny-dflash-moe-deepseek.json (sqrtsoftplus, group-limited, noaux_tc) "
+                "with expected_bf16/ too; seed picked for a selection margin >= BF16_MARGIN"),
 ]
 
 
@@ -197,6 +211,11 @@ def generate(out: str, check_margin: bool = True) -> Dict[str, Dict[str, Any]]:
         if check_margin and min(m["topk_gap"], m["group_gap"]) < MARGIN:
             raise ValueError(f"{case['name']}: selection margin {m} below {MARGIN}: pick another seed")
         ms.dump(prep, res, os.path.join(os.path.dirname(recipe), "expected"), "float64")
+        if case.get("bf16"):  # mixed precision's reference: PyTorch's bf16 step, the router math in fp32
+            if check_margin and min(m["topk_gap"], m["group_gap"]) < BF16_MARGIN:
+                raise ValueError(f"{case['name']}: selection margin {m} below {BF16_MARGIN} for a bf16 case")
+            ms.dump(prep, ms.run_step(prep, torch.bfloat16), os.path.join(os.path.dirname(recipe), "expected_bf16"),
+                    "bfloat16")
         return {**res.summary(), "ce_loss": res.ce_num / res.loss_den, "margins": m,
                 "aux_layers": res.aux_layers, "n_grads": len(res.grads), "layout": prep.moe.layout}
 
@@ -243,6 +262,10 @@ which rewrites this whole folder, README included. One case by hand:
 - `expected/batch.json` (debugging, not part of the contract) adds the CE numerator, each layer's aux loss and
   expert counts, and the smallest selection margins (k-th vs (k+1)-th selection value, last kept vs best dropped
   group); every case has them >= 2e-5 so the fp32 routing of the C step picks the same experts.
+- `qwen_bf16/expected_bf16/` and `deepseek_bf16/expected_bf16/` hold the same step as PyTorch runs it in bf16
+  (`moe_step.py --dtype bfloat16`: the draft and its activations bf16, the router's logits, scores, selection and aux
+  loss in fp32 from the bf16 rows), the reference of the CUDA backend's mixed precision
+  (`tests/cuda/test_step_gpu.c`); their selection margins are >= 1e-3, so bf16 rounding does not change the routing.
 
 ## Inputs
 

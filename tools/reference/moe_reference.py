@@ -177,9 +177,12 @@ def router(x, p: Dict[str, torch.Tensor], cfg: MoEConfig, rows_per_sample: int, 
             u = x - p["input_mean"]
     else:
         u = x
-    logits = F.linear(u, p["router"])
+    # bf16 / fp16 runs keep the router math in fp32 (kernels/ops_moe.h): the rows and the router weight cast up
+    # (the cast is in the graph, so their gradients come back in the storage dtype).
+    low = x.dtype in (torch.bfloat16, torch.float16)
+    logits = F.linear(u.float(), p["router"].float()) if low else F.linear(u, p["router"])
     if cfg.router_bias:
-        logits = logits + p["router_bias"]
+        logits = logits + (p["router_bias"].float() if low else p["router_bias"])
     s = scores_of(logits, cfg.score)
     idx, _ = select(s, cfg, p.get("sel_bias") if cfg.noaux_tc else None)
     w = s.gather(1, idx)
@@ -187,7 +190,7 @@ def router(x, p: Dict[str, torch.Tensor], cfg: MoEConfig, rows_per_sample: int, 
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
     w = w * cfg.scale
     counts = torch.bincount(idx.flatten(), minlength=cfg.E)
-    aux = torch.zeros((), dtype=x.dtype)
+    aux = torch.zeros((), dtype=s.dtype)
     if training and cfg.aux_coeff > 0:
         aux = switch_aux_loss(s, counts, cfg.aux_coeff)
     return {"u": u, "logits": logits, "scores": s, "indices": idx, "weights": w, "counts": counts, "aux": aux}
@@ -208,7 +211,7 @@ def routed_experts(x, idx, w, p, cfg: MoEConfig):
             continue
         h = x[tok]
         a = swiglu(F.linear(h, p["w1"][e]), F.linear(h, p["w3"][e]), cfg.swiglu_limit)
-        a = a * w[tok, slot, None]
+        a = a * w[tok, slot, None].to(a.dtype)
         y = y.index_add(0, tok, F.linear(a, p["w2"][e]))
     return y
 
