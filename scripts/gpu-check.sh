@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check in one command: builds draftforge with CUDA for the visible GPU (architecture from nvidia-smi), runs
 # the GPU suite (tests/cuda, plus the tile-schedule test and the KV-cache attention's GPU case) and the GPU benches
-# (bench_gpu_step, bench_gpu_moe), and prints one summary. Sized for ≤ 10 minutes on an H200; every stage has a
-# time limit and the script stops at the first stage that cannot run.
+# (bench_gpu_step, bench_gpu_moe, bench_device_step), and prints one summary. Sized for ≤ 10 minutes on an H200;
+# every stage has a time limit and the script stops at the first stage that cannot run.
 #
 #   scripts/gpu-check.sh            build here (needs the build dependencies of scripts/setup.sh) and run
 #   scripts/gpu-check.sh --pack     on a machine WITHOUT a GPU: build for sm_${GPU_ARCH:-90} and pack the binaries
@@ -24,7 +24,8 @@ esac
 LOGS=${OUT:-$ROOT/build-gpu-logs}
 mkdir -p "$LOGS"
 PACK=$ROOT/build-gpu-pack
-TARGETS=(test_cuda_gpu test_kernels_attn_tiles test_kernels_causal_attn draftforge bench_gpu_step bench_gpu_moe)
+TARGETS=(test_cuda_gpu test_kernels_attn_tiles test_kernels_causal_attn draftforge bench_gpu_step bench_gpu_moe
+  bench_device_step)
 t0=$(date +%s)
 
 fail() { echo "gpu-check: $*" >&2; exit 1; }
@@ -108,7 +109,10 @@ timeout 100 "$BIN/bench_gpu_step" --steps 3 >"$LOGS/bench_gpu_step.log" 2>&1
 step_rc=$?
 timeout 70 "$BIN/bench_gpu_moe" --reps 5 >"$LOGS/bench_gpu_moe.log" 2>&1
 moe_rc=$?
-cat "$LOGS/bench_gpu_step.log" "$LOGS/bench_gpu_moe.log" | grep -vE "^GPU_(STEP|MOE)_SUMMARY" | tail -40
+timeout 120 "$BIN/bench_device_step" --steps 3 >"$LOGS/bench_device_step.log" 2>&1
+dstep_rc=$?
+cat "$LOGS/bench_gpu_step.log" "$LOGS/bench_gpu_moe.log" "$LOGS/bench_device_step.log" |
+  grep -vE "^(GPU_(STEP|MOE)|DEVICE_STEP)_SUMMARY" | tail -48
 
 echo "== step tests ($(since) s) =="
 timeout 180 "$BIN/test_cuda_gpu" --jobs 1 --verbose --filter 'cuda_step/*' >"$LOGS/test_cuda_step.log" 2>&1
@@ -124,6 +128,9 @@ echo "causal (KV-cache) attention GPU vs CPU: exit $causal_rc $(grep -o 'Synthes
 echo "GPU op / table tests: exit $suite_rc ${synth:-(no synthesis line: crashed or timed out)}"
 echo "bench_gpu_step: exit $step_rc $(grep -o 'GPU_STEP_SUMMARY.*' "$LOGS/bench_gpu_step.log" | cut -d' ' -f2-)"
 echo "bench_gpu_moe: exit $moe_rc $(grep -o 'GPU_MOE_SUMMARY.*' "$LOGS/bench_gpu_moe.log" | cut -d' ' -f2-)"
+echo "bench_device_step: exit $dstep_rc $(grep -o 'DEVICE_STEP_SUMMARY.*' "$LOGS/bench_device_step.log" | cut -d' ' -f2- |
+  tr '\n' ';')"
 echo "GPU step tests (CLI): exit $e2e_rc ${synth2:-(no synthesis line: crashed or timed out)}"
 echo "logs: $LOGS"
-[ "$tiles_rc" = 0 ] && [ "$causal_rc" = 0 ] && [ "$suite_rc" = 0 ] && [ "$step_rc" = 0 ] && [ "$moe_rc" = 0 ] && [ "$e2e_rc" = 0 ]
+[ "$tiles_rc" = 0 ] && [ "$causal_rc" = 0 ] && [ "$suite_rc" = 0 ] && [ "$step_rc" = 0 ] && [ "$moe_rc" = 0 ] &&
+  [ "$dstep_rc" = 0 ] && [ "$e2e_rc" = 0 ]
