@@ -152,7 +152,7 @@ df_status df_lmhead_domino(df_ctx *ctx, const df_lmhead_domino_desc *desc, const
       return DF_FAIL(err, DF_ERR_INVALID, "dcorr", "pass dcorr and dw2 with dhidden", "dcorr or dw2 is missing");
     DF_TRY(check_matrix(ctx, out->dhidden, "dhidden", R, H, st, err));
     DF_TRY(check_matrix(ctx, out->dcorr, "dcorr", R, E, st, err));
-    DF_TRY(check_matrix(ctx, out->dw2, "dw2", V, E, st, err));
+    DF_TRY(check_matrix(ctx, out->dw2, "dw2", V, E, df_grad_dtype(out->dw2, st), err)); // fp32 under bf16
   }
   DF_REQUIRE_OP(ctx, DF_OP_LMHEAD_DOMINO, st, err);
   return ctx->backend->lmhead_domino(ctx, desc, in, out, err);

@@ -26,8 +26,12 @@ struct df_domino_head {
   bool have_forward;
   void *arena;
   size_t cap;
-  const float *hidden;      // [R, H] borrowed
+  df_dtype dt;              // the draft's storage dtype: hidden, corr, dcorr and dhidden are held in it
+  const void *hidden;       // [R, H] borrowed
   const uint8_t *corrected; // [R] borrowed (the stage's)
+  float *h32;               // bf16 storage: [R, H] the hidden rows cast up; the backward's d(hidden) sum
+  void *c16;                // bf16 storage: [R, E] the correction latent the fused LM head reads
+  float *dc32;              // bf16 storage: [R, E] dcorr cast up
   float *x;                 // [R, H] embed(head tokens)
   float *gi;                // [R, 3G] x·W_ihᵀ; the backward's dgi
   float *s, *gates;         // [R, G], [R, 4G]
@@ -71,6 +75,15 @@ static df_status bind(df_domino_head *h, const df_params *p, const char *name, f
   return df_params_bind(p, name, w, g, h->dev, &v->w, &v->g, err);
 }
 
+// The fp32 master view (mixed precision: the GRU and embed_proj.0 read their fp32 masters).
+static df_status bind_f32(df_domino_head *h, const df_params *p, const char *name, float *w, float *g, dm_pview *v,
+                          df_error *err) {
+  DF_TRY(df_params_view_named(p, name, w, &v->w, err));
+  DF_TRY(df_params_view_named(p, name, g, &v->g, err));
+  v->w.device = v->g.device = h->dev;
+  return DF_OK;
+}
+
 df_status df_domino_head_create(const df_draft_config *cfg, df_ctx *ctx, const df_params *p, float *weights,
                                 float *grads, df_domino_head **out, df_error *err) {
   *out = NULL;
@@ -79,10 +92,14 @@ df_status df_domino_head_create(const df_draft_config *cfg, df_ctx *ctx, const d
   h->cfg = cfg, h->ctx = ctx, h->dev = df_ctx_device(ctx);
   h->V = cfg->vocab_size, h->H = cfg->hidden_size, h->G = cfg->dflash.gru_hidden_dim, h->E = cfg->dflash.emb_dim;
   h->ss = df_domino_suffix_start(cfg), h->steps = df_domino_gru_steps(cfg), h->shift = cfg->dflash.shift_label;
-  df_status st = bind(h, p, DF_DOMINO_GRU_IH, weights, grads, &h->w_ih, err);
-  if (st == DF_OK) st = bind(h, p, DF_DOMINO_GRU_HH, weights, grads, &h->w_hh, err);
-  if (st == DF_OK) st = bind(h, p, DF_DOMINO_PROJ0, weights, grads, &h->w1, err);
-  if (st == DF_OK) st = bind(h, p, DF_DOMINO_PROJ2, weights, grads, &h->w2, err);
+  // Mixed precision: embed_proj.2 meets the bf16 hidden rows and LM head in the fused op, so it takes the forward's
+  // bf16 view (its gradient stays fp32); the GRU and embed_proj.0 are an fp32 island on the masters, cast at its
+  // boundary (the hidden rows and dcorr up, the latent and d(hidden) down).
+  df_status st = bind(h, p, DF_DOMINO_PROJ2, weights, grads, &h->w2, err);
+  h->dt = h->w2.w.dtype;
+  if (st == DF_OK) st = bind_f32(h, p, DF_DOMINO_GRU_IH, weights, grads, &h->w_ih, err);
+  if (st == DF_OK) st = bind_f32(h, p, DF_DOMINO_GRU_HH, weights, grads, &h->w_hh, err);
+  if (st == DF_OK) st = bind_f32(h, p, DF_DOMINO_PROJ0, weights, grads, &h->w1, err);
   if (st != DF_OK) {
     df_domino_head_free(h);
     return st;
@@ -129,6 +146,10 @@ static size_t carve(df_domino_head *h, char *base, int64_t R) {
   PIECE(a, R * E);
   PIECE(df, R * (H + G));
   PIECE(ds, R * G);
+  const int64_t mixed = h->dt != DF_F32; // the fp32 island's staging (see df_domino_head_create)
+  PIECE(h32, mixed * R * H);
+  PIECE(c16, mixed * R * E);
+  PIECE(dc32, mixed * R * E);
 #undef PIECE
   return at;
 }
@@ -180,7 +201,7 @@ static df_status gather_state(df_domino_head *h, df_error *err) {
 
 // ---- forward -------------------------------------------------------------------------------------------------
 
-df_status df_domino_head_forward(df_domino_head *h, const df_domino_head_in *in, const float **corr, df_error *err) {
+df_status df_domino_head_forward(df_domino_head *h, const df_domino_head_in *in, const void **corr, df_error *err) {
   *corr = NULL;
   h->have_forward = false;
   if (!in || in->nblocks < 1 || in->bs != h->cfg->block_size || !in->hidden || !in->head_ids || !in->corrected ||
@@ -190,21 +211,38 @@ df_status df_domino_head_forward(df_domino_head *h, const df_domino_head_in *in,
   const int64_t R = in->nblocks * in->bs, H = h->H, G = h->G, E = h->E;
   DF_TRY(ensure(h, R, err));
   h->nb = in->nblocks, h->bs = in->bs, h->R = R, h->hidden = in->hidden, h->corrected = in->corrected;
+  const bool mixed = h->dt != DF_F32;
   df_tensor ids = df_i32_on(h->dev, (int32_t *)in->head_ids, R), x = mat(h, h->x, R, H);
-  DF_TRY(df_embedding_forward(h->ctx, in->embed, &ids, &x, err));
+  if (mixed) { // the bf16 embedding rows into h32 (free until the hidden rows arrive), cast up once
+    df_tensor x16 = df_view_on(h->dt, h->dev, h->h32, R, H);
+    DF_TRY(df_embedding_forward(h->ctx, in->embed, &ids, &x16, err));
+    DF_TRY(df_cast(h->ctx, &x16, &x, err));
+  } else {
+    DF_TRY(df_embedding_forward(h->ctx, in->embed, &ids, &x, err));
+  }
   df_tensor gi = mat(h, h->gi, R, 3 * G), s = mat(h, h->s, R, G), gates = mat(h, h->gates, R, 4 * G);
   DF_TRY(df_linear_forward(h->ctx, &x, &h->w_ih.w, NULL, &gi, err));
   const df_gru_desc gd = {.steps = h->steps, .stride = h->bs};
   DF_TRY(df_gru_forward(h->ctx, &gd, &gi, &h->w_hh.w, &s, &gates, err));
-  DF_TRY(copy2d(h, h->hidden, R * H, h->f, R * (H + G),
+  const float *hid = h->hidden;
+  if (mixed) {
+    df_tensor h16 = df_view_on(h->dt, h->dev, (void *)h->hidden, R, H), h32 = mat(h, h->h32, R, H);
+    DF_TRY(df_cast(h->ctx, &h16, &h32, err));
+    hid = h->h32;
+  }
+  DF_TRY(copy2d(h, hid, R * H, h->f, R * (H + G),
                 (df_copy_2d_desc){.rows = R, .cols = H, .src_stride = H, .dst_stride = H + G}, err));
   DF_TRY(gather_state(h, err));
   df_tensor f = mat(h, h->f, R, H + G), p = mat(h, h->p, R, E), a = mat(h, h->a, R, E);
   DF_TRY(df_linear_forward(h->ctx, &f, &h->w1.w, NULL, &p, err));
   df_tensor m = df_u8_on(h->dev, (uint8_t *)h->corrected, R);
   DF_TRY(df_masked_silu_forward(h->ctx, &p, &m, &a, err));
+  if (mixed) {
+    df_tensor c16 = df_view_on(h->dt, h->dev, h->c16, R, E);
+    DF_TRY(df_cast(h->ctx, &a, &c16, err));
+  }
   h->have_forward = true;
-  *corr = h->a;
+  *corr = mixed ? h->c16 : h->a;
   return DF_OK;
 }
 
@@ -225,19 +263,28 @@ static df_status scatter_state(df_domino_head *h, df_error *err) {
                 err);
 }
 
-df_status df_domino_head_backward(df_domino_head *h, const float *dcorr, float *dhidden, df_error *err) {
+df_status df_domino_head_backward(df_domino_head *h, const void *dcorr, void *dhidden, df_error *err) {
   if (!h->have_forward)
     return DF_FAIL(err, DF_ERR_INVALID, "domino head", "run df_domino_head_forward first", "no forward to undo");
   if (!dcorr || !dhidden) return DF_FAIL(err, DF_ERR_INVALID, "dcorr", NULL, "dcorr or dhidden is NULL");
   h->have_forward = false; // dp and dgi overwrite the forward's a and gi
   const int64_t R = h->R, H = h->H, G = h->G, E = h->E, W = H + G;
-  df_tensor p = mat(h, h->p, R, E), dc = mat(h, dcorr, R, E), dp = mat(h, h->a, R, E);
+  const bool mixed = h->dt != DF_F32;
+  df_tensor p = mat(h, h->p, R, E), dc = mat(h, mixed ? h->dc32 : dcorr, R, E), dp = mat(h, h->a, R, E);
+  if (mixed) {
+    df_tensor dc16 = df_view_on(h->dt, h->dev, (void *)dcorr, R, E);
+    DF_TRY(df_cast(h->ctx, &dc16, &dc, err));
+  }
   df_tensor m = df_u8_on(h->dev, (uint8_t *)h->corrected, R);
   DF_TRY(df_masked_silu_backward(h->ctx, &p, &m, &dc, &dp, err));
   df_tensor f = mat(h, h->f, R, W), df = mat(h, h->df, R, W);
   DF_TRY(df_linear_backward(h->ctx, &dp, &f, &h->w1.w, &df, false, &h->w1.g, NULL, err));
-  DF_TRY(copy2d(h, h->df, R * W, dhidden, R * H,
+  // d(hidden) += df[:, :H]; in bf16 the sum is formed in fp32 and rounded once
+  df_tensor dh16 = df_view_on(h->dt, h->dev, dhidden, R, H), dh32 = mat(h, h->h32, R, H);
+  if (mixed) DF_TRY(df_cast(h->ctx, &dh16, &dh32, err));
+  DF_TRY(copy2d(h, h->df, R * W, mixed ? h->h32 : dhidden, R * H,
                 (df_copy_2d_desc){.rows = R, .cols = H, .src_stride = W, .dst_stride = H, .accumulate = true}, err));
+  if (mixed) DF_TRY(df_cast(h->ctx, &dh32, &dh16, err));
   DF_TRY(scatter_state(h, err));
   const df_gru_desc gd = {.steps = h->steps, .stride = h->bs};
   df_tensor s = mat(h, h->s, R, G), gates = mat(h, h->gates, R, 4 * G), ds = mat(h, h->ds, R, G);

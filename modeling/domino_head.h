@@ -65,23 +65,27 @@ const df_tensor *df_domino_head_w2(const df_domino_head *h);
 df_tensor *df_domino_head_w2_grad(df_domino_head *h);
 int64_t df_domino_head_emb_dim(const df_domino_head *h);
 
-// What a forward reads, all on the head's context's device: hidden [R, H] (borrowed until the backward), the head
-// tokens [R] i32 (< V) and the corrected-row flags [R] u8 (slot >= suffix_start; copied), the frozen target
-// embedding [V, H].
+// What a forward reads, all on the head's context's device: hidden [R, H] in the draft's storage dtype (borrowed until
+// the backward), the head tokens [R] i32 (< V) and the corrected-row flags [R] u8 (slot >= suffix_start; copied), the
+// frozen target embedding [V, H] (storage dtype).
+//
+// Mixed precision (bf16 storage): the GRU and embed_proj.0 are an fp32 island on their fp32 masters; hidden and the
+// embedding rows are cast up at its entry, the latent c down for the fused LM head (embed_proj.2 is read in bf16 there,
+// its gradient fp32), dcorr up and the head's d(hidden) summed in fp32 and rounded once.
 typedef struct {
   int64_t nblocks, bs;
-  const float *hidden;
+  const void *hidden;
   const int32_t *head_ids;
   const uint8_t *corrected;
   const df_tensor *embed;
 } df_domino_head_in;
 
-// Forward: *corr receives the correction latent c [R, E] (0 on uncorrected rows), owned by the head and valid until
-// the next forward or backward.
-df_status df_domino_head_forward(df_domino_head *h, const df_domino_head_in *in, const float **corr, df_error *err);
-// Backward of the last forward: dcorr [R, E] (device) → parameter gradients added into the model's grads, and the
-// head's input gradient added into dhidden [R, H].
-df_status df_domino_head_backward(df_domino_head *h, const float *dcorr, float *dhidden, df_error *err);
+// Forward: *corr receives the correction latent c [R, E] in the storage dtype (0 on uncorrected rows), owned by the
+// head and valid until the next forward or backward.
+df_status df_domino_head_forward(df_domino_head *h, const df_domino_head_in *in, const void **corr, df_error *err);
+// Backward of the last forward: dcorr [R, E] (device, storage dtype) → parameter gradients added into the model's
+// grads, and the head's input gradient added into dhidden [R, H] (storage dtype).
+df_status df_domino_head_backward(df_domino_head *h, const void *dcorr, void *dhidden, df_error *err);
 
 // logit_head.prefix_gru.* → prefix_gru.*, logit_head.embed_proj.* → embed_proj.* (SpecForge's
 // normalize_draft_head_checkpoint_keys); *n receives the count.

@@ -177,8 +177,7 @@ df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draf
 }
 
 const char *df_draft_model_bf16_unsupported(const df_draft_config *cfg) {
-  if (cfg->kind != DF_DRAFT_DFLASH && cfg->kind != DF_DRAFT_DSPARK)
-    return "bf16 storage covers DFlash and DSpark drafts so far";
+  if (cfg->kind == DF_DRAFT_EAGLE3) return "bf16 storage covers DFlash, DSpark and Domino drafts so far";
   return NULL;
 }
 

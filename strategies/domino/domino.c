@@ -85,7 +85,7 @@ df_status df_domino_objective_rows(df_ctx *ctx, const df_domino_loss *opt, df_do
   if (R <= 0 || df_numel(hidden) != R * head->shape[1])
     return DF_FAIL(err, DF_ERR_INVALID, "hidden", "pass the draft output (B·N·bs, H)",
                    "hidden does not hold B·N·bs = %lld rows of %lld", (long long)R, (long long)head->shape[1]);
-  const float *corr = NULL;
+  const void *corr = NULL;
   const df_domino_head_in hin = {.nblocks = rows->B * rows->N,
                                  .bs = rows->bs,
                                  .hidden = hidden->data,
@@ -98,7 +98,7 @@ df_status df_domino_objective_rows(df_ctx *ctx, const df_domino_loss *opt, df_do
   const double cf = (1.0 - opt->lambda) * inv, cb = opt->lambda * inv;
   const df_device dev = df_ctx_device(ctx);
   const int64_t E = df_domino_head_emb_dim(dh);
-  df_tensor ct = df_f32_on(dev, (float *)corr, R, E);
+  df_tensor ct = df_view_on(hidden->dtype, dev, corr, R, E); // the storage dtype, as hidden and the LM head
   const df_lmhead_domino_desc desc = {
       .chunk_rows = opt->chunk_rows, .final_scale = (float)(gs * cf), .base_scale = (float)(gs * cb)};
   const df_lmhead_domino_in in = {.hidden = hidden,

@@ -67,6 +67,7 @@ static void rows_layout(void *self, df_stage_pass pass, df_carver *up, df_carver
     return;
   }
   float *ce_f = df_carve(scratch, R * 4), *ce_b = df_carve(scratch, R * 4), *dcorr = df_carve(scratch, R * E * 4);
+  const df_dtype dt = df_draft_model_storage(r->blk.env.model); // dcorr: the draft's storage dtype (fits 4 B each)
   uint8_t *ok_f = df_carve(scratch, R), *ok_b = df_carve(scratch, R);
   if (pass != DF_STAGE_BIND) return;
   r->rows = (df_domino_rows){.B = d->B,
@@ -82,7 +83,7 @@ static void rows_layout(void *self, df_stage_pass pass, df_carver *up, df_carver
                              .ce_base = df_f32_on(dev, ce_b, R),
                              .correct_final = df_u8_on(dev, ok_f, R),
                              .correct_base = df_u8_on(dev, ok_b, R),
-                             .dcorr = df_f32_on(dev, dcorr, R, E)};
+                             .dcorr = df_view_on(dt, dev, dcorr, R, E)};
 }
 
 static void rows_release(void *self) { df_domino_labels_free(&((domino_run *)self)->built); }
@@ -93,7 +94,7 @@ static df_status objective(void *self, df_block_run *b, const df_staged *st, con
   domino_run *r = self;
   const df_tensor head = df_block_head(b);
   const df_frozen *fz = &b->env.frozen;
-  const df_tensor embed = df_f32_on(df_ctx_device(b->env.ctx), fz->embed, fz->vocab, fz->hidden);
+  const df_tensor embed = df_view_on(fz->dtype, df_ctx_device(b->env.ctx), fz->embed, fz->vocab, fz->hidden);
   const df_domino_loss opt = {.lambda = r->lambda,
                               .weight_sum = r->weight_sum,
                               .grad_scale = grad_scale,
@@ -260,7 +261,7 @@ static df_status propose(df_strategy_run *base, const df_propose_in *in, int32_t
     float *z = r->bias;
     memcpy(z, r->base + slot * V, row);
     if (slot >= r->ss) {
-      const float *corr = NULL;
+      const void *corr = NULL; // fp32: a decoding draft stores fp32
       DF_TRY(df_copy(ctx, r->dids, dev, r->ids, DF_DEV_CPU, sizeof(int32_t) * (size_t)bs, err));
       const df_domino_head_in hin = {.nblocks = 1,
                                      .bs = bs,
@@ -269,7 +270,7 @@ static df_status propose(df_strategy_run *base, const df_propose_in *in, int32_t
                                      .corrected = r->dcorr_mask,
                                      .embed = &embed};
       DF_TRY(df_domino_head_forward(r->head, &hin, &corr, err));
-      df_tensor c = df_view((void *)(corr + slot * E), DF_F32, dev, 2, (const int64_t[]){1, E});
+      df_tensor c = df_view((void *)((const float *)corr + slot * E), DF_F32, dev, 2, (const int64_t[]){1, E});
       df_tensor b = df_view(r->dbias, DF_F32, dev, 2, (const int64_t[]){1, V});
       DF_TRY(df_linear_forward(ctx, &c, df_domino_head_w2(r->head), NULL, &b, err));
       DF_TRY(df_copy(ctx, r->corrv, DF_DEV_CPU, r->dbias, dev, row, err));

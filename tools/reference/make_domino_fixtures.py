@@ -25,6 +25,7 @@ import sys
 from typing import Any, Dict, List
 
 import numpy as np
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -234,6 +235,9 @@ def generate(out: str) -> Dict[str, Dict[str, Any]]:
         prep = ref.prepare(ref.load_recipe(recipe))
         res = ref.run_step(prep)
         ref.dump(prep, res, os.path.join(os.path.dirname(recipe), "expected"), "float64")
+        if case["name"] in BF16_CASES:  # mixed precision's reference: the same step as PyTorch runs it in bf16
+            ref.dump(prep, ref.run_step(prep, torch.bfloat16), os.path.join(os.path.dirname(recipe), "expected_bf16"),
+                     "bfloat16")
         return {**res.terms, **coverage(prep)}
 
     results = sf.write_cases(out, CASES, recipe_text, run)
@@ -248,6 +252,9 @@ def generate(out: str) -> Dict[str, Dict[str, Any]]:
         f.write(crosscheck_rows())
     return results
 
+
+# The GRU head with and without shift_label, decay and a mixed λ, warm and cold.
+BF16_CASES = ("shift_lambda037_decay", "noshift_start0_cold")
 
 README_HEAD = """# Domino step parity fixtures
 
@@ -292,7 +299,10 @@ Each `CASE/` holds `recipe.yaml` (SpecForge's keys plus `training.global_step`, 
 which sets lambda_base) and `expected/`: `grads.safetensors` (F32 gradient of SpecForge's scalar Domino loss for every
 draft parameter, head included; exact zeros for the head when lambda = 1), `step.json` (loss, loss_num / loss_den,
 lambda_base and its horizon, final and base CE sums, accuracy and acceptance numerators, denominators and
-SpecForge's ratios) and `batch.json` (sample order, S, N, anchors, keep).
+SpecForge's ratios) and `batch.json` (sample order, S, N, anchors, keep). `shift_lambda037_decay/expected_bf16/` and
+`noshift_start0_cold/expected_bf16/` hold the same steps as PyTorch runs them in bf16 (`domino_step.py --dtype
+bfloat16`: the draft, the GRU head and every activation bf16), the reference of the CUDA backend's mixed precision
+(`tests/cuda/test_step_gpu.c`).
 
 | case | loss | lambda | acc | accept_len (base) | blocks | covers |
 |---|---|---|---|---|---|---|
