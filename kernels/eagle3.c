@@ -77,14 +77,16 @@ df_status df_lmhead_lse_argmax(df_ctx *ctx, int64_t chunk_rows, const df_tensor 
   if (chunk_rows < 0)
     return DF_FAIL(err, DF_ERR_INVALID, "chunk_rows", "0 (the default) or a positive row count", "chunk_rows %lld < 0",
                    (long long)chunk_rows);
-  DF_TRY(df_check_tensor(ctx, hidden, "hidden", DF_F32, 2, err));
-  DF_TRY(df_check_tensor(ctx, head, "head", DF_F32, 2, err));
+  df_dtype st; // hidden and head share a storage dtype (bf16: fp32 accumulation and statistics)
+  DF_TRY(df_check_storage(head, "head", &st, err));
+  DF_TRY(df_check_tensor(ctx, hidden, "hidden", st, 2, err));
+  DF_TRY(df_check_tensor(ctx, head, "head", st, 2, err));
   DF_TRY(df_check_dim(head, "head", 1, hidden->shape[1], err));
   const int64_t R = hidden->shape[0];
   DF_TRY(df_check_per_row(ctx, lse, "lse", DF_F32, R, err));
   DF_TRY(df_check_per_row(ctx, argmax, "argmax", DF_I32, R, err));
   if (head->shape[0] < 1) return DF_FAIL(err, DF_ERR_INVALID, "head", NULL, "the LM head has no rows");
-  DF_REQUIRE_OP(ctx, DF_OP_LMHEAD_LSE_ARGMAX, DF_F32, err);
+  DF_REQUIRE_OP(ctx, DF_OP_LMHEAD_LSE_ARGMAX, st, err);
   if (R == 0) return DF_OK;
   return ctx->backend->lmhead_lse_argmax(ctx, chunk_rows, hidden, head, lse, argmax, err);
 }

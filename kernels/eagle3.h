@@ -38,7 +38,8 @@ df_status df_ttt_attn_backward(df_ctx *ctx, const df_ttt_attn_desc *desc, const 
 // ---- the compact teacher ------------------------------------------------------------------------------------------
 // The full-vocabulary statistics of the target's logits hidden [R, H] · head [V, H]ᵀ without the [R, V] logits:
 // per row the log-sum-exp and the argmax (first maximum wins, as torch.argmax), in chunks of at most chunk_rows rows
-// (0: a backend default) and vocabulary blocks. lse [R] f32, argmax [R] i32.
+// (0: a backend default) and vocabulary blocks. hidden and head f32, or both bf16 (CUDA; the logits fp32); lse [R] f32,
+// argmax [R] i32.
 df_status df_lmhead_lse_argmax(df_ctx *ctx, int64_t chunk_rows, const df_tensor *hidden, const df_tensor *head,
                                df_tensor *lse, df_tensor *argmax, df_error *err);
 

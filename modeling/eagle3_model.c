@@ -30,6 +30,10 @@ typedef struct {
   float *h_out;        // (R, H) the layer output: the next step's hidden input
   float *out, *rstd_o; // (R, H) norm(h_out) (when norm_output), (R)
 } step_acts;
+// Activations and their gradients are held in the model's storage dtype dt (bf16 in mixed precision, their float
+// pointers then address bf16 elements); statistics (rstd, lse) are fp32. The TTT attention is an fp32 island: its
+// key / value cache and their gradients are fp32 (the key gradients sum over later steps), the queries and outputs
+// are cast at its boundary through q32 / o32.
 
 struct df_eagle3_model {
   const df_draft_config *cfg;
@@ -39,6 +43,8 @@ struct df_eagle3_model {
   float *weights;
   int64_t H, Ht, nH, nKV, hd, qd, kvd, I, D, V;
   float eps, mscale;
+  df_dtype dt;     // storage dtype of activations (the weight views' dtype)
+  size_t es;       // its element size
   float *inv_freq; // (hd/2) on the device
   pview q_w, k_w, v_w, o_w, gate_w, up_w, down_w, hidden_norm, in_norm, post_norm, fc, fc_norm[3], norm, lm_head;
   const df_param *t2d, *d2t;
@@ -54,6 +60,8 @@ struct df_eagle3_model {
   int64_t acts_cap;
   // backward scratch
   float *dh, *carry, *dtmp, *dy, *dg, *du, *da, *dattn, *dq, *dx, *dkc, *dvc, *daux, *piece, *piece2;
+  // mixed precision only: the attention island's fp32 staging (one step at a time), the k / v rows in dt
+  float *q32, *o32, *do32, *dq32, *ks, *vs;
   int64_t next_fwd, next_bwd;
 };
 
@@ -150,6 +158,7 @@ df_status df_eagle3_model_create(const df_draft_config *cfg, df_ctx *ctx, const 
   m->I = cfg->intermediate_size, m->D = cfg->eagle3.draft_vocab_size, m->V = cfg->vocab_size;
   m->eps = (float)cfg->rms_norm_eps;
   df_status st = bind_all(m, grads, err);
+  m->dt = m->q_w.w.dtype, m->es = df_dtype_size(m->dt); // the forward's weights: bf16 views in mixed precision
   if (st == DF_OK) st = build_rope(m, err);
   if (st != DF_OK) {
     df_eagle3_model_free(m);
@@ -168,6 +177,7 @@ void df_eagle3_model_free(df_eagle3_model *m) {
 }
 
 const df_draft_config *df_eagle3_config(const df_eagle3_model *m) { return m->cfg; }
+df_dtype df_eagle3_storage(const df_eagle3_model *m) { return m->dt; }
 int64_t df_eagle3_activation_bytes(const df_eagle3_model *m) { return (int64_t)m->arena_used; }
 void df_eagle3_lm_head(df_eagle3_model *m, df_tensor *w, df_tensor *g) {
   if (w) *w = m->lm_head.w;
@@ -208,10 +218,14 @@ df_status df_eagle3_vocab_write(df_eagle3_model *m, const int64_t *d2t, const ui
 
 // ---- views -----------------------------------------------------------------------------------------------------
 
+// Activations (storage dtype) and fp32 statistics.
 static df_tensor mat(const df_eagle3_model *m, const float *p, int64_t rows, int64_t cols) {
-  return df_view((void *)p, DF_F32, m->dev, 2, (const int64_t[]){rows, cols});
+  return df_view((void *)p, m->dt, m->dev, 2, (const int64_t[]){rows, cols});
 }
 static df_tensor vec(const df_eagle3_model *m, const float *p, int64_t n) {
+  return df_view((void *)p, m->dt, m->dev, 1, (const int64_t[]){n});
+}
+static df_tensor fvec(const df_eagle3_model *m, const float *p, int64_t n) {
   return df_view((void *)p, DF_F32, m->dev, 1, (const int64_t[]){n});
 }
 static df_tensor ivec(const df_eagle3_model *m, const int32_t *p, int64_t n) {
@@ -240,34 +254,42 @@ typedef struct {
   size_t off;
 } carver;
 
-static float *carve(carver *c, int64_t floats) {
+static float *carve_b(carver *c, size_t bytes) {
   float *p = c->base ? (float *)(c->base + c->off) : NULL;
-  c->off += ((size_t)floats * sizeof(float) + 63) & ~(size_t)63;
+  c->off += (bytes + 63) & ~(size_t)63;
   return p;
 }
+static float *carve(carver *c, int64_t floats) { return carve_b(c, (size_t)floats * sizeof(float)); }
+// n elements of the model's storage dtype.
+static float *carve_s(carver *c, const df_eagle3_model *m, int64_t n) { return carve_b(c, (size_t)n * m->es); }
 
 static void layout(carver *c, df_eagle3_model *m, int64_t T) {
   const int64_t R = m->R, H = m->H, Ht = m->Ht, I = m->I, qd = m->qd, kvd = m->kvd;
-  const bool fcn = m->cfg->eagle3.fc_norm;
-  m->aux_n = carve(c, fcn ? R * 3 * Ht : 0);
+  const bool fcn = m->cfg->eagle3.fc_norm, mixed = m->dt != DF_F32;
+  m->aux_n = carve_s(c, m, fcn ? R * 3 * Ht : 0);
   m->aux_rstd = carve(c, fcn ? 3 * R : 0);
-  m->h0 = carve(c, R * H);
-  m->kc = carve(c, T * R * kvd), m->vc = carve(c, T * R * kvd);
+  m->h0 = carve_s(c, m, R * H);
+  m->kc = carve(c, T * R * kvd), m->vc = carve(c, T * R * kvd); // fp32: the attention island's cache
   for (int64_t i = 0; i < T; i++) {
     step_acts *a = &m->acts[i];
-    a->emb = carve(c, R * H), a->rstd_e = carve(c, R), a->rstd_h = carve(c, R), a->x = carve(c, R * 2 * H);
-    a->q = carve(c, R * qd), a->attn = carve(c, R * qd), a->lse = carve(c, R * m->nH);
-    a->h_mid = carve(c, R * H), a->y = carve(c, R * H), a->rstd_p = carve(c, R);
-    a->g = carve(c, R * I), a->u = carve(c, R * I), a->a = carve(c, R * I), a->h_out = carve(c, R * H);
-    a->out = m->cfg->eagle3.norm_output ? carve(c, R * H) : a->h_out;
+    a->emb = carve_s(c, m, R * H), a->rstd_e = carve(c, R), a->rstd_h = carve(c, R), a->x = carve_s(c, m, R * 2 * H);
+    a->q = carve_s(c, m, R * qd), a->attn = carve_s(c, m, R * qd), a->lse = carve(c, R * m->nH);
+    a->h_mid = carve_s(c, m, R * H), a->y = carve_s(c, m, R * H), a->rstd_p = carve(c, R);
+    a->g = carve_s(c, m, R * I), a->u = carve_s(c, m, R * I), a->a = carve_s(c, m, R * I);
+    a->h_out = carve_s(c, m, R * H);
+    a->out = m->cfg->eagle3.norm_output ? carve_s(c, m, R * H) : a->h_out;
     a->rstd_o = carve(c, R);
   }
-  m->dh = carve(c, R * H), m->carry = carve(c, R * H), m->dtmp = carve(c, R * H), m->dy = carve(c, R * H);
-  m->dg = carve(c, R * I), m->du = carve(c, R * I), m->da = carve(c, R * I);
-  m->dattn = carve(c, R * qd), m->dq = carve(c, R * qd), m->dx = carve(c, R * 2 * H);
-  m->dkc = carve(c, T * R * kvd), m->dvc = carve(c, T * R * kvd);
-  m->daux = carve(c, fcn ? R * 3 * Ht : 0);
-  m->piece = carve(c, R * (Ht > H ? Ht : H)), m->piece2 = carve(c, R * (Ht > H ? Ht : H));
+  m->dh = carve_s(c, m, R * H), m->carry = carve_s(c, m, R * H), m->dtmp = carve_s(c, m, R * H);
+  m->dy = carve_s(c, m, R * H);
+  m->dg = carve_s(c, m, R * I), m->du = carve_s(c, m, R * I), m->da = carve_s(c, m, R * I);
+  m->dattn = carve_s(c, m, R * qd), m->dq = carve_s(c, m, R * qd), m->dx = carve_s(c, m, R * 2 * H);
+  m->dkc = carve(c, T * R * kvd), m->dvc = carve(c, T * R * kvd); // fp32: summed over the later steps
+  m->daux = carve_s(c, m, fcn ? R * 3 * Ht : 0);
+  m->piece = carve_s(c, m, R * (Ht > H ? Ht : H)), m->piece2 = carve_s(c, m, R * (Ht > H ? Ht : H));
+  m->q32 = carve(c, mixed ? R * qd : 0), m->o32 = carve(c, mixed ? R * qd : 0);
+  m->do32 = carve(c, mixed ? R * qd : 0), m->dq32 = carve(c, mixed ? R * qd : 0);
+  m->ks = carve_s(c, m, mixed ? R * kvd : 0), m->vs = carve_s(c, m, mixed ? R * kvd : 0);
 }
 
 static df_status ensure_arena(df_eagle3_model *m, int64_t T, df_error *err) {
@@ -299,7 +321,7 @@ static df_status fc_input(df_eagle3_model *m, const float **in, df_error *err) {
   if (!m->cfg->eagle3.fc_norm) return DF_OK;
   for (int j = 0; j < 3; j++) {
     DF_TRY(cols_copy(m, R, Ht, m->b.aux, j * Ht, W, R * W, m->piece, 0, Ht, R * Ht, false, err));
-    df_tensor x = mat(m, m->piece, R, Ht), y = mat(m, m->piece2, R, Ht), r = vec(m, m->aux_rstd + j * R, R);
+    df_tensor x = mat(m, m->piece, R, Ht), y = mat(m, m->piece2, R, Ht), r = fvec(m, m->aux_rstd + j * R, R);
     DF_TRY(df_rmsnorm_forward(m->ctx, &x, &m->fc_norm[j].w, m->eps, &y, &r, err));
     DF_TRY(cols_copy(m, R, Ht, m->piece2, 0, Ht, R * Ht, m->aux_n, j * Ht, W, R * W, false, err));
   }
@@ -326,7 +348,7 @@ static df_status qkv_forward(df_eagle3_model *m, int64_t R, const float *h_in, c
                              float *k, float *v, float *tmp, df_error *err) {
   const int64_t H = m->H;
   df_tensor e = mat(m, a->emb, R, H), hi = mat(m, h_in, R, H), t = mat(m, tmp, R, H);
-  df_tensor re = vec(m, a->rstd_e, R), rh = vec(m, a->rstd_h, R);
+  df_tensor re = fvec(m, a->rstd_e, R), rh = fvec(m, a->rstd_h, R);
   DF_TRY(df_rmsnorm_forward(m->ctx, &e, &m->in_norm.w, m->eps, &t, &re, err));
   DF_TRY(cols_copy(m, R, H, tmp, 0, H, R * H, a->x, 0, 2 * H, R * 2 * H, false, err));
   DF_TRY(df_rmsnorm_forward(m->ctx, &hi, &m->hidden_norm.w, m->eps, &t, &rh, err));
@@ -336,9 +358,9 @@ static df_status qkv_forward(df_eagle3_model *m, int64_t R, const float *h_in, c
   DF_TRY(df_linear_forward(m->ctx, &x, &m->q_w.w, NULL, &q, err));
   DF_TRY(df_linear_forward(m->ctx, &x, &m->k_w.w, NULL, &kk, err));
   DF_TRY(df_linear_forward(m->ctx, &x, &m->v_w.w, NULL, &vv, err));
-  df_tensor q3 = df_view(a->q, DF_F32, m->dev, 3, (const int64_t[]){R, m->nH, m->hd});
-  df_tensor k3 = df_view(k, DF_F32, m->dev, 3, (const int64_t[]){R, m->nKV, m->hd});
-  df_tensor p = ivec(m, pos, R), inv = vec(m, m->inv_freq, m->hd / 2);
+  df_tensor q3 = df_view(a->q, m->dt, m->dev, 3, (const int64_t[]){R, m->nH, m->hd});
+  df_tensor k3 = df_view(k, m->dt, m->dev, 3, (const int64_t[]){R, m->nKV, m->hd});
+  df_tensor p = ivec(m, pos, R), inv = fvec(m, m->inv_freq, m->hd / 2);
   DF_TRY(df_rope_forward(m->ctx, &q3, &p, &inv, m->mscale, &q3, err));
   return df_rope_forward(m->ctx, &k3, &p, &inv, m->mscale, &k3, err);
 }
@@ -348,7 +370,7 @@ static df_status tail_forward(df_eagle3_model *m, int64_t R, const float *h_in, 
   df_tensor at = mat(m, a->attn, R, m->qd), hm = mat(m, a->h_mid, R, H), hi = mat(m, h_in, R, H);
   DF_TRY(df_linear_forward(m->ctx, &at, &m->o_w.w, NULL, &hm, err));
   DF_TRY(df_axpy(m->ctx, 1.0f, &hi, &hm, err));
-  df_tensor y = mat(m, a->y, R, H), rp = vec(m, a->rstd_p, R), g = mat(m, a->g, R, I), u = mat(m, a->u, R, I);
+  df_tensor y = mat(m, a->y, R, H), rp = fvec(m, a->rstd_p, R), g = mat(m, a->g, R, I), u = mat(m, a->u, R, I);
   df_tensor act = mat(m, a->a, R, I), ho = mat(m, a->h_out, R, H);
   DF_TRY(df_rmsnorm_forward(m->ctx, &hm, &m->post_norm.w, m->eps, &y, &rp, err));
   DF_TRY(df_linear_forward(m->ctx, &y, &m->gate_w.w, NULL, &g, err));
@@ -357,15 +379,26 @@ static df_status tail_forward(df_eagle3_model *m, int64_t R, const float *h_in, 
   DF_TRY(df_linear_forward(m->ctx, &act, &m->down_w.w, NULL, &ho, err));
   DF_TRY(df_axpy(m->ctx, 1.0f, &hm, &ho, err));
   if (!m->cfg->eagle3.norm_output) return DF_OK;
-  df_tensor o = mat(m, a->out, R, H), ro = vec(m, a->rstd_o, R);
+  df_tensor o = mat(m, a->out, R, H), ro = fvec(m, a->rstd_o, R);
   return df_rmsnorm_forward(m->ctx, &ho, &m->norm.w, m->eps, &o, &ro, err);
 }
 
+// The attention island's fp32 views: the key / value cache and one step's queries or outputs.
 static df_tensor cache4(const df_eagle3_model *m, const float *p) {
   return df_view((void *)p, DF_F32, m->dev, 4, (const int64_t[]){m->b.T * m->b.B, m->b.S, m->nKV, m->hd});
 }
 static df_tensor heads4(const df_eagle3_model *m, const float *p) {
   return df_view((void *)p, DF_F32, m->dev, 4, (const int64_t[]){m->b.B, m->b.S, m->nH, m->hd});
+}
+
+// Mixed precision: n elements between an activation (storage dtype) and an fp32 staging buffer of the island.
+static df_status cast_in(df_eagle3_model *m, const float *act, float *f32, int64_t n, df_error *err) {
+  df_tensor a = vec(m, act, n), f = fvec(m, f32, n);
+  return df_cast(m->ctx, &a, &f, err);
+}
+static df_status cast_out(df_eagle3_model *m, const float *f32, float *act, int64_t n, df_error *err) {
+  df_tensor f = fvec(m, f32, n), a = vec(m, act, n);
+  return df_cast(m->ctx, &f, &a, err);
 }
 
 df_status df_eagle3_step_forward(df_eagle3_model *m, int64_t i, const float **out, df_error *err) {
@@ -378,11 +411,19 @@ df_status df_eagle3_step_forward(df_eagle3_model *m, int64_t i, const float **ou
   df_tensor tab = mat(m, m->b.embed, m->b.vocab, m->H), ids = ivec(m, m->b.ids + i * R, R), e = mat(m, a->emb, R, m->H);
   DF_TRY(df_embedding_forward(m->ctx, &tab, &ids, &e, err));
   float *k = m->kc + i * R * m->kvd, *v = m->vc + i * R * m->kvd;
-  DF_TRY(qkv_forward(m, R, h_in, m->b.pos + i * R, a, k, v, m->piece, err));
+  const bool mixed = m->dt != DF_F32;
+  DF_TRY(qkv_forward(m, R, h_in, m->b.pos + i * R, a, mixed ? m->ks : k, mixed ? m->vs : v, m->piece, err));
+  if (mixed) { // into the island: this step's keys and values into the fp32 cache, its queries into q32
+    DF_TRY(cast_in(m, m->ks, k, R * m->kvd, err));
+    DF_TRY(cast_in(m, m->vs, v, R * m->kvd, err));
+    DF_TRY(cast_in(m, a->q, m->q32, R * m->qd, err));
+  }
   const df_ttt_attn_desc desc = {.step = i, .scale = (float)(1.0 / sqrt((double)m->hd))};
-  df_tensor q = heads4(m, a->q), kc = cache4(m, m->kc), vc = cache4(m, m->vc), o = heads4(m, a->attn);
-  df_tensor len = ivec(m, m->b.lengths, m->b.B), lse = vec(m, a->lse, R * m->nH);
+  df_tensor q = heads4(m, mixed ? m->q32 : a->q), kc = cache4(m, m->kc), vc = cache4(m, m->vc);
+  df_tensor o = heads4(m, mixed ? m->o32 : a->attn);
+  df_tensor len = ivec(m, m->b.lengths, m->b.B), lse = fvec(m, a->lse, R * m->nH);
   DF_TRY(df_ttt_attn_forward(m->ctx, &desc, &q, &kc, &vc, &len, &o, &lse, err));
+  if (mixed) DF_TRY(cast_out(m, m->o32, a->attn, R * m->qd, err));
   DF_TRY(tail_forward(m, R, h_in, a, err));
   m->next_fwd = i + 1;
   if (i + 1 == m->b.T) m->next_bwd = i;
@@ -392,8 +433,8 @@ df_status df_eagle3_step_forward(df_eagle3_model *m, int64_t i, const float **ou
 
 // ---- backward ----------------------------------------------------------------------------------------------------
 
-static df_status zero(df_eagle3_model *m, float *p, int64_t n, df_error *err) {
-  df_tensor t = vec(m, p, n);
+static df_status zero(df_eagle3_model *m, float *p, int64_t n, df_error *err) { // fp32 buffers
+  df_tensor t = fvec(m, p, n);
   return df_fill(m->ctx, &t, 0.0, err);
 }
 
@@ -402,7 +443,7 @@ static df_status tail_backward(df_eagle3_model *m, int64_t R, const step_acts *a
   const int64_t H = m->H, I = m->I;
   df_tensor dh = mat(m, m->dh, R, H), act = mat(m, a->a, R, I), da = mat(m, m->da, R, I);
   df_tensor g = mat(m, a->g, R, I), u = mat(m, a->u, R, I), dg = mat(m, m->dg, R, I), du = mat(m, m->du, R, I);
-  df_tensor y = mat(m, a->y, R, H), dy = mat(m, m->dy, R, H), hm = mat(m, a->h_mid, R, H), rp = vec(m, a->rstd_p, R);
+  df_tensor y = mat(m, a->y, R, H), dy = mat(m, m->dy, R, H), hm = mat(m, a->h_mid, R, H), rp = fvec(m, a->rstd_p, R);
   DF_TRY(df_linear_backward(m->ctx, &dh, &act, &m->down_w.w, &da, false, &m->down_w.g, NULL, err));
   DF_TRY(df_swiglu_backward(m->ctx, &da, &g, &u, 0.0f, &dg, &du, err));
   DF_TRY(df_linear_backward(m->ctx, &dg, &y, &m->gate_w.w, &dy, false, &m->gate_w.g, NULL, err));
@@ -415,10 +456,15 @@ static df_status tail_backward(df_eagle3_model *m, int64_t R, const step_acts *a
 // From dq and this step's (now complete) key gradients to x, then to the two norms: the carry becomes ∂/∂h_in.
 static df_status qkv_backward(df_eagle3_model *m, int64_t i, const step_acts *a, const float *h_in, df_error *err) {
   const int64_t R = m->R, H = m->H, kvd = m->kvd;
-  df_tensor p = ivec(m, m->b.pos + i * R, R), inv = vec(m, m->inv_freq, m->hd / 2);
+  df_tensor p = ivec(m, m->b.pos + i * R, R), inv = fvec(m, m->inv_freq, m->hd / 2);
   float *dk = m->dkc + i * R * kvd, *dv = m->dvc + i * R * kvd;
-  df_tensor dq3 = df_view(m->dq, DF_F32, m->dev, 3, (const int64_t[]){R, m->nH, m->hd});
-  df_tensor dk3 = df_view(dk, DF_F32, m->dev, 3, (const int64_t[]){R, m->nKV, m->hd});
+  if (m->dt != DF_F32) { // out of the island: this step's (now complete) key and value gradients
+    DF_TRY(cast_out(m, dk, m->ks, R * kvd, err));
+    DF_TRY(cast_out(m, dv, m->vs, R * kvd, err));
+    dk = m->ks, dv = m->vs;
+  }
+  df_tensor dq3 = df_view(m->dq, m->dt, m->dev, 3, (const int64_t[]){R, m->nH, m->hd});
+  df_tensor dk3 = df_view(dk, m->dt, m->dev, 3, (const int64_t[]){R, m->nKV, m->hd});
   DF_TRY(df_rope_backward(m->ctx, &dq3, &p, &inv, m->mscale, &dq3, err));
   DF_TRY(df_rope_backward(m->ctx, &dk3, &p, &inv, m->mscale, &dk3, err));
   df_tensor x = mat(m, a->x, R, 2 * H), dx = mat(m, m->dx, R, 2 * H);
@@ -427,12 +473,12 @@ static df_status qkv_backward(df_eagle3_model *m, int64_t i, const step_acts *a,
   DF_TRY(df_linear_backward(m->ctx, &dkk, &x, &m->k_w.w, &dx, true, &m->k_w.g, NULL, err));
   DF_TRY(df_linear_backward(m->ctx, &dvv, &x, &m->v_w.w, &dx, true, &m->v_w.g, NULL, err));
   // input_layernorm(emb): only its weight learns (the embedding is frozen); hidden_norm(h_in) adds to the carry.
-  df_tensor t = mat(m, m->dtmp, R, H), e = mat(m, a->emb, R, H), re = vec(m, a->rstd_e, R), sink = mat(m, m->dy, R, H);
+  df_tensor t = mat(m, m->dtmp, R, H), e = mat(m, a->emb, R, H), re = fvec(m, a->rstd_e, R), sink = mat(m, m->dy, R, H);
   DF_TRY(cols_copy(m, R, H, m->dx, 0, 2 * H, R * 2 * H, m->dtmp, 0, H, R * H, false, err));
   DF_TRY(df_rmsnorm_backward(m->ctx, &t, &e, &m->in_norm.w, &re, &sink, false, &m->in_norm.g, err));
   DF_TRY(cols_copy(m, R, H, m->dx, H, 2 * H, R * 2 * H, m->dtmp, 0, H, R * H, false, err));
-  df_tensor hi = mat(m, h_in, R, H), rh = vec(m, a->rstd_h, R), carry = mat(m, m->carry, R, H);
-  DF_TRY(df_copy(m->ctx, m->carry, m->dev, m->dh, m->dev, sizeof(float) * (size_t)(R * H), err)); // the residual
+  df_tensor hi = mat(m, h_in, R, H), rh = fvec(m, a->rstd_h, R), carry = mat(m, m->carry, R, H);
+  DF_TRY(df_copy(m->ctx, m->carry, m->dev, m->dh, m->dev, m->es * (size_t)(R * H), err)); // the residual
   return df_rmsnorm_backward(m->ctx, &t, &hi, &m->hidden_norm.w, &rh, &carry, true, &m->hidden_norm.g, err);
 }
 
@@ -445,7 +491,7 @@ static df_status fc_backward(df_eagle3_model *m, df_error *err) {
   for (int j = 0; fcn && j < 3; j++) {
     DF_TRY(cols_copy(m, R, Ht, m->daux, j * Ht, W, R * W, m->piece, 0, Ht, R * Ht, false, err));
     DF_TRY(cols_copy(m, R, Ht, m->b.aux, j * Ht, W, R * W, m->piece2, 0, Ht, R * Ht, false, err));
-    df_tensor g = mat(m, m->piece, R, Ht), xx = mat(m, m->piece2, R, Ht), r = vec(m, m->aux_rstd + j * R, R);
+    df_tensor g = mat(m, m->piece, R, Ht), xx = mat(m, m->piece2, R, Ht), r = fvec(m, m->aux_rstd + j * R, R);
     df_tensor sink = mat(m, m->dh, R, Ht <= m->H ? Ht : m->H); // Ht == H (the config refuses others)
     DF_TRY(df_rmsnorm_backward(m->ctx, &g, &xx, &m->fc_norm[j].w, &r, &sink, false, &m->fc_norm[j].g, err));
   }
@@ -464,18 +510,26 @@ df_status df_eagle3_step_backward(df_eagle3_model *m, int64_t i, const float *d_
   }
   df_tensor dout = mat(m, d_out, R, H), dh = mat(m, m->dh, R, H), carry = mat(m, m->carry, R, H);
   if (m->cfg->eagle3.norm_output) {
-    df_tensor ho = mat(m, a->h_out, R, H), ro = vec(m, a->rstd_o, R);
+    df_tensor ho = mat(m, a->h_out, R, H), ro = fvec(m, a->rstd_o, R);
     DF_TRY(df_rmsnorm_backward(m->ctx, &dout, &ho, &m->norm.w, &ro, &dh, false, &m->norm.g, err));
   } else {
-    DF_TRY(df_copy(m->ctx, m->dh, m->dev, d_out, m->dev, sizeof(float) * (size_t)(R * H), err));
+    DF_TRY(df_copy(m->ctx, m->dh, m->dev, d_out, m->dev, m->es * (size_t)(R * H), err));
   }
   if (i < T - 1) DF_TRY(df_axpy(m->ctx, 1.0f, &carry, &dh, err)); // step i + 1 read h_out as its hidden input
   DF_TRY(tail_backward(m, R, a, err));
   const df_ttt_attn_desc desc = {.step = i, .scale = (float)(1.0 / sqrt((double)m->hd))};
-  df_tensor q = heads4(m, a->q), kc = cache4(m, m->kc), vc = cache4(m, m->vc), o = heads4(m, a->attn);
-  df_tensor len = ivec(m, m->b.lengths, m->b.B), lse = vec(m, a->lse, R * m->nH), dat = heads4(m, m->dattn);
-  df_tensor dq = heads4(m, m->dq), dkc = cache4(m, m->dkc), dvc = cache4(m, m->dvc);
+  const bool mixed = m->dt != DF_F32;
+  if (mixed) { // into the island: the step's queries, outputs (as the forward rounded them) and their gradient
+    DF_TRY(cast_in(m, a->q, m->q32, R * m->qd, err));
+    DF_TRY(cast_in(m, a->attn, m->o32, R * m->qd, err));
+    DF_TRY(cast_in(m, m->dattn, m->do32, R * m->qd, err));
+  }
+  df_tensor q = heads4(m, mixed ? m->q32 : a->q), kc = cache4(m, m->kc), vc = cache4(m, m->vc);
+  df_tensor o = heads4(m, mixed ? m->o32 : a->attn), dat = heads4(m, mixed ? m->do32 : m->dattn);
+  df_tensor len = ivec(m, m->b.lengths, m->b.B), lse = fvec(m, a->lse, R * m->nH);
+  df_tensor dq = heads4(m, mixed ? m->dq32 : m->dq), dkc = cache4(m, m->dkc), dvc = cache4(m, m->dvc);
   DF_TRY(df_ttt_attn_backward(m->ctx, &desc, &q, &kc, &vc, &len, &o, &lse, &dat, &dq, &dkc, &dvc, err));
+  if (mixed) DF_TRY(cast_out(m, m->dq32, m->dq, R * m->qd, err));
   DF_TRY(qkv_backward(m, i, a, i == 0 ? m->h0 : m->acts[i - 1].h_out, err));
   m->next_bwd = i - 1;
   return i == 0 ? fc_backward(m, err) : DF_OK;
@@ -553,6 +607,9 @@ df_status df_eagle3_decode(df_eagle3_model *m, df_eagle3_cache *c, int64_t start
   if (n < 1 || start < 0 || start + n > c->cap)
     return DF_FAIL(err, DF_ERR_INVALID, "draft cache", "grow the cache", "rows %lld .. %lld outside the cache's %lld",
                    (long long)start, (long long)(start + n), (long long)c->cap);
+  if (m->dt != DF_F32)
+    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "model.torch_dtype", "decode with an fp32 draft (eval builds one)",
+                   "the EAGLE-3 decode runs on fp32 storage, this draft stores %s", df_dtype_name(m->dt));
   DF_TRY(cache_rows(c, n, err));
   const int64_t H = m->H;
   step_acts *a = &c->a;
@@ -563,7 +620,7 @@ df_status df_eagle3_decode(df_eagle3_model *m, df_eagle3_cache *c, int64_t start
       const int64_t Ht = m->Ht, W = 3 * Ht;
       for (int j = 0; j < 3; j++) {
         DF_TRY(cols_copy(m, n, Ht, hidden, j * Ht, W, n * W, c->piece, 0, Ht, n * Ht, false, err));
-        df_tensor px = mat(m, c->piece, n, Ht), py = mat(m, c->piece2, n, Ht), r = vec(m, a->rstd_e, n);
+        df_tensor px = mat(m, c->piece, n, Ht), py = mat(m, c->piece2, n, Ht), r = fvec(m, a->rstd_e, n);
         DF_TRY(df_rmsnorm_forward(m->ctx, &px, &m->fc_norm[j].w, m->eps, &py, &r, err));
         DF_TRY(cols_copy(m, n, Ht, c->piece2, 0, Ht, n * Ht, c->fc_in, j * Ht, W, n * W, false, err));
       }

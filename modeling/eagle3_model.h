@@ -48,6 +48,9 @@ df_status df_eagle3_vocab_write(df_eagle3_model *m, const int64_t *d2t, const ui
 
 // ---- the training-time test ---------------------------------------------------------------------------------------
 // One micro-batch of T steps; every array lives on the model's device and must stay untouched until the backward ran.
+// aux, embed, *out and d_out hold elements of the model's storage dtype (df_eagle3_storage: bf16 in mixed precision,
+// the float pointers then address bf16 elements); the model's statistics and its TTT attention (keys, values and
+// their gradients, the softmax statistics) stay fp32.
 typedef struct {
   int64_t B, S, T;
   const float *aux;       // (B·S, 3·Ht) the captured layers, concatenated
@@ -66,6 +69,8 @@ df_status df_eagle3_step_forward(df_eagle3_model *m, int64_t i, const float **ou
 // The backward of step i (in order T−1 .. 0 after the forwards) given d_out (B·S, H), the gradient of the loss with
 // respect to step i's *out: parameter gradients are added; step 0 ends with fc (and fc_norm).
 df_status df_eagle3_step_backward(df_eagle3_model *m, int64_t i, const float *d_out, df_error *err);
+// The storage dtype of the activations: the weight views' (bf16 when the draft model stores bf16).
+df_dtype df_eagle3_storage(const df_eagle3_model *m);
 // Bytes of the activation arena of the last begin.
 int64_t df_eagle3_activation_bytes(const df_eagle3_model *m);
 

@@ -88,9 +88,8 @@ static bool cuda_supports(const df_ctx *ctx, df_op op, df_dtype storage) {
   case DF_OP_ADAMW_STEP:
   case DF_OP_GLOBAL_NORM:
   case DF_OP_CLIP_BY_NORM:
-  case DF_OP_TTT_ATTN_FORWARD: // EAGLE-3's ops keep fp32 storage
+  case DF_OP_TTT_ATTN_FORWARD: // EAGLE-3's ops keep fp32 storage (the compact teacher's lse pass takes bf16)
   case DF_OP_TTT_ATTN_BACKWARD:
-  case DF_OP_LMHEAD_LSE_ARGMAX:
   case DF_OP_EAGLE3_TEACHER:
   case DF_OP_EAGLE3_LOSS_FORWARD:
   case DF_OP_EAGLE3_LOSS_BACKWARD:

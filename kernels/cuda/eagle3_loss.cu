@@ -2,7 +2,8 @@
 // teacher's pass over the target vocabulary (cuBLASLt GEMM per row chunk and vocabulary block into the workspace, then
 // one block per row folding the block into a running max / sum / first argmax), the teacher rows, the per-row terms
 // and their gradient (one block per row, block reductions in a fixed tree), and the step sums and acceptance lengths
-// (one block, a fixed partition of the rows summed in double). fp32 storage; nothing here waits for the host.
+// (one block, a fixed partition of the rows summed in double). fp32 storage, except the lse pass, whose GEMM also
+// takes bf16 operands (fp32 logits); nothing here waits for the host.
 #include <math.h>
 
 #include "kernels/context.h"
@@ -49,14 +50,15 @@ static df_status cuda_lmhead_lse_argmax(df_ctx *ctx, int64_t chunk_rows, const d
   DF_TRY(df_ctx_workspace(ctx, 1, sizeof(double) * (size_t)(2 * c), (void **)&state, err));
   if (df_ctx_measure_only(ctx)) return DF_OK; // measure path: the workspace is all it needs
   cudaStream_t s = df_cuda_stream(ctx);
+  const size_t es = df_dtype_size(head->dtype); // f32, or bf16 operands into fp32 logits
   for (int64_t r0 = 0; r0 < R; r0 += c) {
     const int64_t n = R - r0 < c ? R - r0 : c;
     for (int64_t v0 = 0; v0 < V; v0 += vb) {
       const int64_t nb = V - v0 < vb ? V - v0 : vb;
       df_cu_gemm_args a = {};
       a.trans_b = true, a.M = n, a.N = nb, a.K = H;
-      a.A = (const float *)hidden->data + r0 * H, a.lda = H;
-      a.B = (const float *)head->data + v0 * H, a.ldb = H, a.ab_dt = DF_F32;
+      a.A = (const char *)hidden->data + (size_t)(r0 * H) * es, a.lda = H;
+      a.B = (const char *)head->data + (size_t)(v0 * H) * es, a.ldb = H, a.ab_dt = head->dtype;
       a.D = buf, a.ldd = nb, a.cd_dt = DF_F32, a.alpha = 1.0f;
       DF_TRY(df_cu_gemm(df_cuda_gemm(ctx), df_cuda_cu_stream(ctx), &a, err));
       lse_fold_kernel<<<(unsigned)n, kThreads, 0, s>>>(buf, nb, v0, state, (int32_t *)argmax->data + r0, v0 == 0);

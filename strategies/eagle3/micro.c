@@ -18,8 +18,11 @@ typedef struct {
   int32_t *arg;
   float *terms[6]; // (T, R) each: kl, alpha, log_alpha, pm, correct, mask
   double *local;   // (T, DF_EAGLE3_STEP_LOCAL)
-  float *z, *dz;   // (chunk, D)
-  float *dout;     // (R, H)
+  float *z, *dz;   // (chunk, D) fp32: the loss kernels' logits and their gradient
+  float *dout;     // (R, H) storage dtype
+  // bf16 storage only (else NULL): the captured layers and the teacher's hidden rows rounded for the draft's GEMMs,
+  // the teacher's draft-vocabulary logits, and a chunk's logits and their gradient as the GEMMs read and write them
+  void *aux16, *last16, *tp16, *z16, *dz16;
 } scratch;
 
 typedef struct {
@@ -43,15 +46,24 @@ static void layout_upload(carver *c, const eagle3_run *r, int64_t B, int64_t S, 
   s->last = carve(c, sizeof(float) * (size_t)(R * r->H));
 }
 
+// The draft's storage dtype (activations, the frozen pieces and the GEMMs' operands).
+static df_dtype storage_of(const eagle3_run *r) { return df_draft_model_storage(r->env.model); }
+
 static void layout_scratch(carver *c, const eagle3_run *r, int64_t R, scratch *s) {
   const int64_t T = r->T, D = r->D, ch = r->chunk_rows < R ? r->chunk_rows : R;
+  const df_dtype dt = storage_of(r);
+  const size_t es = df_dtype_size(dt), mixed = dt != DF_F32;
   s->tp = carve(c, sizeof(float) * (size_t)(R * D));
   s->lse_v = carve(c, sizeof(float) * (size_t)R), s->ratio = carve(c, sizeof(float) * (size_t)R);
   s->pm = carve(c, sizeof(float) * (size_t)R), s->arg = carve(c, sizeof(int32_t) * (size_t)R);
   for (int k = 0; k < 6; k++) s->terms[k] = carve(c, sizeof(float) * (size_t)(T * R));
   s->local = carve(c, sizeof(double) * (size_t)(T * DF_EAGLE3_STEP_LOCAL));
   s->z = carve(c, sizeof(float) * (size_t)(ch * D)), s->dz = carve(c, sizeof(float) * (size_t)(ch * D));
-  s->dout = carve(c, sizeof(float) * (size_t)(R * r->H));
+  s->dout = carve(c, es * (size_t)(R * r->H));
+  s->aux16 = carve(c, mixed * es * (size_t)(R * r->W)), s->last16 = carve(c, mixed * es * (size_t)(R * r->H));
+  s->tp16 = carve(c, mixed * es * (size_t)(R * D));
+  s->z16 = carve(c, mixed * es * (size_t)(ch * D)), s->dz16 = carve(c, mixed * es * (size_t)(ch * D));
+  if (!mixed) s->aux16 = s->last16 = s->tp16 = s->z16 = s->dz16 = NULL;
 }
 
 // Buffers for a (B, S) micro-batch: grown, never shrunk.
@@ -129,20 +141,38 @@ static df_status build(const eagle3_run *r, const df_batch *bt, staged *s, int64
 static df_tensor mat(df_device dev, const void *p, int64_t rows, int64_t cols) {
   return df_view((void *)p, DF_F32, dev, 2, (const int64_t[]){rows, cols});
 }
+static df_tensor smat(df_device dev, df_dtype dt, const void *p, int64_t rows, int64_t cols) {
+  return df_view((void *)p, dt, dev, 2, (const int64_t[]){rows, cols});
+}
+// dst (dt) = src (fp32) rounded, or the reverse: n elements.
+static df_status cast_n(df_ctx *ctx, df_dtype from, const void *src, df_dtype to, void *dst, int64_t n, df_error *err) {
+  const df_device dev = df_ctx_device(ctx);
+  df_tensor a = df_view((void *)src, from, dev, 1, (const int64_t[]){n}),
+            b = df_view(dst, to, dev, 1, (const int64_t[]){n});
+  return df_cast(ctx, &a, &b, err);
+}
 static df_tensor vec(df_device dev, const void *p, df_dtype dt, int64_t n) {
   return df_view((void *)p, dt, dev, 1, (const int64_t[]){n});
 }
 
 // The teacher rows: target_p over the draft vocabulary, ratio, position mask, the full-vocabulary argmax.
+// In bf16 storage the target's final hidden rows are rounded to bf16 and meet the bf16 head (its draft-vocabulary rows
+// and, for the lse and argmax, all of it) in GEMMs with fp32 accumulation; the draft-vocabulary logits are rounded to
+// bf16 as the GEMM writes them, as the bf16 target's are, then softmaxed in fp32.
 static df_status teacher(eagle3_run *r, const staged *d, scratch *sc, int64_t R, df_error *err) {
   df_ctx *ctx = r->env.ctx;
   const df_device dev = df_ctx_device(ctx);
   const df_frozen *fz = &r->env.frozen;
-  df_tensor last = mat(dev, d->last, R, r->H), hd = mat(dev, r->head_d, r->D, r->H), tp = mat(dev, sc->tp, R, r->D);
-  df_tensor head = mat(dev, fz->lm_head, fz->vocab, fz->hidden), lse = vec(dev, sc->lse_v, DF_F32, R);
+  const df_dtype dt = storage_of(r);
+  const bool mixed = dt != DF_F32;
+  if (mixed) DF_TRY(cast_n(ctx, DF_F32, d->last, dt, sc->last16, R * r->H, err));
+  df_tensor last = smat(dev, dt, mixed ? sc->last16 : d->last, R, r->H), hd = smat(dev, dt, r->head_d, r->D, r->H);
+  df_tensor tp = mat(dev, sc->tp, R, r->D), tp16 = smat(dev, dt, sc->tp16, R, r->D);
+  df_tensor head = smat(dev, fz->dtype, fz->lm_head, fz->vocab, fz->hidden), lse = vec(dev, sc->lse_v, DF_F32, R);
   df_tensor arg = vec(dev, sc->arg, DF_I32, R), t2d = vec(dev, r->dt2d, DF_U8, r->V), lm = vec(dev, d->lm, DF_F32, R);
   df_tensor ratio = vec(dev, sc->ratio, DF_F32, R), pm = vec(dev, sc->pm, DF_F32, R);
-  DF_TRY(df_linear_forward(ctx, &last, &hd, NULL, &tp, err));
+  DF_TRY(df_linear_forward(ctx, &last, &hd, NULL, mixed ? &tp16 : &tp, err));
+  if (mixed) DF_TRY(df_cast(ctx, &tp16, &tp, err));
   DF_TRY(df_lmhead_lse_argmax(ctx, 0, &last, &head, &lse, &arg, err));
   return df_eagle3_teacher(ctx, &tp, &lse, &arg, &t2d, &lm, &ratio, &pm, err);
 }
@@ -172,6 +202,20 @@ static df_eagle3_loss_desc loss_desc(const eagle3_run *r, int64_t i, int64_t S, 
 }
 
 // Step i's terms, chunk by chunk of lm_head rows, and its sums.
+// A chunk of the draft's logits into sc->z (fp32): in bf16 storage the GEMM writes bf16 logits (as PyTorch's bf16
+// lm_head does), cast up for the loss kernels.
+static df_status chunk_logits(eagle3_run *r, const float *out, int64_t r0, int64_t c, const scratch *sc,
+                              const df_tensor *w, df_tensor *x, df_error *err) {
+  df_ctx *ctx = r->env.ctx;
+  const df_device dev = df_ctx_device(ctx);
+  const df_dtype dt = storage_of(r);
+  *x = smat(dev, dt, (const char *)out + (size_t)(r0 * r->H) * df_dtype_size(dt), c, r->H);
+  df_tensor z = mat(dev, sc->z, c, r->D), z16 = smat(dev, dt, sc->z16, c, r->D);
+  if (dt == DF_F32) return df_linear_forward(ctx, x, w, NULL, &z, err);
+  DF_TRY(df_linear_forward(ctx, x, w, NULL, &z16, err));
+  return df_cast(ctx, &z16, &z, err);
+}
+
 static df_status step_objective(eagle3_run *r, int64_t i, int64_t S, int64_t R, const float *out, const scratch *sc,
                                 const teacher_views *t, df_tensor *stats, df_error *err) {
   df_ctx *ctx = r->env.ctx;
@@ -180,8 +224,8 @@ static df_status step_objective(eagle3_run *r, int64_t i, int64_t S, int64_t R, 
   df_eagle3_lm_head(r->m, &w, NULL);
   for (int64_t r0 = 0; r0 < R; r0 += r->chunk_rows) {
     const int64_t c = R - r0 < r->chunk_rows ? R - r0 : r->chunk_rows;
-    df_tensor x = mat(dev, out + r0 * r->H, c, r->H), z = mat(dev, sc->z, c, r->D);
-    DF_TRY(df_linear_forward(ctx, &x, &w, NULL, &z, err));
+    df_tensor x, z = mat(dev, sc->z, c, r->D);
+    DF_TRY(chunk_logits(r, out, r0, c, sc, &w, &x, err));
     df_tensor tv[6];
     for (int k = 0; k < 6; k++) tv[k] = vec(dev, sc->terms[k] + i * R + r0, DF_F32, c);
     const df_eagle3_row_terms o = {&tv[0], &tv[1], &tv[2], &tv[3], &tv[4], &tv[5]};
@@ -214,14 +258,16 @@ static df_status step_backward(eagle3_run *r, int64_t i, int64_t S, int64_t R, c
   df_eagle3_lm_head(r->m, &w, &g);
   const double weight = pow(DF_EAGLE3_PLOSS_DECAY, (double)i) * scale;
   df_tensor local = vec(dev, sc->local + i * DF_EAGLE3_STEP_LOCAL, DF_F64, DF_EAGLE3_STEP_LOCAL);
+  const df_dtype dt = storage_of(r);
   for (int64_t r0 = 0; r0 < R; r0 += r->chunk_rows) {
     const int64_t c = R - r0 < r->chunk_rows ? R - r0 : r->chunk_rows;
-    df_tensor x = mat(dev, out + r0 * r->H, c, r->H), z = mat(dev, sc->z, c, r->D), dz = mat(dev, sc->dz, c, r->D);
-    df_tensor dx = mat(dev, sc->dout + r0 * r->H, c, r->H);
-    DF_TRY(df_linear_forward(ctx, &x, &w, NULL, &z, err));
+    df_tensor x, z = mat(dev, sc->z, c, r->D), dz = mat(dev, sc->dz, c, r->D), dz16 = smat(dev, dt, sc->dz16, c, r->D);
+    df_tensor dx = smat(dev, dt, (char *)sc->dout + (size_t)(r0 * r->H) * df_dtype_size(dt), c, r->H);
+    DF_TRY(chunk_logits(r, out, r0, c, sc, &w, &x, err));
     const df_eagle3_loss_desc desc = loss_desc(r, i, S, R, r0, weight);
     DF_TRY(df_eagle3_loss_backward(ctx, &desc, &z, &t->rows, &local, &dz, err));
-    DF_TRY(df_linear_backward(ctx, &dz, &x, &w, &dx, false, &g, NULL, err));
+    if (dt != DF_F32) DF_TRY(df_cast(ctx, &dz, &dz16, err)); // the GEMMs' operand; lm_head's gradient stays fp32
+    DF_TRY(df_linear_backward(ctx, dt != DF_F32 ? &dz16 : &dz, &x, &w, &dx, false, &g, NULL, err));
   }
   return df_eagle3_step_backward(r->m, i, sc->dout, err);
 }
@@ -251,10 +297,11 @@ df_status df_eagle3_micro(df_strategy_run *base, const df_micro_args *a, df_micr
   teacher_views tv;
   teacher_of(r, &d, &sc, R, &tv);
 
+  if (sc.aux16) DF_TRY(cast_n(ctx, DF_F32, d.aux, storage_of(r), sc.aux16, R * r->W, err)); // bf16: rounded once
   const df_eagle3_batch eb = {.B = B,
                               .S = S,
                               .T = T,
-                              .aux = d.aux,
+                              .aux = sc.aux16 ? sc.aux16 : d.aux,
                               .ids = d.ids,
                               .pos = d.pos,
                               .lengths = d.lengths,

@@ -40,14 +40,16 @@ df_status df_eagle3_sync_vocab(eagle3_run *r, df_error *err) {
   if (st == DF_OK && !r->dd2t)
     st = df_buffer_alloc_as(ctx, DF_MEM_FROZEN, sizeof(int32_t) * (size_t)r->D, (void **)&r->dd2t, err);
   if (st == DF_OK && !r->head_d)
-    st = df_buffer_alloc_as(ctx, DF_MEM_FROZEN, sizeof(float) * (size_t)(r->D * r->H), (void **)&r->head_d, err);
+    st = df_buffer_alloc_as(ctx, DF_MEM_FROZEN, df_dtype_size(r->env.frozen.dtype) * (size_t)(r->D * r->H),
+                            (void **)&r->head_d, err); // in the frozen pieces' dtype (bf16 in mixed precision)
   if (st == DF_OK) st = df_copy(ctx, r->dt2d, dev, t2d, DF_DEV_CPU, (size_t)r->V, err);
   if (st == DF_OK) st = df_copy(ctx, r->dd2t, dev, i32, DF_DEV_CPU, sizeof(int32_t) * (size_t)r->D, err);
   if (st == DF_OK) { // the target head's rows of the draft vocabulary: the compact teacher's GEMM
     df_tensor idx = df_view(r->dd2t, DF_I32, dev, 1, (const int64_t[]){r->D});
     st = df_copy(ctx, r->dd2t, dev, used, DF_DEV_CPU, sizeof(int32_t) * (size_t)r->D, err);
-    df_tensor head = df_view((void *)r->env.frozen.lm_head, DF_F32, dev, 2, (const int64_t[]){r->V, r->H});
-    df_tensor out = df_view(r->head_d, DF_F32, dev, 2, (const int64_t[]){r->D, r->H});
+    const df_dtype fdt = r->env.frozen.dtype;
+    df_tensor head = df_view((void *)r->env.frozen.lm_head, fdt, dev, 2, (const int64_t[]){r->V, r->H});
+    df_tensor out = df_view(r->head_d, fdt, dev, 2, (const int64_t[]){r->D, r->H});
     if (st == DF_OK) st = df_gather_rows(ctx, &head, &idx, &out, err);
     if (st == DF_OK) st = df_copy(ctx, r->dd2t, dev, i32, DF_DEV_CPU, sizeof(int32_t) * (size_t)r->D, err);
   }

@@ -200,7 +200,8 @@ Test(cuda_eagle3, step_objective_sums_and_gradients) {
   cu_pair_close(&p);
 }
 
-// One whole micro-step through the strategy on a CUDA context: the loss terms and every gradient against the CPU.
+// One whole micro-step through the strategy on a CUDA context in fp32 storage: the loss terms and every gradient
+// against the CPU.
 Test(cuda_eagle3, step_on_cuda_equals_the_cpu) {
   CU_REQUIRE_GPU();
   const char *recipe = DF_SOURCE_DIR "/tests/fixtures/eagle3_step/ttt3_lk_lambda_trunc/recipe.yaml";
@@ -208,7 +209,8 @@ Test(cuda_eagle3, step_on_cuda_equals_the_cpu) {
   df_error err = {0};
   const df_device_choice cpu = DF_DEVICE_CPU, cuda = DF_DEVICE_CUDA;
   DF_ASSERT_OK(df_step_run(recipe, "/tmp/df_cuda_eagle3_cpu", 1, &cpu, &a, &err), &err);
-  DF_ASSERT_OK(df_step_run(recipe, "/tmp/df_cuda_eagle3_gpu", 1, &cuda, &b, &err), &err);
+  const char *fp32[] = {"model.torch_dtype=float32"}; // the CPU's storage (bf16, the CUDA default: test_step_gpu.c)
+  DF_ASSERT_OK(df_step_run_ex(recipe, fp32, 1, "/tmp/df_cuda_eagle3_gpu", 1, &cuda, &b, &err), &err);
   cr_expect(fabs(a.loss - b.loss) <= 1e-5 * fabs(a.loss), "loss %.9g vs %.9g", b.loss, a.loss);
   df_step_result_free(&a), df_step_result_free(&b);
   df_st_file *fa = NULL, *fb = NULL;

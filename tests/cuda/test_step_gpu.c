@@ -140,7 +140,8 @@ static void bf16_step_matches(const char *sub, const char *name, double loss_tol
   cr_assert(w && g, "%s: step.json missing", name);
   const double lw = json_num(w, "loss"), lg = json_num(g, "loss");
   cr_expect_leq(fabs(lg - lw), loss_tol * fabs(lw), "%s: bf16 loss %.8g vs PyTorch bf16 %.8g", name, lg, lw);
-  cr_expect_eq(json_num(g, "num_blocks"), json_num(w, "num_blocks"), "%s: num_blocks", name);
+  if (json_object_get(w, "num_blocks")) // (EAGLE-3's fixtures count per TTT step instead)
+    cr_expect_eq(json_num(g, "num_blocks"), json_num(w, "num_blocks"), "%s: num_blocks", name);
   // PyTorch sums the (decayed) row weights in bf16 too: loss_den 194.0 for the float64 193.795 (gated_all_anchors)
   if (compare_den)
     cr_expect_leq(fabs(json_num(g, "loss_den") - json_num(w, "loss_den")), loss_tol * json_num(w, "loss_den"),
@@ -198,6 +199,19 @@ Test(cuda_step, domino_bf16_steps_match_pytorch_bf16, .timeout = 300) {
   CU_REQUIRE_GPU();
   bf16_step_matches("domino_step", "shift_lambda037_decay", 1e-2, 8e-2, false);
   bf16_step_matches("domino_step", "noshift_start0_cold", 1e-2, 8e-2, false);
+}
+
+// EAGLE-3 in bf16: the midlayer, fc, the LM head's GEMMs and the teacher's bf16 (the target's hidden rows and head
+// rounded, fp32 accumulation; the draft's logits rounded as the GEMM writes them), the TTT attention an fp32 island
+// (modeling/eagle3_model.c), against PyTorch's bf16 step (tools/reference/eagle3_step.py --dtype bfloat16). Measured
+// in the emulator: loss 7.36585 vs PyTorch's 7.375 and 5.01286 vs 5.03125 (PyTorch's loss is one bf16 scalar; float64
+// says 7.36322 and 5.01289), gradients within 1.7e-2 and 1.6e-2 of max|ref| (PyTorch's own bf16 step is 1.6e-2 and
+// 1.3e-2 from float64); the DSpark bounds. (ttt4_lk_alpha, not used here, is the sensitive case: both bf16 steps are
+// 9.4e-2 from float64 on gate_proj, 5.7e-2 from each other.)
+Test(cuda_step, eagle3_bf16_steps_match_pytorch_bf16, .timeout = 300) {
+  CU_REQUIRE_GPU();
+  bf16_step_matches("eagle3_step", "ttt3_lk_lambda_trunc", 1e-2, 8e-2, false);
+  bf16_step_matches("eagle3_step", "ttt5_eagle31_fc_norm", 1e-2, 8e-2, false);
 }
 
 Test(cuda_step, dspark_fixtures_on_gpu_match_fp32, .timeout = 300) {
@@ -307,6 +321,16 @@ Test(cuda_step, demo_loss_curve_domino_moe_bf16_vs_cpu_fp32, .timeout = 300) {
   CU_REQUIRE_GPU();
   curves_agree_as("recipes/demo-domino-moe.yaml",
                   "--set model.torch_dtype=bfloat16 --set training.lambda_base_start=0.0", 50, 10, 1e-2, 1e-2);
+}
+
+// EAGLE-3 in bf16 over 50 steps against the CPU's fp32: the step fixture's recipe (LK lambda loss, 3 TTT steps, six
+// samples seen again and again), learning rate 1e-3. Measured in the emulator: a mean gap of 6.9e-4 and 1.1e-3 on the
+// last 10 steps' mean; the same 1e-2.
+Test(cuda_step, eagle3_loss_curve_bf16_vs_cpu_fp32, .timeout = 300) {
+  CU_REQUIRE_GPU();
+  curves_agree_as("tests/fixtures/eagle3_step/ttt3_lk_lambda_trunc/recipe.yaml",
+                  "--set model.torch_dtype=bfloat16 --set training.num_epochs=100 --set training.learning_rate=1e-3",
+                  50, 10, 1e-2, 1e-2);
 }
 
 Test(cuda_step, demo_loss_curve_dflash_gpu_vs_cpu, .timeout = 300) {

@@ -24,6 +24,7 @@ import sys
 from typing import Any, Dict, List
 
 import numpy as np
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -254,6 +255,9 @@ def generate(out: str) -> Dict[str, Dict[str, Any]]:
         prep = ref.prepare(ref.load_recipe(recipe))
         res = ref.run_step(prep)
         ref.dump(prep, res, os.path.join(os.path.dirname(recipe), "expected"), "float64")
+        if case["name"] in BF16_CASES:  # mixed precision's reference: the same step as PyTorch runs it in bf16
+            ref.dump(prep, ref.run_step(prep, torch.bfloat16), os.path.join(os.path.dirname(recipe), "expected_bf16"),
+                     "bfloat16")
         return res.terms
 
     results = sf.write_cases(out, CASES, recipe_text, run)
@@ -268,6 +272,9 @@ def generate(out: str) -> Dict[str, Dict[str, Any]]:
         f.write(crosscheck_rows())
     return results
 
+
+# The LK lambda loss over 3 steps with truncated samples, and EAGLE 3.1's fc_norm over 5 steps.
+BF16_CASES = ("ttt3_lk_lambda_trunc", "ttt5_eagle31_fc_norm")
 
 README_HEAD = """# EAGLE-3 step parity fixtures
 
@@ -309,7 +316,10 @@ Each `CASE/` holds `recipe.yaml` and `expected/`: `grads.safetensors` (F32 gradi
 for every trainable parameter: the embedding is frozen), `step.json` (the loss; per TTT step `kl_loss`, `step_loss`
 (the LK loss when one is set, else the KL), `acc_correct` / `acc_denom` / `acc`, `acceptance_rate`,
 `log_acceptance_rate`, `position_mask_sum`; the settings), `vocab.safetensors` (the d2t I64 / t2d U8 the step used) and `batch.json` (sample
-order, lengths, S, vocabulary padding tokens).
+order, lengths, S, vocabulary padding tokens). `ttt3_lk_lambda_trunc/expected_bf16/` and
+`ttt5_eagle31_fc_norm/expected_bf16/` hold the same steps as PyTorch runs them in bf16 (`eagle3_step.py --dtype
+bfloat16`: the draft, the target's head and every activation bf16), the reference of the CUDA backend's mixed
+precision (`tests/cuda/test_step_gpu.c`).
 
 | case | loss | kl per step | acc per step | acceptance per step | covers |
 |---|---|---|---|---|---|
