@@ -176,11 +176,6 @@ df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draf
   return df_draft_model_create_as(cfg, ctx, DF_F32, out, err);
 }
 
-const char *df_draft_model_bf16_unsupported(const df_draft_config *cfg) {
-  (void)cfg;   // every draft kind stores bf16 (the MoE FFN, Domino's GRU head and EAGLE-3's TTT attention as fp32
-  return NULL; // islands); kept for the kinds to come
-}
-
 df_status df_draft_model_create_as(const df_draft_config *cfg, df_ctx *ctx, df_dtype storage, df_draft_model **out,
                                    df_error *err) {
   *out = NULL;
@@ -188,10 +183,6 @@ df_status df_draft_model_create_as(const df_draft_config *cfg, df_ctx *ctx, df_d
   if (storage != DF_F32 && storage != DF_BF16)
     return DF_FAIL(err, DF_ERR_INVALID, "model.torch_dtype", "use bfloat16 or float32",
                    "the draft cannot store its activations as %s", df_dtype_name(storage));
-  const char *why = storage == DF_BF16 ? df_draft_model_bf16_unsupported(cfg) : NULL;
-  if (why)
-    return DF_FAIL(err, DF_ERR_UNSUPPORTED, "model.torch_dtype", "train this draft with model.torch_dtype: float32",
-                   "%s: %s", cfg->source, why);
   df_draft_model *m = calloc(1, sizeof *m);
   if (!m) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "cannot allocate the DFlash model");
   m->cfg = cfg;

@@ -58,8 +58,6 @@ df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draf
 // case. DF_F32 is df_draft_model_create. A draft the bf16 path does not cover yet is refused (reason below).
 df_status df_draft_model_create_as(const df_draft_config *cfg, df_ctx *ctx, df_dtype storage, df_draft_model **out,
                                    df_error *err);
-// Why cfg cannot be stored in bf16 yet, or NULL.
-const char *df_draft_model_bf16_unsupported(const df_draft_config *cfg);
 void df_draft_model_free(df_draft_model *m);
 
 const df_params *df_draft_model_params(const df_draft_model *m);

@@ -135,12 +135,10 @@ df_status df_run_resources_load_shapes(const df_recipe *rc, df_run_resources *ou
   return load(rc, NULL, true, out, err);
 }
 
-df_dtype df_run_storage(const df_recipe *rc, const df_ctx *ctx, const df_draft_config *draft, const char **why) {
-  const char *no = df_draft_model_bf16_unsupported(draft);
+df_dtype df_run_storage(const df_recipe *rc, const df_ctx *ctx, const char **why) {
   if (rc->model.torch_dtype == DF_F32) return *why = "model.torch_dtype: float32", DF_F32;
   if (df_ctx_device(ctx) != DF_DEV_CUDA)
     return *why = "model.torch_dtype: bfloat16, but the CPU backend computes in float32", DF_F32;
-  if (no) return *why = no, DF_F32;
   return *why = "model.torch_dtype: bfloat16", DF_BF16;
 }
 

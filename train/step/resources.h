@@ -43,9 +43,10 @@ df_status df_run_resources_load_shapes(const df_recipe *rc, df_run_resources *ou
 // Puts the frozen pieces where ctx's ops read them: on a host-addressable device they stay where they are; else they
 // are uploaded once and frozen points at the device copies. The context must outlive df_run_resources_free.
 df_status df_run_resources_place(df_run_resources *r, df_ctx *ctx, df_error *err);
-// model.torch_dtype as a run on ctx can honour it: bf16 storage on CUDA for the drafts the bf16 path covers
-// (df_draft_model_bf16_unsupported), else fp32; *why says which and why (a static string, for the start-up line).
-df_dtype df_run_storage(const df_recipe *rc, const df_ctx *ctx, const df_draft_config *draft, const char **why);
+// model.torch_dtype as a run on ctx can honour it: bf16 storage on CUDA (every draft kind: the MoE FFN, Domino's GRU
+// head and EAGLE-3's TTT attention run as fp32 islands), else fp32; *why says which and why (a static string, for the
+// start-up line).
+df_dtype df_run_storage(const df_recipe *rc, const df_ctx *ctx, const char **why);
 // The same in the draft's storage dtype: bf16 rounds both pieces once on the device (frozen.dtype says which); f32 is
 // df_run_resources_place.
 df_status df_run_resources_place_as(df_run_resources *r, df_ctx *ctx, df_dtype dt, df_error *err);

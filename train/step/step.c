@@ -136,7 +136,7 @@ static df_status load_model(step_run *r, int threads, const df_device_choice *de
   DF_TRY(df_device_open(device ? *device : r->recipe->training.device, df_device_cpu_only_reason(r->res.draft), threads,
                         stderr, &r->ctx, err));
   const char *why = NULL;
-  const df_dtype storage = df_run_storage(r->recipe, r->ctx, r->res.draft, &why);
+  const df_dtype storage = df_run_storage(r->recipe, r->ctx, &why);
   if (storage != DF_F32) fprintf(stderr, "precision bf16 (%s)\n", why);
   DF_TRY(df_run_resources_place_as(&r->res, r->ctx, storage, err));
   DF_TRY(df_draft_model_create_as(r->res.draft, r->ctx, storage, &r->model, err));

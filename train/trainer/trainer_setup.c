@@ -66,7 +66,7 @@ static df_status load_resources(df_trainer *t, df_error *err) {
   else
     DF_TRY(df_device_open(t->opt->has_device ? t->opt->device : rc->training.device,
                           df_device_cpu_only_reason(t->draft), t->opt->threads, t->log, &t->ctx, err));
-  t->storage = df_run_storage(rc, t->ctx, t->draft, &t->storage_why);
+  t->storage = df_run_storage(rc, t->ctx, &t->storage_why);
   DF_TRY(df_run_resources_place_as(&t->res, t->ctx, t->storage, err));
   DF_TRY(df_draft_model_create_as(t->draft, t->ctx, t->storage, &t->model, err));
   t->table = df_draft_model_params(t->model);
