@@ -243,6 +243,10 @@ static void test_all_gather_broadcast(df_comm *c, int *t) {
       bad = 0;
       for (size_t i = 0; i < n; i++) bad += buf[i] != in_f64(*t, root, i);
       CHECK(bad == 0, "broadcast from %d n=%zu: %zu elements differ", root, n, bad);
+      // reduce to root, in place: root holds the sum of every rank's input
+      fill(buf, DF_COMM_F64, ++*t, R, n);
+      OK_OR_DIE(df_comm_reduce(c, buf, (int64_t)n, DF_COMM_F64, DF_COMM_SUM, root, &err), &err);
+      if (R == root) compare("reduce", DF_COMM_F64, DF_COMM_SUM, *t, W, buf, 0, n);
       free(buf);
       if (W == 1) break;
     }
@@ -437,6 +441,19 @@ static int run_gpu_collectives(void) {
   for (int64_t i = 0; i < N; i++) want[i] = gpu_input(R - 1, i);
   gpu_get(c, h, dy, N);
   CHECK(!memcmp(h, want, sizeof(float) * N), "broadcast from rank %d", R - 1);
+  // reduce to the last rank, in place (ZeRO-1's gradient buckets to each shard's owner)
+  for (int64_t i = 0; i < N; i++) h[i] = gpu_input(g_rank, i);
+  gpu_put(dy, h, N);
+  CHECK(df_comm_reduce(c, dy, N, DF_COMM_F32, DF_COMM_SUM, R - 1, &err) == DF_OK, "reduce: %s", err.msg);
+  if (g_rank == R - 1) {
+    for (int64_t i = 0; i < N; i++) {
+      double s = 0;
+      for (int r = 0; r < R; r++) s += gpu_input(r, i);
+      want[i] = (float)s;
+    }
+    gpu_get(c, h, dy, N);
+    CHECK(!memcmp(h, want, sizeof(float) * N), "reduce to rank %d", R - 1);
+  }
   CHECK(df_comm_barrier(c, &err) == DF_OK, "barrier: %s", err.msg);
   cudaFree(dx), cudaFree(dy), free(h), free(want);
   CHECK(df_dist_finish(&d, &err) == DF_OK, "finish: %s", err.msg);

@@ -51,11 +51,13 @@ Test(comm, single_is_identity_for_every_collective) {
   cr_expect_arr_eq(d, e, sizeof d);
   DF_ASSERT_OK(df_comm_broadcast(c, d, 4, DF_COMM_F64, 0, &err), &err);
   cr_expect(d[0] == 1 && d[3] == 4);
+  DF_ASSERT_OK(df_comm_reduce(c, d, 4, DF_COMM_F64, DF_COMM_SUM, 0, &err), &err);
+  cr_expect(d[0] == 1 && d[1] == 2 && d[2] == 3 && d[3] == 4, "a reduce over one rank is its own buffer");
   DF_ASSERT_OK(df_comm_barrier(c, &err), &err);
   DF_ASSERT_OK(df_comm_wait(c, &err), &err);
-  // 4 all-reduces + the in-place one, reduce-scatter, all-gather, broadcast, barrier
-  cr_expect_eq(df_comm_num_collectives(c), 9);
-  cr_expect_eq(df_comm_payload_bytes(c), 4 * 20 + 24 + 32 + 32 + 32);
+  // 4 all-reduces + the in-place one, reduce-scatter, all-gather, broadcast, reduce, barrier
+  cr_expect_eq(df_comm_num_collectives(c), 10);
+  cr_expect_eq(df_comm_payload_bytes(c), 4 * 20 + 24 + 32 + 32 + 32 + 32);
   finish(c);
 }
 
@@ -76,6 +78,10 @@ Test(comm, arguments_are_checked_and_named) {
   cr_expect(strstr(err.msg, "overlap but are not the in-place form") != NULL, "%s", err.msg);
   cr_expect_eq(df_comm_broadcast(c, a, 4, DF_COMM_I32, 1, &err), DF_ERR_INVALID);
   cr_expect_str_eq(err.where, "root");
+  cr_expect_eq(df_comm_reduce(c, a, 4, DF_COMM_I32, DF_COMM_SUM, -1, &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "root");
+  cr_expect_eq(df_comm_reduce(c, a, 4, DF_COMM_I32, DF_COMM_AVG, 0, &err), DF_ERR_INVALID);
+  cr_expect_str_eq(err.where, "op");
   // Nothing moved: zero counts with NULL buffers are fine.
   DF_ASSERT_OK(df_comm_all_reduce(c, NULL, NULL, 0, DF_COMM_F32, DF_COMM_SUM, &err), &err);
   // A refused call is not a collective: only the zero-count one was issued, and the communicator is healthy.

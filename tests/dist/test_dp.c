@@ -299,28 +299,31 @@ Test(dp, zero1_equals_replicated_adamw, .timeout = 300) {
   rmdir_all(off), rmdir_all(on);
 }
 
-// The gradient all-reduce in buckets of training.dp_bucket_mb: tiny buckets (0.01 MiB = 2621 floats: 32 for the
-// 82368 parameters; on GPU ranks most start during the backward, between the layers) give the same bytes as one
-// bucket, since each element is summed over the same ranks either way.
-Test(dp, gradient_buckets_change_nothing, .timeout = 300) {
-  need_mpirun();
+// The gradient reduction in buckets of training.dp_bucket_mb: tiny buckets (0.01 MiB = 2621 floats: 32 for the 82368
+// parameters; on GPU ranks most start during the backward, between the layers) give the same bytes as one bucket,
+// since each element is summed over the same ranks either way. Replicated AdamW all-reduces each bucket; ZeRO-1 on GPU
+// ranks reduces each bucket's part of every shard to that shard's owner (CPU ranks reduce-scatter at the boundary).
+static void buckets_change_nothing(const char *sharding, const char *what) {
   char one[200], many[300];
   tmpdir(one, sizeof one, "bucket1");
   snprintf(many, sizeof many, "%s_many", one);
   rmdir_all(many);
-  const char *fix = "--set training.max_steps=3 --set training.batch_size=4 --set training.fsdp_sharding=NO_SHARD";
-  char sets[600];
+  char fix[300], sets[600], line1[200], line32[200];
+  snprintf(fix, sizeof fix, "--set training.max_steps=3 --set training.batch_size=4 --set training.fsdp_sharding=%s",
+           sharding);
+  snprintf(line1, sizeof line1, "gradient %s: 1 bucket(s) of 25 MiB, 0 started during the backward", what);
+  snprintf(line32, sizeof line32, "gradient %s: 32 bucket(s) of 0.01 MiB, ", what);
   snprintf(sets, sizeof sets, "%s --set training.dp_bucket_mb=25", fix);
   train_ok(2, DFLASH, one, sets);
-  cr_expect(strstr(g_out, "gradient all-reduce: 1 bucket(s) of 25 MiB, 0 started during the backward") != NULL, "%s",
-            g_out);
+  cr_expect(strstr(g_out, line1) != NULL, "%s: %s", sharding, g_out);
   snprintf(sets, sizeof sets, "%s --set training.dp_bucket_mb=0.01", fix);
   train_ok(2, DFLASH, many, sets);
-  const char *line = strstr(g_out, "gradient all-reduce: 32 bucket(s) of 0.01 MiB, ");
-  cr_assert(line != NULL, "%s", g_out);
-  long early = strtol(line + strlen("gradient all-reduce: 32 bucket(s) of 0.01 MiB, "), NULL, 10);
+  const char *line = strstr(g_out, line32);
+  cr_assert(line != NULL, "%s: %s", sharding, g_out);
+  long early = strtol(line + strlen(line32), NULL, 10);
+  printf("%s: %.*s\n", sharding, (int)strcspn(line, "\n"), line);
   if (gpu())
-    cr_expect(early > 0 && early < 32, "%ld of 32 buckets started during the backward", early);
+    cr_expect(early > 0 && early < 32, "%s: %ld of 32 buckets started during the backward", sharding, early);
   else
     cr_expect_eq(early, 0, "CPU ranks reduce after the backward"); // MPI calls block: nothing to overlap
   expect_same_curve(one, many, 3, 0);
@@ -328,6 +331,19 @@ Test(dp, gradient_buckets_change_nothing, .timeout = 300) {
   ckpt(a, sizeof a, one, 3), ckpt(b, sizeof b, many, 3);
   expect_same_weights(a, b, 0);
   rmdir_all(one), rmdir_all(many);
+}
+
+Test(dp, gradient_buckets_change_nothing, .timeout = 300) {
+  need_mpirun();
+  buckets_change_nothing("NO_SHARD", "all-reduce");
+}
+
+// ZeRO-1's buckets (GPU ranks: CPU ranks have none) against one bucket; zero1_equals_replicated_adamw ties them to the
+// replicated run.
+Test(dp, zero1_gradient_buckets_change_nothing, .timeout = 300) {
+  need_mpirun();
+  if (!gpu()) cr_skip_test("ZeRO-1 reduce-scatters at the boundary on CPU ranks (DF_DP_DEVICE=cuda runs this)");
+  buckets_change_nothing("SHARD_GRAD_OP", "reduce to the ZeRO-1 shard owners");
 }
 
 // ---- resume ------------------------------------------------------------------------------------------------

@@ -191,6 +191,18 @@ df_status df_comm_broadcast(df_comm *c, void *buf, int64_t count, df_comm_dtype 
   return end(c, c->vt->broadcast(c, buf, (size_t)count, dt, root, err), err);
 }
 
+df_status df_comm_reduce(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, df_comm_op op, int root,
+                         df_error *err) {
+  DF_TRY(check_comm(c, err));
+  DF_TRY(check_type("reduce", count, dt, op, true, err));
+  if (root < 0 || root >= c->size)
+    return DF_FAIL(err, DF_ERR_INVALID, "root", NULL, "reduce: root %d is not a rank of %d", root, c->size);
+  size_t n = (size_t)count * df_comm_dtype_size(dt);
+  if (n && !buf) return DF_FAIL(err, DF_ERR_INVALID, "buf", NULL, "reduce: NULL buffer");
+  begin(c, "reduce", count, dt, n);
+  return end(c, c->vt->reduce(c, buf, (size_t)count, dt, op, root, err), err);
+}
+
 df_status df_comm_barrier(df_comm *c, df_error *err) {
   DF_TRY(check_comm(c, err));
   begin(c, "barrier", 0, DF_COMM_U8, 0);

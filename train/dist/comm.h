@@ -102,6 +102,10 @@ df_status df_comm_all_gather(df_comm *c, const void *send, void *recv, int64_t s
                              df_error *err);
 // buf (count elements) on every rank becomes root's.
 df_status df_comm_broadcast(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, int root, df_error *err);
+// In place: root's buf[i] becomes op over ranks of buf[i], i < count; the other ranks' buf is undefined afterwards
+// (NCCL leaves it, MPI too; do not rely on either). ZeRO-1's gradient buckets: each shard's part to its owner.
+df_status df_comm_reduce(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, df_comm_op op, int root,
+                         df_error *err);
 df_status df_comm_barrier(df_comm *c, df_error *err);
 // Completes what was queued (NCCL: the stream, polled against the timeout and NCCL's async error); host
 // backends: nothing is pending.

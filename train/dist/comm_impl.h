@@ -12,6 +12,7 @@ typedef struct {
                               df_comm_op op, df_error *err);
   df_status (*all_gather)(df_comm *c, const void *send, void *recv, size_t send_count, df_comm_dtype dt, df_error *err);
   df_status (*broadcast)(df_comm *c, void *buf, size_t count, df_comm_dtype dt, int root, df_error *err);
+  df_status (*reduce)(df_comm *c, void *buf, size_t count, df_comm_dtype dt, df_comm_op op, int root, df_error *err);
   df_status (*barrier)(df_comm *c, df_error *err);
   df_status (*wait)(df_comm *c, df_error *err);
   df_status (*finish)(df_comm *c, df_error *err); // orderly close of the backend state (not freed on failure)

@@ -285,6 +285,24 @@ static df_status mpi_broadcast(df_comm *c, void *buf, size_t count, df_comm_dtyp
   return DF_OK;
 }
 
+static df_status mpi_reduce(df_comm *c, void *buf, size_t count, df_comm_dtype dt, df_comm_op op, int root,
+                            df_error *err) {
+  mpi_impl *m = c->impl;
+  size_t sz = df_comm_dtype_size(dt);
+  const bool at_root = c->rank == root;
+  for (size_t off = 0; off < count; off += CHUNK) {
+    int n = (int)(count - off < CHUNK ? count - off : CHUNK);
+    char *p = (char *)buf + off * sz;
+    MPI_Request req;
+    int rc =
+        MPI_Ireduce(at_root ? MPI_IN_PLACE : p, at_root ? p : NULL, n, mpi_type(dt), mpi_op(op), root, m->data, &req);
+    if (rc != MPI_SUCCESS) return mpi_error(c, rc, "MPI_Ireduce", err);
+    DF_TRY(wait_req(c, &req, err));
+  }
+  if (at_root && op == DF_COMM_AVG) divide_by_world(buf, count, dt, c->size);
+  return DF_OK;
+}
+
 static df_status mpi_barrier(df_comm *c, df_error *err) {
   mpi_impl *m = c->impl;
   MPI_Request req;
@@ -327,6 +345,7 @@ static const df_comm_vtable MPI_TABLE = {.all_reduce = mpi_all_reduce,
                                          .reduce_scatter = mpi_reduce_scatter,
                                          .all_gather = mpi_all_gather,
                                          .broadcast = mpi_broadcast,
+                                         .reduce = mpi_reduce,
                                          .barrier = mpi_barrier,
                                          .wait = mpi_wait,
                                          .finish = mpi_finish,

@@ -120,6 +120,13 @@ static df_status nccl_broadcast(df_comm *c, void *buf, size_t count, df_comm_dty
   return settle(c, ncclBroadcast(buf, buf, count, nccl_type(dt), root, m->comm, m->stream), "ncclBroadcast", err);
 }
 
+static df_status nccl_reduce(df_comm *c, void *buf, size_t count, df_comm_dtype dt, df_comm_op op, int root,
+                             df_error *err) {
+  nccl_impl *m = c->impl;
+  return settle(c, ncclReduce(buf, buf, count, nccl_type(dt), nccl_op(op), root, m->comm, m->stream), "ncclReduce",
+                err);
+}
+
 // Polls the stream: done, a CUDA error, NCCL's async error, or the timeout (then the communicator is aborted).
 static df_status nccl_wait(df_comm *c, df_error *err) {
   nccl_impl *m = c->impl;
@@ -225,6 +232,7 @@ static const df_comm_vtable NCCL_TABLE = {.all_reduce = nccl_all_reduce,
                                           .reduce_scatter = nccl_reduce_scatter,
                                           .all_gather = nccl_all_gather,
                                           .broadcast = nccl_broadcast,
+                                          .reduce = nccl_reduce,
                                           .barrier = nccl_barrier,
                                           .wait = nccl_wait,
                                           .finish = nccl_finish,

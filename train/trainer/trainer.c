@@ -245,7 +245,8 @@ static df_status optimizer_step(df_trainer *t, int64_t step, window *w, step_res
   t->stop = g_stop_signal != 0;
   if (t->dp.world > 1) { // the job's window: every rank then takes the same decisions from the same sums
     double sc[5] = {w->loss_den, w->host_loss_num, (double)w->tokens, w->numeric_fail, t->stop};
-    DF_TRY(df_trainer_dp_reduce(t, sc, 5, !t->optim.zero, err)); // ZeRO-1 reduce-scatters the gradient below
+    // the gradient too, unless ZeRO-1 on CPU ranks reduce-scatters it below
+    DF_TRY(df_trainer_dp_reduce(t, sc, 5, df_trainer_dp_grads_in_buckets(t), err));
     w->loss_den = sc[0], w->host_loss_num = sc[1], w->tokens = (int64_t)sc[2];
     w->numeric_fail = sc[3] > 0, t->stop = sc[4] > 0;
   }

@@ -73,13 +73,38 @@ df_status df_trainer_dp_global_batch(df_trainer *t, const df_batch *b, df_error 
   return DF_OK;
 }
 
-// ---- the gradient all-reduce in buckets --------------------------------------------------------------------------
+// ---- the gradient reduction in buckets ----------------------------------------------------------------------------
 // Bucket k covers [n − (k+1)·B, n − k·B) (the first bucket starts at 0), B = training.dp_bucket_mb: counted from the
 // end of the flat buffer, whose gradient the backward completes first. Every rank issues bucket 0, 1, ... in that
 // order and always all of them before the window's other sums, so the collectives match across ranks and the sums do
 // not depend on when a bucket was issued. On GPU ranks the draft model reports each completed suffix during the
 // window's last backward (df_draft_model_on_grads_ready) and the buckets inside it start on the communicator's
 // stream then, overlapping the lower layers' backward; the rest start after the backward.
+// A bucket is all-reduced (replicated AdamW), or under ZeRO-1 on GPU ranks reduced to the owner of each shard it
+// overlaps, in rank order (ZeRO-1 on CPU ranks reduce-scatters at the boundary instead: MPI calls block, so buckets
+// would overlap nothing).
+
+static bool zero_buckets(const df_trainer *t) { return t->optim.zero && t->dp.computed; }
+
+bool df_trainer_dp_grads_in_buckets(const df_trainer *t) { return !t->optim.zero || zero_buckets(t); }
+
+// The shard of a rank: [*off, *off + *len).
+static void shard_of(const df_trainer *t, int r, int64_t *off, int64_t *len) {
+  const int64_t n = df_params_numel(t->table), S = t->optim.shard_size;
+  *off = r * S;
+  *len = r == t->dp.world - 1 ? n - *off : S;
+}
+
+static df_status reduce_bucket(df_trainer *t, float *g, int64_t lo, int64_t hi, df_error *err) {
+  if (!t->optim.zero) return df_comm_all_reduce(t->dp.comm, g + lo, g + lo, hi - lo, DF_COMM_F32, DF_COMM_SUM, err);
+  for (int r = 0; r < t->dp.world; r++) {
+    int64_t off, len;
+    shard_of(t, r, &off, &len);
+    const int64_t a = lo > off ? lo : off, b = hi < off + len ? hi : off + len;
+    if (a < b) DF_TRY(df_comm_reduce(t->dp.comm, g + a, b - a, DF_COMM_F32, DF_COMM_SUM, r, err));
+  }
+  return DF_OK;
+}
 
 int64_t df_trainer_dp_bucket_floats(const df_trainer *t) {
   const double f = t->recipe->training.dp_bucket_mb * 1024.0 * 1024.0 / 4.0;
@@ -100,7 +125,7 @@ static df_status issue_buckets(df_trainer *t, int64_t from, df_error *err) {
       DF_TRY(comm_after_compute(t, err));
       ordered = true;
     }
-    DF_TRY(df_comm_all_reduce(t->dp.comm, g + lo, g + lo, hi - lo, DF_COMM_F32, DF_COMM_SUM, err));
+    DF_TRY(reduce_bucket(t, g, lo, hi, err));
     t->dp.buckets_issued++;
   }
 }
@@ -109,8 +134,8 @@ static df_status on_grads_ready(void *user, int64_t from, df_error *err) { retur
 
 df_status df_trainer_dp_overlap(df_trainer *t, bool on) {
   t->dp.buckets_issued = 0;
-  // GPU ranks with replicated AdamW only: ZeRO-1 reduce-scatters at the boundary, and host collectives block.
-  const bool use = on && t->dp.world > 1 && !t->optim.zero && t->dp.computed;
+  // GPU ranks only: host collectives block.
+  const bool use = on && t->dp.world > 1 && t->dp.computed;
   df_draft_model_on_grads_ready(t->model, use ? on_grads_ready : NULL, t);
   return DF_OK;
 }
@@ -120,8 +145,9 @@ df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bo
   const int64_t early = t->dp.buckets_issued;
   if (grads) DF_TRY(issue_buckets(t, 0, err)); // those the backward did not start
   if (grads && !t->dp.reported && t->log) {
-    fprintf(t->log, "  gradient all-reduce: %lld bucket(s) of %.3g MiB, %lld started during the backward\n",
-            (long long)t->dp.buckets_issued, t->recipe->training.dp_bucket_mb, (long long)early);
+    fprintf(t->log, "  gradient %s: %lld bucket(s) of %.3g MiB, %lld started during the backward\n",
+            t->optim.zero ? "reduce to the ZeRO-1 shard owners" : "all-reduce", (long long)t->dp.buckets_issued,
+            t->recipe->training.dp_bucket_mb, (long long)early);
     t->dp.reported = true;
   }
   t->dp.buckets_issued = 0;
@@ -149,13 +175,6 @@ void df_trainer_dp_zero_plan(df_trainer *t) {
   t->optim.shard_len = t->dp.rank == W - 1 ? n - t->optim.shard_off : t->optim.shard_size;
 }
 
-// The shard of a rank: [*off, *off + *len).
-static void shard_of(const df_trainer *t, int r, int64_t *off, int64_t *len) {
-  const int64_t n = df_params_numel(t->table), S = t->optim.shard_size;
-  *off = r * S;
-  *len = r == t->dp.world - 1 ? n - *off : S;
-}
-
 // The global norm from the shards' squared sums, the clip coefficient and the go/no-go flag into t->stats.norm,
 // from this rank's df_grad_norm_clip of its shard (norm in stats.norm) and the reduced window sums.
 static df_status zero_norm(df_trainer *t, const df_grad_norm_desc *nd, df_error *err) {
@@ -180,11 +199,13 @@ df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, 
   const df_device dev = df_ctx_device(t->ctx);
   float *g = df_draft_model_grads(t->model), *w = df_draft_model_weights(t->model);
   float *mine = g + t->optim.shard_off;
-  DF_TRY(comm_after_compute(t, err));
-  if (S > 0) DF_TRY(df_comm_reduce_scatter(t->dp.comm, g, mine, S, DF_COMM_F32, DF_COMM_SUM, err));
-  if (tail > 0) DF_TRY(df_comm_all_reduce(t->dp.comm, g + W * S, g + W * S, tail, DF_COMM_F32, DF_COMM_SUM, err));
-  DF_TRY(compute_after_comm(t, err));
-  DF_TRY(df_comm_wait(t->dp.comm, err));
+  if (!zero_buckets(t)) { // else the buckets already reduced each shard to its owner (df_trainer_dp_reduce)
+    DF_TRY(comm_after_compute(t, err));
+    if (S > 0) DF_TRY(df_comm_reduce_scatter(t->dp.comm, g, mine, S, DF_COMM_F32, DF_COMM_SUM, err));
+    if (tail > 0) DF_TRY(df_comm_all_reduce(t->dp.comm, g + W * S, g + W * S, tail, DF_COMM_F32, DF_COMM_SUM, err));
+    DF_TRY(compute_after_comm(t, err));
+    DF_TRY(df_comm_wait(t->dp.comm, err));
+  }
   if (t->optim.shard_len > 0) {
     df_tensor gs = df_f32_on(dev, mine, t->optim.shard_len),
               mk = df_u8_on(dev, t->optim.mask + t->optim.shard_off, t->optim.shard_len);

@@ -148,20 +148,23 @@ void df_trainer_observe_close(df_trainer *t);
 // yet, and a communicator whose buffers are not where the context keeps its state. global_batch: the longest
 // sample and the largest anchor-candidate count of the global batch b is this rank's share of (one MAX
 // all-reduce), into t->global. reduce: the window's host scalars (in place), the device metric sums and (grads)
-// the flat gradient buffer (in 25 MiB buckets), all SUM. share_state: rank 0's restored weights, moments and progress
-// to every rank.
+// the flat gradient buffer (in training.dp_bucket_mb buckets: all-reduced, or under ZeRO-1 on GPU ranks reduced to
+// each shard's owner), all SUM. grads_in_buckets: whether the gradient goes through those buckets (else ZeRO-1 on CPU
+// ranks reduce-scatters it in the step). share_state: rank 0's restored weights, moments and progress to every rank.
 df_status df_trainer_dp_check(df_trainer *t, df_error *err);
 df_status df_trainer_dp_global_batch(df_trainer *t, const df_batch *b, df_error *err);
 df_status df_trainer_dp_reduce(df_trainer *t, double *scalars, int n_scalars, bool grads, df_error *err);
+bool df_trainer_dp_grads_in_buckets(const df_trainer *t);
 df_status df_trainer_dp_share_state(df_trainer *t, df_error *err);
-// overlap(on) before a micro-step: on for the window's last one on GPU ranks with replicated AdamW, whose backward
-// then starts the gradient buckets it completes (df_draft_model_on_grads_ready); reduce issues the rest.
+// overlap(on) before a micro-step: on for the window's last one on GPU ranks, whose backward then starts the gradient
+// buckets it completes (df_draft_model_on_grads_ready); reduce issues the rest.
 df_status df_trainer_dp_overlap(df_trainer *t, bool on);
 int64_t df_trainer_dp_bucket_floats(const df_trainer *t);
 // ZeRO-1. plan: the shard sizes (t->zero from the recipe and world). step: the update of one optimizer step on
-// the already-reduced scalars — gradient reduce-scatter, the global norm from the shards' squared sums, AdamW on
-// this shard, parameter all-gather; fills t->norm_stats as the replicated path does. gather_moments: the full
-// moments on rank 0's host (n elements each, for a checkpoint; collective; the other ranks pass NULL).
+// the already-reduced scalars — the gradient reduce-scatter (CPU ranks; GPU ranks' buckets reduced each shard to its
+// owner already), the global norm from the shards' squared sums, AdamW on this shard, parameter all-gather; fills
+// t->norm_stats as the replicated path does. gather_moments: the full moments on rank 0's host (n elements each, for a
+// checkpoint; collective; the other ranks pass NULL).
 void df_trainer_dp_zero_plan(df_trainer *t);
 df_status df_trainer_dp_zero_step(df_trainer *t, const df_adamw_fused_desc *ad, const df_grad_norm_desc *nd,
                                   df_error *err);

@@ -303,3 +303,30 @@ extern "C" ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count
   });
   return ncclSuccess;
 }
+
+extern "C" ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                                   int root, ncclComm_t c, cudaStream_t s) {
+  MPI_Datatype mt;
+  MPI_Op mo;
+  size_t es;
+  if (!comm_ok(c)) return ncclInvalidArgument;
+  if (!mpi_type(t, &mt, &es) || !mpi_op(op, &mo))
+    return fail(c, ncclInvalidArgument, "ncclReduce: type %d / op %d", (int)t, (int)op);
+  if (root < 0 || root >= c->size) return fail(c, ncclInvalidArgument, "ncclReduce: root %d of %d", root, c->size);
+  std::lock_guard<std::recursive_mutex> g(lock());
+  check_buffer("ncclReduce", "sendbuff", send, count * es);
+  if (c->rank == root) check_buffer("ncclReduce", "recvbuff", recv, count * es);
+  enqueue(s, "ncclReduce", [=] {
+    const bool at_root = c->rank == root;
+    if (c->size == 1) {
+      if (send != recv) memmove(recv, send, count * es);
+      return;
+    }
+    if (at_root)
+      MPI_Reduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mt, mo, root, c->comm);
+    else
+      MPI_Reduce(send, NULL, (int)count, mt, mo, root, c->comm);
+    if (at_root && op == ncclAvg) average(recv, count, t, c->size);
+  });
+  return ncclSuccess;
+}
