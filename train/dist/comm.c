@@ -180,26 +180,27 @@ df_status df_comm_all_gather(df_comm *c, const void *send, void *recv, int64_t s
   return end(c, c->vt->all_gather(c, send, recv, (size_t)send_count, dt, err), err);
 }
 
-df_status df_comm_broadcast(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, int root, df_error *err) {
+// The checks of an in-place collective with a root (broadcast, reduce), then its numbering.
+static df_status begin_rooted(df_comm *c, const char *what, void *buf, int64_t count, df_comm_dtype dt, df_comm_op op,
+                              bool reduces, int root, df_error *err) {
   DF_TRY(check_comm(c, err));
-  DF_TRY(check_type("broadcast", count, dt, DF_COMM_SUM, false, err));
+  DF_TRY(check_type(what, count, dt, op, reduces, err));
   if (root < 0 || root >= c->size)
-    return DF_FAIL(err, DF_ERR_INVALID, "root", NULL, "broadcast: root %d is not a rank of %d", root, c->size);
+    return DF_FAIL(err, DF_ERR_INVALID, "root", NULL, "%s: root %d is not a rank of %d", what, root, c->size);
   size_t n = (size_t)count * df_comm_dtype_size(dt);
-  if (n && !buf) return DF_FAIL(err, DF_ERR_INVALID, "buf", NULL, "broadcast: NULL buffer");
-  begin(c, "broadcast", count, dt, n);
+  if (n && !buf) return DF_FAIL(err, DF_ERR_INVALID, "buf", NULL, "%s: NULL buffer", what);
+  begin(c, what, count, dt, n);
+  return DF_OK;
+}
+
+df_status df_comm_broadcast(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, int root, df_error *err) {
+  DF_TRY(begin_rooted(c, "broadcast", buf, count, dt, DF_COMM_SUM, false, root, err));
   return end(c, c->vt->broadcast(c, buf, (size_t)count, dt, root, err), err);
 }
 
 df_status df_comm_reduce(df_comm *c, void *buf, int64_t count, df_comm_dtype dt, df_comm_op op, int root,
                          df_error *err) {
-  DF_TRY(check_comm(c, err));
-  DF_TRY(check_type("reduce", count, dt, op, true, err));
-  if (root < 0 || root >= c->size)
-    return DF_FAIL(err, DF_ERR_INVALID, "root", NULL, "reduce: root %d is not a rank of %d", root, c->size);
-  size_t n = (size_t)count * df_comm_dtype_size(dt);
-  if (n && !buf) return DF_FAIL(err, DF_ERR_INVALID, "buf", NULL, "reduce: NULL buffer");
-  begin(c, "reduce", count, dt, n);
+  DF_TRY(begin_rooted(c, "reduce", buf, count, dt, op, true, root, err));
   return end(c, c->vt->reduce(c, buf, (size_t)count, dt, op, root, err), err);
 }
 

@@ -216,17 +216,22 @@ extern "C" const char *ncclGetLastError(ncclComm_t c) { return c ? c->last : g_l
 extern "C" ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
 extern "C" ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
 
+// A reduction's communicator, type and op as MPI sees them (ncclSuccess), or the failure.
+static ncclResult_t reduction_of(ncclComm_t c, const char *call, ncclDataType_t t, ncclRedOp_t op, MPI_Datatype *mt,
+                                 MPI_Op *mo, size_t *es) {
+  if (!comm_ok(c)) return ncclInvalidArgument;
+  if (!mpi_type(t, mt, es) || !mpi_op(op, mo))
+    return fail(c, ncclInvalidArgument, "%s: type %d / op %d (the emulator reduces 8-, 32- and 64-bit types)", call,
+                (int)t, (int)op);
+  return ncclSuccess;
+}
+
 extern "C" ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                                       ncclComm_t c, cudaStream_t s) {
-  MPI_Datatype mt;
-  MPI_Op mo;
-  size_t es;
-  if (!comm_ok(c)) return ncclInvalidArgument;
-  if (!mpi_type(t, &mt, &es) || !mpi_op(op, &mo))
-    return fail(c, ncclInvalidArgument,
-                "ncclAllReduce: type %d / op %d (the emulator reduces 8-, 32- and 64-bit "
-                "types)",
-                (int)t, (int)op);
+  MPI_Datatype mt = MPI_DATATYPE_NULL;
+  MPI_Op mo = MPI_OP_NULL;
+  size_t es = 0;
+  if (ncclResult_t r = reduction_of(c, "ncclAllReduce", t, op, &mt, &mo, &es)) return r;
   std::lock_guard<std::recursive_mutex> g(lock());
   check_buffer("ncclAllReduce", "sendbuff", send, count * es),
       check_buffer("ncclAllReduce", "recvbuff", recv, count * es);
@@ -243,12 +248,10 @@ extern "C" ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count
 
 extern "C" ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t t,
                                           ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
-  MPI_Datatype mt;
-  MPI_Op mo;
-  size_t es;
-  if (!comm_ok(c)) return ncclInvalidArgument;
-  if (!mpi_type(t, &mt, &es) || !mpi_op(op, &mo))
-    return fail(c, ncclInvalidArgument, "ncclReduceScatter: type %d / op %d", (int)t, (int)op);
+  MPI_Datatype mt = MPI_DATATYPE_NULL;
+  MPI_Op mo = MPI_OP_NULL;
+  size_t es = 0;
+  if (ncclResult_t r = reduction_of(c, "ncclReduceScatter", t, op, &mt, &mo, &es)) return r;
   std::lock_guard<std::recursive_mutex> g(lock());
   check_buffer("ncclReduceScatter", "sendbuff", send, recvcount * es * c->size);
   check_buffer("ncclReduceScatter", "recvbuff", recv, recvcount * es);
@@ -306,12 +309,10 @@ extern "C" ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count
 
 extern "C" ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                                    int root, ncclComm_t c, cudaStream_t s) {
-  MPI_Datatype mt;
-  MPI_Op mo;
-  size_t es;
-  if (!comm_ok(c)) return ncclInvalidArgument;
-  if (!mpi_type(t, &mt, &es) || !mpi_op(op, &mo))
-    return fail(c, ncclInvalidArgument, "ncclReduce: type %d / op %d", (int)t, (int)op);
+  MPI_Datatype mt = MPI_DATATYPE_NULL;
+  MPI_Op mo = MPI_OP_NULL;
+  size_t es = 0;
+  if (ncclResult_t r = reduction_of(c, "ncclReduce", t, op, &mt, &mo, &es)) return r;
   if (root < 0 || root >= c->size) return fail(c, ncclInvalidArgument, "ncclReduce: root %d of %d", root, c->size);
   std::lock_guard<std::recursive_mutex> g(lock());
   check_buffer("ncclReduce", "sendbuff", send, count * es);
