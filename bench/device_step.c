@@ -93,16 +93,11 @@ static df_status make_batch(const shape *sh, int B, df_batch *b, df_error *err) 
   return DF_OK;
 }
 
-// The trainer's element mask (train/trainer/trainer_setup.c): trainable, and weight decay where the table says so.
+// The trainer's element mask (df_params_optim_mask), uploaded once.
 static df_status upload_mask(bench_state *s, df_error *err) {
-  const df_params *p = df_draft_model_params(s->model);
-  uint8_t *mask = calloc((size_t)s->n, 1);
+  uint8_t *mask = malloc((size_t)s->n);
   if (!mask) return DF_FAIL(err, DF_ERR_NOMEM, "mask", NULL, "out of memory");
-  for (int i = 0; i < df_params_count(p); i++) {
-    const df_param *e = df_params_at(p, i);
-    if (e->trainable)
-      memset(mask + e->offset, DF_PARAM_TRAIN | (e->weight_decay ? DF_PARAM_DECAY : 0), (size_t)e->numel);
-  }
+  df_params_optim_mask(df_draft_model_params(s->model), mask);
   df_status st = df_copy(s->ctx, s->mask, df_ctx_device(s->ctx), mask, DF_DEV_CPU, (size_t)s->n, err);
   free(mask);
   return st;

@@ -78,10 +78,7 @@ static df_status bind(df_domino_head *h, const df_params *p, const char *name, f
 // The fp32 master view (mixed precision: the GRU and embed_proj.0 read their fp32 masters).
 static df_status bind_f32(df_domino_head *h, const df_params *p, const char *name, float *w, float *g, dm_pview *v,
                           df_error *err) {
-  DF_TRY(df_params_view_named(p, name, w, &v->w, err));
-  DF_TRY(df_params_view_named(p, name, g, &v->g, err));
-  v->w.device = v->g.device = h->dev;
-  return DF_OK;
+  return df_params_bind_masters(p, name, w, g, h->dev, &v->w, &v->g, err);
 }
 
 df_status df_domino_head_create(const df_draft_config *cfg, df_ctx *ctx, const df_params *p, float *weights,

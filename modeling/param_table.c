@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/ops.h" // DF_PARAM_TRAIN, DF_PARAM_DECAY
+
 struct df_params {
   df_param *e;
   int n, cap;
@@ -143,11 +145,26 @@ df_status df_params_view_named(const df_params *p, const char *name, float *flat
   return DF_OK;
 }
 
-df_status df_params_bind(const df_params *p, const char *name, float *weights, float *grads, df_device dev,
-                         df_tensor *w, df_tensor *g, df_error *err) {
+df_status df_params_bind_masters(const df_params *p, const char *name, float *weights, float *grads, df_device dev,
+                                 df_tensor *w, df_tensor *g, df_error *err) {
   DF_TRY(df_params_view_named(p, name, weights, w, err));
   DF_TRY(df_params_view_named(p, name, grads, g, err));
-  w->device = g->device = dev;               // views of the flat buffers, which live on the context's device
+  w->device = g->device = dev; // views of the flat buffers, which live on the context's device
+  return DF_OK;
+}
+
+void df_params_optim_mask(const df_params *p, uint8_t *mask) {
+  memset(mask, 0, (size_t)p->numel);
+  for (int i = 0; i < p->n; i++) {
+    const df_param *e = &p->e[i];
+    if (e->trainable)
+      memset(mask + e->offset, DF_PARAM_TRAIN | (e->weight_decay ? DF_PARAM_DECAY : 0), (size_t)e->numel);
+  }
+}
+
+df_status df_params_bind(const df_params *p, const char *name, float *weights, float *grads, df_device dev,
+                         df_tensor *w, df_tensor *g, df_error *err) {
+  DF_TRY(df_params_bind_masters(p, name, weights, grads, dev, w, g, err));
   if (p->compute && weights == p->masters) { // the forward's copy, same element offsets
     w->data = (char *)p->compute + ((float *)w->data - weights) * (int64_t)df_dtype_size(p->compute_dt);
     w->dtype = p->compute_dt;

@@ -79,6 +79,14 @@ df_status df_params_view_named(const df_params *p, const char *name, float *flat
 // A parameter and its gradient by name, as views on dev (the draft modules' weight/grad pairs).
 df_status df_params_bind(const df_params *p, const char *name, float *weights, float *grads, df_device dev,
                          df_tensor *w, df_tensor *g, df_error *err);
+// The same, with the weight view always in the fp32 flat buffer `weights` itself, never the mixed-precision compute
+// copy: the fp32 islands of a bf16 draft (the MoE FFN, Domino's GRU head) read their masters.
+df_status df_params_bind_masters(const df_params *p, const char *name, float *weights, float *grads, df_device dev,
+                                 df_tensor *w, df_tensor *g, df_error *err);
+
+// The optimizer's element mask (mask holds df_params_numel bytes): each trainable parameter's elements get
+// DF_PARAM_TRAIN, plus DF_PARAM_DECAY with weight decay (kernels/ops.h); padding, buffers and frozen entries 0.
+void df_params_optim_mask(const df_params *p, uint8_t *mask);
 
 // Mixed precision: a later df_params_bind of the flat buffer `masters` gives the weight view in `compute` (the same
 // element offsets, dtype dt: the bf16 copy the forward reads), the gradient view as before. compute NULL: off.

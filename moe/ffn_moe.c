@@ -50,10 +50,11 @@ static df_status view_of(const df_params *p, int64_t layer, df_moe_tensor t, flo
   return DF_OK;
 }
 
+// The fp32 masters' view (the MoE layer is an fp32 island in a bf16 draft) and the gradient's.
 static df_status bind_pair(const df_params *p, int64_t layer, df_moe_tensor t, float *weights, float *grads,
                            df_device dev, df_tensor *w, df_tensor *g, df_error *err) {
-  DF_TRY(view_of(p, layer, t, weights, dev, w, err));
-  return view_of(p, layer, t, grads, dev, g, err);
+  char name[DF_MOE_NAME_MAX];
+  return df_params_bind_masters(p, df_moe_param_name(layer, t, name, sizeof name), weights, grads, dev, w, g, err);
 }
 
 // A buffer's storage in the flat weights (0-dim entries included).

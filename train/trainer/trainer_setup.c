@@ -110,13 +110,9 @@ static df_status plan_schedule(df_trainer *t, df_error *err) {
 // host copy would cost a byte per parameter for nothing (20 GB for a 20B-parameter draft).
 static df_status upload_mask(df_trainer *t, df_error *err) {
   const int64_t numel = df_params_numel(t->table);
-  uint8_t *mask = calloc((size_t)numel, 1); // padding and buffers stay 0: AdamW never touches them
+  uint8_t *mask = malloc((size_t)numel); // padding and buffers stay 0: AdamW never touches them
   if (!mask) return DF_FAIL(err, DF_ERR_NOMEM, "optimizer", NULL, "out of memory for the parameter mask");
-  for (int i = 0; i < df_params_count(t->table); i++) {
-    const df_param *e = df_params_at(t->table, i);
-    if (e->trainable)
-      memset(mask + e->offset, DF_PARAM_TRAIN | (e->weight_decay ? DF_PARAM_DECAY : 0), (size_t)e->numel);
-  }
+  df_params_optim_mask(t->table, mask);
   df_status st = df_copy(t->ctx, t->optim.mask, df_ctx_device(t->ctx), mask, DF_DEV_CPU, (size_t)numel, err);
   free(mask);
   return st;
