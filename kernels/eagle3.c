@@ -123,8 +123,8 @@ static df_status check_teacher_rows(df_ctx *ctx, const df_eagle3_teacher_rows *t
   return df_check_per_row(ctx, t->d2t, "d2t", DF_I32, *D, err);
 }
 
-static df_status check_loss_desc(const df_eagle3_loss_desc *d, const df_tensor *z, int64_t R, int64_t D,
-                                 df_error *err) {
+static df_status check_loss_desc(const df_ctx *ctx, const df_eagle3_loss_desc *d, const df_tensor *z, int64_t R,
+                                 int64_t D, df_error *err) {
   if (!d) return DF_FAIL(err, DF_ERR_INVALID, "desc", "pass a df_eagle3_loss_desc", "loss desc is missing");
   if (d->S < 1 || R % d->S || d->positions != R || d->step < 0 || d->lk < DF_LK_NONE || d->lk > DF_LK_LAMBDA)
     return DF_FAIL(err, DF_ERR_INVALID, "desc", "S divides the rows, positions = rows, step >= 0, a known LK type",
@@ -133,6 +133,10 @@ static df_status check_loss_desc(const df_eagle3_loss_desc *d, const df_tensor *
   if (z->shape[1] != D)
     return DF_FAIL(err, DF_ERR_INVALID, "z", "the logits are over the draft vocabulary", "z has %lld columns, not %lld",
                    (long long)z->shape[1], (long long)D);
+  if (d->rows) { // P-EAGLE's mapped rows: one per chunk row, each a teacher row or −1
+    DF_TRY(df_check_tensor(ctx, d->rows, "desc.rows", DF_I32, 1, err));
+    return df_check_dim(d->rows, "desc.rows", 0, z->shape[0], err);
+  }
   if (d->row0 < 0 || d->row0 + z->shape[0] > R)
     return DF_FAIL(err, DF_ERR_INVALID, "desc.row0", "the chunk lies inside the micro-batch's rows",
                    "rows %lld .. %lld outside [0, %lld)", (long long)d->row0, (long long)(d->row0 + z->shape[0]),
@@ -147,7 +151,7 @@ df_status df_eagle3_loss_forward(df_ctx *ctx, const df_eagle3_loss_desc *desc, c
   int64_t R = 0, D = 0;
   DF_TRY(df_check_tensor(ctx, z, "z", DF_F32, 2, err));
   DF_TRY(check_teacher_rows(ctx, t, &R, &D, err));
-  DF_TRY(check_loss_desc(desc, z, R, D, err));
+  DF_TRY(check_loss_desc(ctx, desc, z, R, D, err));
   if (!out || !out->kl || !out->alpha || !out->log_alpha || !out->pm || !out->correct || !out->mask)
     return DF_FAIL(err, DF_ERR_INVALID, "out", "fill every df_eagle3_row_terms field", "incomplete row terms");
   const int64_t c = z->shape[0];
@@ -165,7 +169,7 @@ df_status df_eagle3_loss_backward(df_ctx *ctx, const df_eagle3_loss_desc *desc, 
   int64_t R = 0, D = 0;
   DF_TRY(df_check_tensor(ctx, z, "z", DF_F32, 2, err));
   DF_TRY(check_teacher_rows(ctx, t, &R, &D, err));
-  DF_TRY(check_loss_desc(desc, z, R, D, err));
+  DF_TRY(check_loss_desc(ctx, desc, z, R, D, err));
   DF_TRY(df_check_per_row(ctx, local, "local", DF_F64, DF_EAGLE3_STEP_LOCAL, err));
   DF_TRY(df_check_tensor(ctx, dz, "dz", DF_F32, 2, err));
   DF_TRY(df_check_dim(dz, "dz", 0, z->shape[0], err));

@@ -65,6 +65,11 @@ typedef struct {
   df_lk_loss lk;     // training.lk_loss_type
   double kl_scale, kl_decay;
   double weight; // backward: the step's weight in the differentiated loss (0.8^i · grad scale)
+  // P-EAGLE (docs/peagle.md): rows [c] i32, when set, names the teacher row of each chunk row (−1: none) in place of
+  // row0 + r + step (row0, step and S then only pass the checks); pm_mean makes the KL a mean over the position mask,
+  // Σ kl / max(Σ pm, 1e-6) (SpecForge's compute_peagle_metrics), instead of over the N positions.
+  const df_tensor *rows;
+  bool pm_mean;
 } df_eagle3_loss_desc;
 
 // The teacher of a micro-batch (df_eagle3_teacher's outputs, unshifted) and its token rows.
@@ -118,6 +123,7 @@ typedef struct {
   double step_weight;                 // 0.8^i
   int64_t loss_num, acc_num, acc_den; // stats slots
   int64_t step_block;                 // first slot of this step's DF_EAGLE3_STEP_STATS
+  bool pm_mean;                       // P-EAGLE: the KL over Σ pm (clamped at 1e-6), as df_eagle3_loss_desc
 } df_eagle3_sums_desc;
 df_status df_eagle3_step_sums(df_ctx *ctx, const df_eagle3_sums_desc *desc, const df_eagle3_row_terms *rows,
                               df_tensor *local, df_tensor *stats, df_error *err);

@@ -26,13 +26,15 @@ const char *df_draft_kind_name(df_draft_kind kind) {
   return kind == DF_DRAFT_DSPARK   ? "dspark"
          : kind == DF_DRAFT_DOMINO ? "domino"
          : kind == DF_DRAFT_EAGLE3 ? "eagle3"
+         : kind == DF_DRAFT_PEAGLE ? "peagle"
                                    : "dflash";
 }
 
 // architectures: exactly one name (SpecForge's rule), mapped to the kind.
 static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft_config *cfg) {
   static const char hint[] =
-      "use [\"DFlashDraftModel\"], [\"DSparkDraftModel\"], [\"DominoDraftModel\"] or [\"LlamaForCausalLMEagle3\"]";
+      "use [\"DFlashDraftModel\"], [\"DSparkDraftModel\"], [\"DominoDraftModel\"], [\"LlamaForCausalLMEagle3\"] or "
+      "[\"PEagleDraftModel\"]";
   const json_t *a = df_cj_get(root, "architectures");
   if (!a) return DF_CJ_FAIL(c, DF_ERR_INVALID, "architectures", hint, "required key is missing (or null)");
   if (!json_is_array(a) || json_array_size(a) != 1)
@@ -54,6 +56,10 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
   // SpecForge's and SGLang's EAGLE-3 class; vLLM's name for the same checkpoint layout.
   if (!strcmp(name, "LlamaForCausalLMEagle3") || !strcmp(name, "Eagle3LlamaForCausalLM")) {
     cfg->kind = DF_DRAFT_EAGLE3;
+    return DF_OK;
+  }
+  if (!strcmp(name, "PEagleDraftModel")) { // SpecForge's P-EAGLE class (algorithms/peagle)
+    cfg->kind = DF_DRAFT_PEAGLE;
     return DF_OK;
   }
   // DSparkDraftModel is SpecForge's training class; Qwen3DSparkModel is the name its exporter writes for SGLang.
@@ -211,7 +217,7 @@ static df_status build(const df_cj *c, json_t *root, df_draft_config_owned *o) {
   df_draft_config *cfg = &o->pub;
   cfg->json = root;
   DF_TRY(parse_architecture(c, root, cfg));
-  if (cfg->kind == DF_DRAFT_EAGLE3) return df_draft_parse_eagle3(c, root, o);
+  if (df_draft_is_eagle(cfg)) return df_draft_parse_eagle3(c, root, o);
   DF_TRY(parse_fixed_choices(c, root, cfg));
   DF_TRY(parse_sizes(c, root, cfg));
   DF_TRY(check_heads(c, cfg));
@@ -278,7 +284,7 @@ bool df_draft_config_layer_is_sliding(const df_draft_config *cfg, int64_t layer)
 
 df_status df_draft_config_check_target(const df_draft_config *cfg, const df_target_config *t, df_error *err) {
   df_cj c = {.source = cfg->source, .err = err};
-  if (cfg->kind == DF_DRAFT_EAGLE3 && cfg->dflash.num_target_layer_ids != 3)
+  if (df_draft_is_eagle(cfg) && cfg->dflash.num_target_layer_ids != 3)
     return DF_CJ_FAIL(&c, DF_ERR_INVALID, "eagle_config.eagle_aux_hidden_state_layer_ids",
                       "resolve the capture layers against the target first (df_draft_config_resolve_capture)",
                       "the EAGLE-3 capture layers are not resolved");
@@ -290,7 +296,7 @@ df_status df_draft_config_check_target(const df_draft_config *cfg, const df_targ
     return DF_CJ_FAIL(
         &c, DF_ERR_INVALID, "vocab_size", "the draft uses the target's embedding and lm_head: copy its vocab_size",
         "%lld, but the target %s has vocab_size %lld", (long long)cfg->vocab_size, t->source, (long long)t->vocab_size);
-  if (cfg->kind != DF_DRAFT_EAGLE3 && cfg->num_target_layers != t->num_hidden_layers)
+  if (!df_draft_is_eagle(cfg) && cfg->num_target_layers != t->num_hidden_layers)
     return DF_CJ_FAIL(&c, DF_ERR_INVALID, "num_target_layers", "set it to the target's num_hidden_layers",
                       "%lld, but the target %s has %lld decoder layers", (long long)cfg->num_target_layers, t->source,
                       (long long)t->num_hidden_layers);

@@ -25,7 +25,13 @@ enum {
   DF_DRAFT_MAX_TARGET_LAYERS = 8192 // num_target_layers
 };
 
-typedef enum { DF_DRAFT_DFLASH = 0, DF_DRAFT_DSPARK = 1, DF_DRAFT_DOMINO = 2, DF_DRAFT_EAGLE3 = 3 } df_draft_kind;
+typedef enum {
+  DF_DRAFT_DFLASH = 0,
+  DF_DRAFT_DSPARK = 1,
+  DF_DRAFT_DOMINO = 2,
+  DF_DRAFT_EAGLE3 = 3,
+  DF_DRAFT_PEAGLE = 4
+} df_draft_kind;
 
 typedef enum { DF_LAYER_FULL_ATTENTION = 0, DF_LAYER_SLIDING_ATTENTION = 1 } df_layer_type;
 
@@ -112,13 +118,16 @@ typedef struct df_draft_config {
   const struct df_ffn_kind *ffn_kind;
   const struct df_moe_config *moe;
   const json_t *json; // the whole document as read (unknown keys included); read-only
-  // EAGLE-3 drafts (LlamaForCausalLMEagle3, modeling/draft_config_eagle3.c); zero for the block kinds. Their three
-  // capture layers are dflash.target_layer_ids (num_target_layer_ids 3) once resolved, 0 ids before.
+  // EAGLE-3 drafts (LlamaForCausalLMEagle3) and P-EAGLE drafts (PEagleDraftModel: the same inputs and head over
+  // num_hidden_layers layers; modeling/draft_config_eagle3.c); zero for the block kinds. Their three capture layers
+  // are dflash.target_layer_ids (num_target_layer_ids 3) once resolved, 0 ids before; a P-EAGLE draft's mask token
+  // (its top-level mask_token_id, -1 when absent) is dflash.mask_token_id.
   struct {
     int64_t draft_vocab_size;   // D: the rows of lm_head (d2t [D], t2d [vocab_size])
     int64_t target_hidden_size; // Ht: fc reads 3·Ht (equal to hidden_size: the draft embeds with the target's table)
     bool fc_norm;               // EAGLE 3.1: an RMSNorm per captured layer before fc
     bool norm_output;           // false: the logits read the un-normed layer output
+    bool norm_before_residual;  // P-EAGLE: layer 0's residual is hidden_norm(hidden), not hidden
   } eagle3;
 } df_draft_config;
 
@@ -164,6 +173,13 @@ int df_draft_config_serving_variants(const json_t *root, bool dspark, const char
 // The resolved values, defaults included (`draftforge inspect config.json`).
 void df_draft_config_print(const df_draft_config *cfg, FILE *fp);
 
+// EAGLE-3 and P-EAGLE drafts: the kinds that read three captured target layers through fc and predict over a draft
+// vocabulary (modeling/draft_config_eagle3.c).
+bool df_draft_is_eagle(const df_draft_config *cfg);
+// A new config: cfg's document with the top-level key set to value (a recipe override such as P-EAGLE's
+// training.norm_before_residual), parsed again.
+df_status df_draft_config_set_bool(const df_draft_config *cfg, const char *key, bool value, const df_draft_config **out,
+                                   df_error *err);
 // EAGLE-3 (modeling/draft_config_eagle3.c). SpecForge's default capture layers for a target of L decoder layers:
 // [1, L/2 − 1, L − 4] (id k = the output of decoder layer k, transformers' hidden_states[k + 1]).
 void df_eagle3_default_aux_layers(int64_t num_target_layers, int out[3]);

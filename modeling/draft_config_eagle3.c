@@ -1,6 +1,8 @@
 // EAGLE-3 draft configs: SpecForge's LlamaForCausalLMEagle3 (an HF LlamaConfig plus draft_vocab_size, fc_norm,
 // norm_output and eagle_config), resolved with SpecForge's defaults (docs/eagle3-step.md §3), and the capture layers
 // resolved against the target (§1: model.aux_hidden_state_layer_ids, eagle_config, else [1, L/2 − 1, L − 4]).
+// P-EAGLE's PEagleDraftModel (docs/peagle.md) is the same LlamaConfig over num_hidden_layers layers, with
+// norm_before_residual and an optional top-level mask_token_id, and neither fc_norm nor an un-normed output.
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,9 +48,26 @@ static df_status parse_fixed(const df_cj *c, const json_t *root, df_draft_config
   return DF_OK;
 }
 
+bool df_draft_is_eagle(const df_draft_config *cfg) {
+  return cfg->kind == DF_DRAFT_EAGLE3 || cfg->kind == DF_DRAFT_PEAGLE;
+}
+
+// P-EAGLE's own keys: its layers, norm_before_residual, the mask token; EAGLE-3-only keys at their defaults.
+static df_status parse_peagle(const df_cj *c, const json_t *root, df_draft_config *cfg) {
+  DF_TRY(df_cj_opt_bool(c, root, "", "norm_before_residual", false, &cfg->eagle3.norm_before_residual));
+  DF_TRY(df_cj_opt_int(c, root, "", "mask_token_id", -1, -1, cfg->vocab_size - 1, &cfg->dflash.mask_token_id));
+  if (cfg->eagle3.fc_norm)
+    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "fc_norm", "drop the key: PEagleDraftModel has no fc_norm",
+                      "fc_norm is an EAGLE 3.1 key; SpecForge's P-EAGLE draft would ignore it");
+  if (!cfg->eagle3.norm_output)
+    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "norm_output", "drop the key: P-EAGLE's logits read norm(h)",
+                      "norm_output false is an EAGLE-3 key; SpecForge's P-EAGLE draft would ignore it");
+  return DF_OK;
+}
+
 static df_status parse_sizes(const df_cj *c, const json_t *root, df_draft_config *cfg) {
   DF_TRY(df_cj_opt_int(c, root, "", "num_hidden_layers", 1, 1, DF_DRAFT_MAX_LAYERS, &cfg->num_hidden_layers));
-  if (cfg->num_hidden_layers != 1)
+  if (cfg->kind == DF_DRAFT_EAGLE3 && cfg->num_hidden_layers != 1)
     return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "num_hidden_layers", "set 1: SpecForge's EAGLE-3 draft is one midlayer",
                       "%lld layers; EAGLE-3 trains exactly one decoder layer", (long long)cfg->num_hidden_layers);
   DF_TRY(df_cj_req_int(c, root, "", "hidden_size", 1, EAGLE3_MAX_WIDTH, &cfg->hidden_size));
@@ -123,9 +142,10 @@ df_status df_draft_parse_eagle3(const df_cj *c, const json_t *root, df_draft_con
   cfg->dflash.mask_token_id = -1;
   DF_TRY(parse_fixed(c, root, cfg));
   DF_TRY(parse_sizes(c, root, cfg));
-  if (!(o->layer_types = calloc(1, sizeof *o->layer_types)))
+  if (cfg->kind == DF_DRAFT_PEAGLE) DF_TRY(parse_peagle(c, root, cfg));
+  if (!(o->layer_types = calloc((size_t)cfg->num_hidden_layers, sizeof *o->layer_types)))
     return DF_CJ_FAIL(c, DF_ERR_NOMEM, "layer_types", NULL, "out of memory");
-  cfg->layer_types = o->layer_types; // one full-attention midlayer
+  cfg->layer_types = o->layer_types; // full attention everywhere
   DF_TRY(df_draft_parse_rope(c, root, cfg));
   if (cfg->rope.type != DF_ROPE_DEFAULT && cfg->rope.type != DF_ROPE_LINEAR)
     return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "rope_scaling",
@@ -145,11 +165,11 @@ df_status df_draft_config_resolve_capture(const df_draft_config *cfg, int64_t nu
                                           const df_draft_config **out, df_error *err) {
   *out = NULL;
   df_cj c = {.source = cfg->source, .err = err};
-  if (cfg->kind != DF_DRAFT_EAGLE3) {
+  if (!df_draft_is_eagle(cfg)) {
     if (n > 0)
       return DF_CJ_FAIL(&c, DF_ERR_INVALID, "model.aux_hidden_state_layer_ids",
                         "drop the recipe key and set dflash_config.target_layer_ids in the draft config",
-                        "the recipe's capture layers apply to EAGLE-3 drafts only");
+                        "the recipe's capture layers apply to EAGLE-3 and P-EAGLE drafts only");
     return DF_OK;
   }
   int aux[3];
@@ -183,6 +203,20 @@ df_status df_draft_config_resolve_capture(const df_draft_config *cfg, int64_t nu
   return st;
 }
 
+df_status df_draft_config_set_bool(const df_draft_config *cfg, const char *key, bool value, const df_draft_config **out,
+                                   df_error *err) {
+  *out = NULL;
+  json_t *root = json_deep_copy(cfg->json);
+  if (!root || json_object_set_new(root, key, json_boolean(value)))
+    return json_decref(root), DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "out of memory");
+  char *text = df_json_dumps(root, JSON_COMPACT);
+  json_decref(root);
+  if (!text) return DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "out of memory");
+  df_status st = df_draft_config_from_json(text, strlen(text), cfg->source, out, err);
+  free(text);
+  return st;
+}
+
 // ---- print and parameter count ------------------------------------------------------------------------------
 
 #define ROW "  %-36s "
@@ -190,8 +224,16 @@ df_status df_draft_config_resolve_capture(const df_draft_config *cfg, int64_t nu
 void df_eagle3_config_print(const df_draft_config *cfg, FILE *fp) {
   fprintf(fp, ROW "%lld\n", "draft_vocab_size", (long long)cfg->eagle3.draft_vocab_size);
   fprintf(fp, ROW "%lld\n", "target_hidden_size", (long long)cfg->eagle3.target_hidden_size);
-  fprintf(fp, ROW "%s\n", "fc_norm (EAGLE 3.1)", cfg->eagle3.fc_norm ? "true" : "false");
-  fprintf(fp, ROW "%s\n", "norm_output", cfg->eagle3.norm_output ? "true" : "false");
+  if (cfg->kind == DF_DRAFT_PEAGLE) {
+    fprintf(fp, ROW "%s\n", "norm_before_residual", cfg->eagle3.norm_before_residual ? "true" : "false");
+    if (cfg->dflash.mask_token_id >= 0)
+      fprintf(fp, ROW "%lld\n", "mask_token_id", (long long)cfg->dflash.mask_token_id);
+    else
+      fprintf(fp, ROW "%s\n", "mask_token_id", "from the recipe (model.mask_token_id)");
+  } else {
+    fprintf(fp, ROW "%s\n", "fc_norm (EAGLE 3.1)", cfg->eagle3.fc_norm ? "true" : "false");
+    fprintf(fp, ROW "%s\n", "norm_output", cfg->eagle3.norm_output ? "true" : "false");
+  }
   const int *a = cfg->dflash.target_layer_ids;
   if (cfg->dflash.num_target_layer_ids == 3)
     fprintf(fp, ROW "[%d, %d, %d]\n", "capture layers (eagle_config)", a[0], a[1], a[2]);
@@ -199,11 +241,14 @@ void df_eagle3_config_print(const df_draft_config *cfg, FILE *fp) {
     fprintf(fp, ROW "%s\n", "capture layers", "from the target: [1, L/2 - 1, L - 4] unless the recipe names them");
 }
 
-// fc (3·Ht → H), the midlayer (q/k/v read 2H, o, the MLP, three norms), fc_norm, norm, lm_head (H → D).
+// fc (3·Ht → H), the midlayer (q/k/v read 2H, o, the MLP, three norms), fc_norm, norm, lm_head (H → D). P-EAGLE adds
+// its trained embedding (V·H), mask_hidden (3·Ht) and layers 1 .. L − 1 (q/k/v read H, two norms each).
 int64_t df_eagle3_param_count(const df_draft_config *cfg) {
   const int64_t H = cfg->hidden_size, Ht = cfg->eagle3.target_hidden_size, d = cfg->head_dim;
   const int64_t q = cfg->num_attention_heads * d, kv = cfg->num_key_value_heads * d, I = cfg->intermediate_size;
   int64_t n = 3 * Ht * H + 2 * H * (q + 2 * kv) + q * H + 3 * H * I + 3 * H + H + H * cfg->eagle3.draft_vocab_size;
   if (cfg->eagle3.fc_norm) n += 3 * Ht;
+  if (cfg->kind == DF_DRAFT_PEAGLE)
+    n += cfg->vocab_size * H + 3 * Ht + (cfg->num_hidden_layers - 1) * (H * (q + 2 * kv) + q * H + 3 * H * I + 2 * H);
   return n;
 }

@@ -44,7 +44,7 @@ static int64_t attention_layer_params(const df_draft_config *cfg) {
 }
 
 void df_draft_config_param_counts(const df_draft_config *cfg, int64_t *total, int64_t *active) {
-  if (cfg->kind == DF_DRAFT_EAGLE3) {
+  if (df_draft_is_eagle(cfg)) {
     *total = *active = df_eagle3_param_count(cfg);
     return;
   }

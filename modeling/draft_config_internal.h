@@ -31,7 +31,7 @@ df_status df_draft_parse_rope(const df_cj *c, const json_t *root, df_draft_confi
 // An EAGLE-3 document (LlamaForCausalLMEagle3), after the architecture: everything else it needs.
 df_status df_draft_parse_eagle3(const df_cj *c, const json_t *root, df_draft_config_owned *o);
 // Its resolved serving form, printout and parameter count (draft_config_serving.c, _print.c and _ffn.c delegate).
-df_status df_eagle3_resolved_json(const df_draft_config *cfg, json_t **out, df_error *err);
+df_status df_eagle3_resolved_json(const df_draft_config *cfg, int64_t mask_token_id, json_t **out, df_error *err);
 void df_eagle3_config_print(const df_draft_config *cfg, FILE *fp);
 int64_t df_eagle3_param_count(const df_draft_config *cfg);
 

@@ -162,7 +162,7 @@ void df_draft_config_print(const df_draft_config *cfg, FILE *fp) {
   fprintf(fp, "draft config %s\n", cfg->source);
   fprintf(fp, ROW "%s (%s)\n", "kind", df_draft_kind_name(cfg->kind), cfg->architecture);
   fprintf(fp, ROW "%s\n", "model_type", cfg->model_type);
-  if (cfg->kind == DF_DRAFT_EAGLE3) {
+  if (df_draft_is_eagle(cfg)) {
     df_eagle3_config_print(cfg, fp);
   } else {
     fprintf(fp, ROW "%lld\n", "block_size", (long long)cfg->block_size);

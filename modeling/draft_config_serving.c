@@ -182,12 +182,13 @@ int df_draft_config_serving_variants(const json_t *root, bool dspark, const char
 // they stand), and every bias / tying switch off (SGLang ties lm_head to
 // the embedding when tie_word_embeddings is set; vLLM gives q/k/v a bias when attention_bias is set; SpecForge trains
 // neither).
-df_status df_eagle3_resolved_json(const df_draft_config *cfg, json_t **out, df_error *err) {
+df_status df_eagle3_resolved_json(const df_draft_config *cfg, int64_t mask_token_id, json_t **out, df_error *err) {
   *out = NULL;
   json_t *root = json_deep_copy(cfg->json);
   json_t *ec = root ? object_at(root, "eagle_config") : NULL;
   bool ok = ec != NULL;
-  ok = ok && put(root, "architectures", json_pack("[s]", "LlamaForCausalLMEagle3")) &&
+  const bool peagle = cfg->kind == DF_DRAFT_PEAGLE;
+  ok = ok && put(root, "architectures", json_pack("[s]", peagle ? "PEagleDraftModel" : "LlamaForCausalLMEagle3")) &&
        put(root, "model_type", json_string(cfg->model_type)) &&
        put(root, "num_hidden_layers", json_integer(cfg->num_hidden_layers)) &&
        put(root, "hidden_size", json_integer(cfg->hidden_size)) &&
@@ -200,10 +201,17 @@ df_status df_eagle3_resolved_json(const df_draft_config *cfg, json_t **out, df_e
        put(root, "max_position_embeddings", json_integer(cfg->max_position_embeddings)) &&
        put(root, "rms_norm_eps", json_real(cfg->rms_norm_eps)) &&
        put(root, "hidden_act", json_string(cfg->hidden_act)) && put(root, "attention_bias", json_false()) &&
-       put(root, "mlp_bias", json_false()) && put(root, "tie_word_embeddings", json_false()) &&
-       put(root, "fc_norm", json_boolean(cfg->eagle3.fc_norm)) &&
-       put(root, "norm_output", json_boolean(cfg->eagle3.norm_output)) && put_rope(cfg, root) &&
+       put(root, "mlp_bias", json_false()) && put(root, "tie_word_embeddings", json_false()) && put_rope(cfg, root) &&
        put(ec, "use_aux_hidden_state", json_true());
+  if (ok && peagle) { // SpecForge's PEagleDraftModel keys; the run's mask token (else the config's, when it names one)
+    const int64_t mask = mask_token_id >= 0 ? mask_token_id : cfg->dflash.mask_token_id;
+    ok = put(root, "norm_before_residual", json_boolean(cfg->eagle3.norm_before_residual)) &&
+         (mask < 0 || put(root, "mask_token_id", json_integer(mask)));
+    json_object_del(root, "fc_norm"), json_object_del(root, "norm_output");
+  } else if (ok) {
+    ok = put(root, "fc_norm", json_boolean(cfg->eagle3.fc_norm)) &&
+         put(root, "norm_output", json_boolean(cfg->eagle3.norm_output));
+  }
   if (ok && cfg->dflash.num_target_layer_ids == 3) { // SGLang: output-of-layer ids; vLLM: before-layer ids (+ 1)
     const int *a = cfg->dflash.target_layer_ids, before[3] = {a[0] + 1, a[1] + 1, a[2] + 1};
     ok = put(ec, "eagle_aux_hidden_state_layer_ids", int_list(a, 3)) &&
@@ -221,7 +229,7 @@ df_status df_eagle3_resolved_json(const df_draft_config *cfg, json_t **out, df_e
 df_status df_draft_config_resolved_json(const df_draft_config *cfg, int64_t mask_token_id, json_t **out,
                                         df_error *err) {
   *out = NULL;
-  if (cfg->kind == DF_DRAFT_EAGLE3) return df_eagle3_resolved_json(cfg, out, err);
+  if (df_draft_is_eagle(cfg)) return df_eagle3_resolved_json(cfg, mask_token_id, out, err);
   const char *key = NULL, *what = NULL;
   if (df_draft_config_serving_variants(cfg->json, cfg->kind == DF_DRAFT_DSPARK, &key, &what, 1) > 0)
     return DF_FAIL(err, DF_ERR_UNSUPPORTED, key,

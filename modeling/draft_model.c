@@ -13,6 +13,7 @@
 #include "modeling/draft_layer.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/eagle3_model.h"
+#include "modeling/peagle_model.h"
 #include "modeling/strict_load.h"
 
 struct df_draft_model {
@@ -33,6 +34,7 @@ struct df_draft_model {
   float mscale;
   df_dspark_heads *dspark;       // DSpark drafts: the Markov/confidence heads (parameters after norm)
   df_eagle3_model *eagle3;       // EAGLE-3 drafts: the whole model (no backbone layers: L = 0)
+  df_peagle_model *peagle;       // P-EAGLE drafts: the whole model (L = 0 here too)
   df_domino_head *domino;        // Domino drafts: the GRU correction head (parameters after norm)
   df_grads_ready_fn grads_ready; // df_draft_model_on_grads_ready
   void *grads_ready_user;
@@ -65,8 +67,9 @@ struct df_draft_model {
 
 static df_status build_table(df_draft_model *m, df_error *err) {
   DF_TRY(df_params_new(&m->params, err));
-  if (m->cfg->kind == DF_DRAFT_EAGLE3) {
-    DF_TRY(df_eagle3_add_params(m->cfg, m->params, err));
+  if (m->cfg->kind == DF_DRAFT_EAGLE3 || m->cfg->kind == DF_DRAFT_PEAGLE) {
+    DF_TRY(m->cfg->kind == DF_DRAFT_EAGLE3 ? df_eagle3_add_params(m->cfg, m->params, err)
+                                           : df_peagle_add_params(m->cfg, m->params, err));
     return df_params_finalize(m->params, err);
   }
   DF_TRY(df_params_add_f32(m->params, "fc.weight", DF_ROLE_WEIGHT, 2, m->H, m->K * m->H, err));
@@ -86,7 +89,7 @@ static df_status bind_top(df_draft_model *m, const char *name, dflash_pview *v, 
 }
 
 static df_status check_config(const df_draft_config *cfg, df_error *err) {
-  if (cfg->kind == DF_DRAFT_EAGLE3) return DF_OK; // modeling/draft_config_eagle3.c checked it
+  if (df_draft_is_eagle(cfg)) return DF_OK; // modeling/draft_config_eagle3.c checked it
   if (cfg->num_hidden_layers < 1 || cfg->hidden_size < 1 || cfg->head_dim < 2 || cfg->head_dim % 2)
     return DF_FAIL(err, DF_ERR_INVALID, cfg->source, "check num_hidden_layers, hidden_size and head_dim",
                    "the draft needs >= 1 layer, hidden_size >= 1 and an even head_dim (got %lld, %lld, %lld)",
@@ -148,6 +151,8 @@ static df_status alloc_state(df_draft_model *m, df_error *err) {
   }
   if (m->cfg->kind == DF_DRAFT_EAGLE3)
     return df_eagle3_model_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->eagle3, err);
+  if (m->cfg->kind == DF_DRAFT_PEAGLE)
+    return df_peagle_model_create(m->cfg, m->ctx, m->params, m->weights, m->grads, &m->peagle, err);
   DF_TRY(bind_top(m, "fc.weight", &m->fc, err));
   DF_TRY(bind_top(m, "hidden_norm.weight", &m->hidden_norm, err));
   DF_TRY(bind_top(m, "norm.weight", &m->norm, err));
@@ -190,7 +195,7 @@ df_status df_draft_model_create_as(const df_draft_config *cfg, df_ctx *ctx, df_d
   m->dev = df_ctx_device(ctx);
   m->dt = storage;
   copy_sizes(m, cfg);
-  if (cfg->kind == DF_DRAFT_EAGLE3) m->L = 0; // its one layer is the EAGLE-3 model's (modeling/eagle3_model.h)
+  if (df_draft_is_eagle(cfg)) m->L = 0; // its layers are the EAGLE-3 / P-EAGLE model's (modeling/*eagle*_model.h)
   m->layers = calloc((size_t)m->L + 1, sizeof *m->layers);
   m->acts = calloc((size_t)m->L + 1, sizeof *m->acts);
   m->h = calloc((size_t)m->L + 1, sizeof *m->h);
@@ -200,7 +205,7 @@ df_status df_draft_model_create_as(const df_draft_config *cfg, df_ctx *ctx, df_d
                      : DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "cannot allocate %lld layers", (long long)m->L);
   if (st == DF_OK) st = build_table(m, err);
   if (st == DF_OK) st = alloc_state(m, err);
-  if (st == DF_OK && !m->eagle3) st = build_rope(m, err);
+  if (st == DF_OK && !m->eagle3 && !m->peagle) st = build_rope(m, err);
   if (st != DF_OK) {
     df_draft_model_free(m);
     return st;
@@ -214,6 +219,7 @@ void df_draft_model_free(df_draft_model *m) {
   for (int64_t i = 0; m->layers && i < m->L; i++) draft_layer_free(&m->layers[i]);
   df_dspark_heads_free(m->dspark);
   df_eagle3_model_free(m->eagle3);
+  df_peagle_model_free(m->peagle);
   df_domino_head_free(m->domino);
   df_buffer_free(m->ctx, m->weights);
   df_buffer_free(m->ctx, m->grads);
@@ -242,10 +248,13 @@ df_status df_draft_model_sync_params(df_draft_model *m, df_error *err) {
   return df_cast(m->ctx, &src, &dst, err);
 }
 int64_t df_draft_model_activation_bytes(const df_draft_model *m) {
-  return m->eagle3 ? df_eagle3_activation_bytes(m->eagle3) : (int64_t)m->arena_used;
+  return m->eagle3   ? df_eagle3_activation_bytes(m->eagle3)
+         : m->peagle ? df_peagle_activation_bytes(m->peagle)
+                     : (int64_t)m->arena_used;
 }
 df_dspark_heads *df_draft_model_dspark_heads(df_draft_model *m) { return m->dspark; }
 df_eagle3_model *df_draft_model_eagle3(df_draft_model *m) { return m->eagle3; }
+df_peagle_model *df_draft_model_peagle(df_draft_model *m) { return m->peagle; }
 df_domino_head *df_draft_model_domino_head(df_draft_model *m) { return m->domino; }
 
 df_ffn *const *df_draft_model_ffns(const df_draft_model *m, int *n) {
@@ -310,11 +319,26 @@ df_status df_draft_model_init(df_draft_model *m, uint64_t seed, df_error *err) {
   memset(host, 0, sizeof(float) * (size_t)m->numel); // alignment padding stays 0
   df_rng rng;
   df_rng_init(&rng, seed, DF_RNG_STREAM_INIT);
-  for (int i = 0; i < df_params_count(m->params); i++)
-    init_entry(df_params_at(m->params, i), host, &rng, m->cfg->initializer_range,
-               df_domino_head_init_bound(m->cfg, df_params_at(m->params, i)->name));
-  if (m->eagle3) df_eagle3_init_buffers(m->params, host); // the identity vocabulary mapping
+  for (int i = 0; i < df_params_count(m->params); i++) {
+    const df_param *e = df_params_at(m->params, i);
+    const double std = df_peagle_init_std(m->cfg, e->name); // P-EAGLE's mask_hidden: N(0, 1)
+    init_entry(e, host, &rng, std > 0 ? std : m->cfg->initializer_range, df_domino_head_init_bound(m->cfg, e->name));
+  }
+  if (m->eagle3 || m->peagle) df_eagle3_init_buffers(m->params, host); // the identity vocabulary mapping
   return host_flat_commit(m, host, DF_OK, err);
+}
+
+df_status df_draft_model_init_from_target(df_draft_model *m, const float *embed, int64_t vocab, int64_t hidden,
+                                          df_error *err) {
+  if (!m->peagle) return DF_OK;
+  const df_param *e = df_params_find(m->params, "embed_tokens.weight");
+  if (!e || e->numel != vocab * hidden)
+    return DF_FAIL(err, DF_ERR_INVALID, "embed_tokens.weight",
+                   "the draft's vocab_size and hidden_size are the target's",
+                   "the target embedding is [%lld, %lld], the draft's embed_tokens holds %lld values", (long long)vocab,
+                   (long long)hidden, e ? (long long)e->numel : 0LL);
+  DF_TRY(df_copy(m->ctx, m->weights + e->offset, m->dev, embed, DF_DEV_CPU, sizeof(float) * (size_t)e->numel, err));
+  return df_draft_model_sync_params(m, err);
 }
 
 df_status df_draft_model_load(df_draft_model *m, const char *path, df_error *err) {
@@ -569,8 +593,8 @@ df_status df_draft_model_forward(df_draft_model *m, const df_draft_batch *batch,
                                  df_error *err) {
   if (out_hidden) *out_hidden = NULL;
   m->have_forward = false;
-  if (m->eagle3)
-    return DF_FAIL(err, DF_ERR_INVALID, "draft", "run EAGLE-3 drafts through their strategy (strategies/eagle3/)",
+  if (m->eagle3 || m->peagle)
+    return DF_FAIL(err, DF_ERR_INVALID, "draft", "run EAGLE-3 / P-EAGLE drafts through their strategy (strategies/)",
                    "an EAGLE-3 draft has no block forward");
   DF_TRY(check_batch(m, batch, err));
   const dflash_dims d = make_dims(m, batch);

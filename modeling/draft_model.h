@@ -75,6 +75,10 @@ df_status df_draft_model_sync_params(df_draft_model *m, df_error *err);
 // [E, out, in]) ~ N(0, initializer_range) drawn in table order, row-major, from df_rng_init(seed,
 // DF_RNG_STREAM_INIT) as (float)(initializer_range · df_rng_normal); biases and buffers 0; norms 1.
 df_status df_draft_model_init(df_draft_model *m, uint64_t seed, df_error *err);
+// What a cold start takes from the target after the init (SpecForge's model.load_target_embedding): a P-EAGLE draft's
+// own embed_tokens becomes the target's embedding embed (vocab, hidden) (host fp32); nothing for the other kinds.
+df_status df_draft_model_init_from_target(df_draft_model *m, const float *embed, int64_t vocab, int64_t hidden,
+                                          df_error *err);
 // Strict load from a safetensors file or HF directory (every parameter filled, nothing extra); MoE tensors
 // pass through the config's checkpoint layout (moe/layout.h). The MoE centering buffers (gate.input_mean,
 // gate.input_mean_steps) are required.

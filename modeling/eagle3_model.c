@@ -187,33 +187,55 @@ void df_eagle3_lm_head(df_eagle3_model *m, df_tensor *w, df_tensor *g) {
 // ---- the vocabulary mapping -------------------------------------------------------------------------------------
 
 // The buffers' floats: in place on the host, else through a staging copy.
-static df_status buffer_io(df_eagle3_model *m, const df_param *e, float *host, bool write, df_error *err) {
-  float *dev = m->weights + e->offset;
+static df_status buffer_io(df_ctx *ctx, float *weights, const df_param *e, float *host, bool write, df_error *err) {
+  const df_device dev = df_ctx_device(ctx);
+  float *on_dev = weights + e->offset;
   const size_t bytes = sizeof(float) * (size_t)e->numel;
-  return write ? df_copy(m->ctx, dev, m->dev, host, DF_DEV_CPU, bytes, err)
-               : df_copy(m->ctx, host, DF_DEV_CPU, dev, m->dev, bytes, err);
+  return write ? df_copy(ctx, on_dev, dev, host, DF_DEV_CPU, bytes, err)
+               : df_copy(ctx, host, DF_DEV_CPU, on_dev, dev, bytes, err);
+}
+
+static df_status vocab_entries(const df_params *p, const df_param **t2d, const df_param **d2t, float **tmp,
+                               df_error *err) {
+  *t2d = df_params_find(p, "t2d"), *d2t = df_params_find(p, "d2t");
+  if (!*t2d || !*d2t) return DF_FAIL(err, DF_ERR_INVALID, "t2d", NULL, "the draft has no vocabulary buffers");
+  const int64_t n = (*t2d)->numel > (*d2t)->numel ? (*t2d)->numel : (*d2t)->numel;
+  if (!(*tmp = malloc(sizeof(float) * (size_t)n))) return DF_FAIL(err, DF_ERR_NOMEM, "t2d", NULL, "out of memory");
+  return DF_OK;
+}
+
+df_status df_eagle_vocab_read(df_ctx *ctx, const df_params *p, float *weights, int64_t *d2t, uint8_t *t2d,
+                              df_error *err) {
+  const df_param *te, *de;
+  float *tmp;
+  DF_TRY(vocab_entries(p, &te, &de, &tmp, err));
+  df_status st = buffer_io(ctx, weights, de, tmp, false, err);
+  for (int64_t i = 0; st == DF_OK && i < de->numel; i++) d2t[i] = (int64_t)lrintf(tmp[i]);
+  if (st == DF_OK) st = buffer_io(ctx, weights, te, tmp, false, err);
+  for (int64_t i = 0; st == DF_OK && i < te->numel; i++) t2d[i] = tmp[i] != 0.0f;
+  free(tmp);
+  return st;
+}
+
+df_status df_eagle_vocab_write(df_ctx *ctx, const df_params *p, float *weights, const int64_t *d2t, const uint8_t *t2d,
+                               df_error *err) {
+  const df_param *te, *de;
+  float *tmp;
+  DF_TRY(vocab_entries(p, &te, &de, &tmp, err));
+  for (int64_t i = 0; i < de->numel; i++) tmp[i] = (float)d2t[i];
+  df_status st = buffer_io(ctx, weights, de, tmp, true, err);
+  for (int64_t i = 0; i < te->numel; i++) tmp[i] = t2d[i] ? 1.0f : 0.0f;
+  if (st == DF_OK) st = buffer_io(ctx, weights, te, tmp, true, err);
+  free(tmp);
+  return st;
 }
 
 df_status df_eagle3_vocab_read(df_eagle3_model *m, int64_t *d2t, uint8_t *t2d, df_error *err) {
-  float *tmp = malloc(sizeof(float) * (size_t)(m->V > m->D ? m->V : m->D));
-  if (!tmp) return DF_FAIL(err, DF_ERR_NOMEM, "t2d", NULL, "out of memory");
-  df_status st = buffer_io(m, m->d2t, tmp, false, err);
-  for (int64_t i = 0; st == DF_OK && i < m->D; i++) d2t[i] = (int64_t)lrintf(tmp[i]);
-  if (st == DF_OK) st = buffer_io(m, m->t2d, tmp, false, err);
-  for (int64_t i = 0; st == DF_OK && i < m->V; i++) t2d[i] = tmp[i] != 0.0f;
-  free(tmp);
-  return st;
+  return df_eagle_vocab_read(m->ctx, m->params, m->weights, d2t, t2d, err);
 }
 
 df_status df_eagle3_vocab_write(df_eagle3_model *m, const int64_t *d2t, const uint8_t *t2d, df_error *err) {
-  float *tmp = malloc(sizeof(float) * (size_t)(m->V > m->D ? m->V : m->D));
-  if (!tmp) return DF_FAIL(err, DF_ERR_NOMEM, "t2d", NULL, "out of memory");
-  for (int64_t i = 0; i < m->D; i++) tmp[i] = (float)d2t[i];
-  df_status st = buffer_io(m, m->d2t, tmp, true, err);
-  for (int64_t i = 0; i < m->V; i++) tmp[i] = t2d[i] ? 1.0f : 0.0f;
-  if (st == DF_OK) st = buffer_io(m, m->t2d, tmp, true, err);
-  free(tmp);
-  return st;
+  return df_eagle_vocab_write(m->ctx, m->params, m->weights, d2t, t2d, err);
 }
 
 // ---- views -----------------------------------------------------------------------------------------------------

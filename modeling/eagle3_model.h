@@ -44,6 +44,11 @@ void df_eagle3_lm_head(df_eagle3_model *m, df_tensor *w, df_tensor *g);
 // d2t [D] (draft id d is target id d + d2t[d]) and t2d [V] (0/1) as host arrays, read from or written into the flat
 // weights (one copy each way when the device is not the host).
 df_status df_eagle3_vocab_read(df_eagle3_model *m, int64_t *d2t, uint8_t *t2d, df_error *err);
+// The same for any draft whose table p holds the t2d / d2t buffers (EAGLE-3 and P-EAGLE) in the flat weights.
+df_status df_eagle_vocab_read(df_ctx *ctx, const df_params *p, float *weights, int64_t *d2t, uint8_t *t2d,
+                              df_error *err);
+df_status df_eagle_vocab_write(df_ctx *ctx, const df_params *p, float *weights, const int64_t *d2t, const uint8_t *t2d,
+                               df_error *err);
 df_status df_eagle3_vocab_write(df_eagle3_model *m, const int64_t *d2t, const uint8_t *t2d, df_error *err);
 
 // ---- the training-time test ---------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 
 #include "strategies/strategy.h"
 
-#define DF_STRATEGIES(X) X(dflash) X(dspark) X(domino) X(eagle3)
+#define DF_STRATEGIES(X) X(dflash) X(dspark) X(domino) X(eagle3) X(peagle)
 
 #define DECLARE(n) extern const df_strategy df_strategy_##n;
 DF_STRATEGIES(DECLARE)

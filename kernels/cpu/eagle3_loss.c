@@ -108,6 +108,7 @@ static row_stats row_of(const float *z, const float *p, float ratio, int64_t D, 
 
 // The teacher row a chunk row reads (−1: past the sample's end).
 static inline int64_t teacher_row(const df_eagle3_loss_desc *d, int64_t r) {
+  if (d->rows) return ((const int32_t *)d->rows->data)[r];
   const int64_t g = d->row0 + r;
   return g % d->S + d->step < d->S ? g + d->step : -1;
 }
@@ -158,7 +159,7 @@ static step_coef coef_of(const df_eagle3_loss_desc *d, const double *local) {
     const double acc = local[DF_EAGLE3_SUM_ALPHA] / den, w = d->kl_scale * exp(-d->kl_decay * acc);
     return (step_coef){.kl = d->weight * w / N, .alpha = -d->weight * (1.0 - w) / den};
   }
-  default: return (step_coef){.kl = d->weight / N, .alpha = 0.0};
+  default: return (step_coef){.kl = d->weight / (d->pm_mean ? fmax(local[DF_EAGLE3_SUM_PM], 1e-6) : N), .alpha = 0.0};
   }
 }
 
@@ -203,7 +204,8 @@ static df_status cpu_eagle3_step_sums(df_ctx *ctx, const df_eagle3_sums_desc *d,
   for (int k = 0; k < DF_EAGLE3_STEP_LOCAL; k++)
     for (int64_t r = 0; r < R; r++) sums[k] += src[k][r];
   const double den = sums[DF_EAGLE3_SUM_PM] > 1e-8 ? sums[DF_EAGLE3_SUM_PM] : 1e-8;
-  const double kl = sums[DF_EAGLE3_SUM_KL] / (double)d->positions, acc = sums[DF_EAGLE3_SUM_ALPHA] / den;
+  const double kl_den = d->pm_mean ? fmax(sums[DF_EAGLE3_SUM_PM], 1e-6) : (double)d->positions;
+  const double kl = sums[DF_EAGLE3_SUM_KL] / kl_den, acc = sums[DF_EAGLE3_SUM_ALPHA] / den;
   const double log_acc = sums[DF_EAGLE3_SUM_LOG_ALPHA] / den;
   double loss = kl;
   if (d->lk == DF_LK_ALPHA) loss = -log_acc;

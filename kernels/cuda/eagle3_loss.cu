@@ -108,12 +108,15 @@ static df_status cuda_eagle3_teacher(df_ctx *ctx, df_tensor *logits, const df_te
 typedef struct {
   const float *tp, *ratio, *pm, *lm;
   const int32_t *tok, *d2t;
+  const int32_t *rows; // P-EAGLE's mapped teacher rows (NULL: row0 + r + step)
   int64_t D, S, step, row0, N;
   int lk;
+  bool pm_mean;
   double kl_scale, kl_decay, weight;
 } loss_args;
 
 __device__ __forceinline__ int64_t teacher_row_of(const loss_args &a, int64_t r) {
+  if (a.rows) return a.rows[r];
   const int64_t g = a.row0 + r;
   return g % a.S + a.step < a.S ? g + a.step : -1;
 }
@@ -180,7 +183,7 @@ __global__ void loss_bwd_kernel(loss_args a, const float *z, const double *local
     return;
   }
   const double den = local[DF_EAGLE3_SUM_PM] > 1e-8 ? local[DF_EAGLE3_SUM_PM] : 1e-8, N = (double)a.N;
-  double ck = a.weight / N, ca = 0.0;
+  double ck = a.weight / (a.pm_mean ? fmax(local[DF_EAGLE3_SUM_PM], 1e-6) : N), ca = 0.0;
   bool over = false;
   if (a.lk == DF_LK_ALPHA) ck = 0.0, ca = -a.weight / den, over = true;
   if (a.lk == DF_LK_LAMBDA) {
@@ -207,6 +210,7 @@ static loss_args args_of(const df_eagle3_loss_desc *desc, const df_tensor *z, co
   a.d2t = (const int32_t *)t->d2t->data, a.D = z->shape[1], a.S = desc->S, a.step = desc->step;
   a.row0 = desc->row0, a.N = desc->positions, a.lk = (int)desc->lk, a.kl_scale = desc->kl_scale;
   a.kl_decay = desc->kl_decay, a.weight = desc->weight;
+  a.rows = desc->rows ? (const int32_t *)desc->rows->data : NULL, a.pm_mean = desc->pm_mean;
   return a;
 }
 
@@ -242,7 +246,8 @@ __global__ void step_sums_kernel(df_eagle3_sums_desc d, int64_t R, const float *
   }
   if (threadIdx.x != 0) return;
   const double den = sums[DF_EAGLE3_SUM_PM] > 1e-8 ? sums[DF_EAGLE3_SUM_PM] : 1e-8;
-  const double klv = sums[DF_EAGLE3_SUM_KL] / (double)d.positions, acc = sums[DF_EAGLE3_SUM_ALPHA] / den;
+  const double kl_den = d.pm_mean ? fmax(sums[DF_EAGLE3_SUM_PM], 1e-6) : (double)d.positions;
+  const double klv = sums[DF_EAGLE3_SUM_KL] / kl_den, acc = sums[DF_EAGLE3_SUM_ALPHA] / den;
   const double log_acc = sums[DF_EAGLE3_SUM_LOG_ALPHA] / den;
   double loss = klv;
   if (d.lk == DF_LK_ALPHA) loss = -log_acc;

@@ -45,6 +45,28 @@ typedef struct {
 
 // One micro-step (strategies/eagle3/micro.c).
 df_status df_eagle3_micro(df_strategy_run *r, const df_micro_args *args, df_micro_info *info, df_error *err);
+
+// ---- what P-EAGLE (strategies/peagle/) shares: its run starts with an eagle3_run (m NULL) --------------------------
+// The teacher's device buffers for R rows: target_p [R, D] over the draft vocabulary, the full-vocabulary lse and
+// argmax, ratio, the position mask; in bf16 storage last16 [R, H] and tp16 [R, D] round the final states and the
+// draft-vocabulary logits (NULL in fp32).
+typedef struct {
+  float *tp, *lse_v, *ratio, *pm;
+  int32_t *arg;
+  void *last16, *tp16;
+} df_eagle3_teacher_buf;
+// The teacher rows of R positions from the target's final states last [R, H] (fp32) and loss mask lm [R] (fp32).
+df_status df_eagle3_teacher_pass(eagle3_run *r, const float *last, const float *lm, int64_t R,
+                                 const df_eagle3_teacher_buf *t, df_error *err);
+// The draft's logits (fp32, zbuf [c, D]) of rows r0 .. r0 + c − 1 of out (storage dtype) through w; *x views those
+// rows. bf16 storage writes them through z16buf first, as PyTorch's bf16 lm_head does.
+df_status df_eagle3_chunk_logits(eagle3_run *r, const float *out, int64_t r0, int64_t c, float *zbuf, void *z16buf,
+                                 const df_tensor *w, df_tensor *x, df_error *err);
+// The draft's vocabulary buffers as host arrays (either model).
+df_status df_eagle3_run_vocab_read(eagle3_run *r, int64_t *d2t, uint8_t *t2d, df_error *err);
+df_status df_eagle3_run_vocab_write(eagle3_run *r, const int64_t *d2t, const uint8_t *t2d, df_error *err);
+// The table's close of the run's shared parts (P-EAGLE's close calls it too).
+void df_eagle3_run_release(eagle3_run *r);
 // The device copy of the vocabulary mapping, from the model's buffers (read once, and again after prepare).
 df_status df_eagle3_sync_vocab(eagle3_run *r, df_error *err);
 // Speculative decoding (strategies/eagle3/spec.c).

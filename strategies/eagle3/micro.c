@@ -14,15 +14,14 @@ typedef struct {
 } staged;
 
 typedef struct {
-  float *tp, *lse_v, *ratio, *pm;
-  int32_t *arg;
+  df_eagle3_teacher_buf t;
   float *terms[6]; // (T, R) each: kl, alpha, log_alpha, pm, correct, mask
   double *local;   // (T, DF_EAGLE3_STEP_LOCAL)
   float *z, *dz;   // (chunk, D) fp32: the loss kernels' logits and their gradient
   float *dout;     // (R, H) storage dtype
-  // bf16 storage only (else NULL): the captured layers and the teacher's hidden rows rounded for the draft's GEMMs,
-  // the teacher's draft-vocabulary logits, and a chunk's logits and their gradient as the GEMMs read and write them
-  void *aux16, *last16, *tp16, *z16, *dz16;
+  // bf16 storage only (else NULL): the captured layers rounded for the draft's GEMMs, and a chunk's logits and their
+  // gradient as the GEMMs read and write them
+  void *aux16, *z16, *dz16;
 } scratch;
 
 typedef struct {
@@ -53,17 +52,17 @@ static void layout_scratch(carver *c, const eagle3_run *r, int64_t R, scratch *s
   const int64_t T = r->T, D = r->D, ch = r->chunk_rows < R ? r->chunk_rows : R;
   const df_dtype dt = storage_of(r);
   const size_t es = df_dtype_size(dt), mixed = dt != DF_F32;
-  s->tp = carve(c, sizeof(float) * (size_t)(R * D));
-  s->lse_v = carve(c, sizeof(float) * (size_t)R), s->ratio = carve(c, sizeof(float) * (size_t)R);
-  s->pm = carve(c, sizeof(float) * (size_t)R), s->arg = carve(c, sizeof(int32_t) * (size_t)R);
+  s->t.tp = carve(c, sizeof(float) * (size_t)(R * D));
+  s->t.lse_v = carve(c, sizeof(float) * (size_t)R), s->t.ratio = carve(c, sizeof(float) * (size_t)R);
+  s->t.pm = carve(c, sizeof(float) * (size_t)R), s->t.arg = carve(c, sizeof(int32_t) * (size_t)R);
   for (int k = 0; k < 6; k++) s->terms[k] = carve(c, sizeof(float) * (size_t)(T * R));
   s->local = carve(c, sizeof(double) * (size_t)(T * DF_EAGLE3_STEP_LOCAL));
   s->z = carve(c, sizeof(float) * (size_t)(ch * D)), s->dz = carve(c, sizeof(float) * (size_t)(ch * D));
   s->dout = carve(c, es * (size_t)(R * r->H));
-  s->aux16 = carve(c, mixed * es * (size_t)(R * r->W)), s->last16 = carve(c, mixed * es * (size_t)(R * r->H));
-  s->tp16 = carve(c, mixed * es * (size_t)(R * D));
+  s->aux16 = carve(c, mixed * es * (size_t)(R * r->W)), s->t.last16 = carve(c, mixed * es * (size_t)(R * r->H));
+  s->t.tp16 = carve(c, mixed * es * (size_t)(R * D));
   s->z16 = carve(c, mixed * es * (size_t)(ch * D)), s->dz16 = carve(c, mixed * es * (size_t)(ch * D));
-  if (!mixed) s->aux16 = s->last16 = s->tp16 = s->z16 = s->dz16 = NULL;
+  if (!mixed) s->aux16 = s->t.last16 = s->t.tp16 = s->z16 = s->dz16 = NULL;
 }
 
 // Buffers for a (B, S) micro-batch: grown, never shrunk.
@@ -159,17 +158,18 @@ static df_tensor vec(df_device dev, const void *p, df_dtype dt, int64_t n) {
 // In bf16 storage the target's final hidden rows are rounded to bf16 and meet the bf16 head (its draft-vocabulary rows
 // and, for the lse and argmax, all of it) in GEMMs with fp32 accumulation; the draft-vocabulary logits are rounded to
 // bf16 as the GEMM writes them, as the bf16 target's are, then softmaxed in fp32.
-static df_status teacher(eagle3_run *r, const staged *d, scratch *sc, int64_t R, df_error *err) {
+df_status df_eagle3_teacher_pass(eagle3_run *r, const float *last_f32, const float *lm_f32, int64_t R,
+                                 const df_eagle3_teacher_buf *sc, df_error *err) {
   df_ctx *ctx = r->env.ctx;
   const df_device dev = df_ctx_device(ctx);
   const df_frozen *fz = &r->env.frozen;
   const df_dtype dt = storage_of(r);
   const bool mixed = dt != DF_F32;
-  if (mixed) DF_TRY(cast_n(ctx, DF_F32, d->last, dt, sc->last16, R * r->H, err));
-  df_tensor last = smat(dev, dt, mixed ? sc->last16 : d->last, R, r->H), hd = smat(dev, dt, r->head_d, r->D, r->H);
+  if (mixed) DF_TRY(cast_n(ctx, DF_F32, last_f32, dt, sc->last16, R * r->H, err));
+  df_tensor last = smat(dev, dt, mixed ? sc->last16 : last_f32, R, r->H), hd = smat(dev, dt, r->head_d, r->D, r->H);
   df_tensor tp = mat(dev, sc->tp, R, r->D), tp16 = smat(dev, dt, sc->tp16, R, r->D);
   df_tensor head = smat(dev, fz->dtype, fz->lm_head, fz->vocab, fz->hidden), lse = vec(dev, sc->lse_v, DF_F32, R);
-  df_tensor arg = vec(dev, sc->arg, DF_I32, R), t2d = vec(dev, r->dt2d, DF_U8, r->V), lm = vec(dev, d->lm, DF_F32, R);
+  df_tensor arg = vec(dev, sc->arg, DF_I32, R), t2d = vec(dev, r->dt2d, DF_U8, r->V), lm = vec(dev, lm_f32, DF_F32, R);
   df_tensor ratio = vec(dev, sc->ratio, DF_F32, R), pm = vec(dev, sc->pm, DF_F32, R);
   DF_TRY(df_linear_forward(ctx, &last, &hd, NULL, mixed ? &tp16 : &tp, err));
   if (mixed) DF_TRY(df_cast(ctx, &tp16, &tp, err));
@@ -184,8 +184,9 @@ typedef struct {
 
 static void teacher_of(const eagle3_run *r, const staged *d, const scratch *sc, int64_t R, teacher_views *t) {
   const df_device dev = df_ctx_device(r->env.ctx);
-  t->tp = mat(dev, sc->tp, R, r->D), t->ratio = vec(dev, sc->ratio, DF_F32, R), t->pm = vec(dev, sc->pm, DF_F32, R);
-  t->lm = vec(dev, d->lm, DF_F32, R), t->tok = vec(dev, sc->arg, DF_I32, R), t->d2t = vec(dev, r->dd2t, DF_I32, r->D);
+  t->tp = mat(dev, sc->t.tp, R, r->D), t->ratio = vec(dev, sc->t.ratio, DF_F32, R);
+  t->pm = vec(dev, sc->t.pm, DF_F32, R), t->lm = vec(dev, d->lm, DF_F32, R), t->tok = vec(dev, sc->t.arg, DF_I32, R);
+  t->d2t = vec(dev, r->dd2t, DF_I32, r->D);
   t->rows = (df_eagle3_teacher_rows){
       .target_p = &t->tp, .ratio = &t->ratio, .pm = &t->pm, .loss_mask = &t->lm, .tokens = &t->tok, .d2t = &t->d2t};
 }
@@ -204,13 +205,13 @@ static df_eagle3_loss_desc loss_desc(const eagle3_run *r, int64_t i, int64_t S, 
 // Step i's terms, chunk by chunk of lm_head rows, and its sums.
 // A chunk of the draft's logits into sc->z (fp32): in bf16 storage the GEMM writes bf16 logits (as PyTorch's bf16
 // lm_head does), cast up for the loss kernels.
-static df_status chunk_logits(eagle3_run *r, const float *out, int64_t r0, int64_t c, const scratch *sc,
-                              const df_tensor *w, df_tensor *x, df_error *err) {
+df_status df_eagle3_chunk_logits(eagle3_run *r, const float *out, int64_t r0, int64_t c, float *zbuf, void *z16buf,
+                                 const df_tensor *w, df_tensor *x, df_error *err) {
   df_ctx *ctx = r->env.ctx;
   const df_device dev = df_ctx_device(ctx);
   const df_dtype dt = storage_of(r);
   *x = smat(dev, dt, (const char *)out + (size_t)(r0 * r->H) * df_dtype_size(dt), c, r->H);
-  df_tensor z = mat(dev, sc->z, c, r->D), z16 = smat(dev, dt, sc->z16, c, r->D);
+  df_tensor z = mat(dev, zbuf, c, r->D), z16 = smat(dev, dt, z16buf, c, r->D);
   if (dt == DF_F32) return df_linear_forward(ctx, x, w, NULL, &z, err);
   DF_TRY(df_linear_forward(ctx, x, w, NULL, &z16, err));
   return df_cast(ctx, &z16, &z, err);
@@ -225,7 +226,7 @@ static df_status step_objective(eagle3_run *r, int64_t i, int64_t S, int64_t R, 
   for (int64_t r0 = 0; r0 < R; r0 += r->chunk_rows) {
     const int64_t c = R - r0 < r->chunk_rows ? R - r0 : r->chunk_rows;
     df_tensor x, z = mat(dev, sc->z, c, r->D);
-    DF_TRY(chunk_logits(r, out, r0, c, sc, &w, &x, err));
+    DF_TRY(df_eagle3_chunk_logits(r, out, r0, c, sc->z, sc->z16, &w, &x, err));
     df_tensor tv[6];
     for (int k = 0; k < 6; k++) tv[k] = vec(dev, sc->terms[k] + i * R + r0, DF_F32, c);
     const df_eagle3_row_terms o = {&tv[0], &tv[1], &tv[2], &tv[3], &tv[4], &tv[5]};
@@ -263,7 +264,7 @@ static df_status step_backward(eagle3_run *r, int64_t i, int64_t S, int64_t R, c
     const int64_t c = R - r0 < r->chunk_rows ? R - r0 : r->chunk_rows;
     df_tensor x, z = mat(dev, sc->z, c, r->D), dz = mat(dev, sc->dz, c, r->D), dz16 = smat(dev, dt, sc->dz16, c, r->D);
     df_tensor dx = smat(dev, dt, (char *)sc->dout + (size_t)(r0 * r->H) * df_dtype_size(dt), c, r->H);
-    DF_TRY(chunk_logits(r, out, r0, c, sc, &w, &x, err));
+    DF_TRY(df_eagle3_chunk_logits(r, out, r0, c, sc->z, sc->z16, &w, &x, err));
     const df_eagle3_loss_desc desc = loss_desc(r, i, S, R, r0, weight);
     DF_TRY(df_eagle3_loss_backward(ctx, &desc, &z, &t->rows, &local, &dz, err));
     if (dt != DF_F32) DF_TRY(df_cast(ctx, &dz, &dz16, err)); // the GEMMs' operand; lm_head's gradient stays fp32
@@ -293,7 +294,7 @@ df_status df_eagle3_micro(df_strategy_run *base, const df_micro_args *a, df_micr
   if (r->dev != r->host) DF_TRY(df_copy(ctx, r->dev, dev, r->host, DF_DEV_CPU, r->cap, err));
   info->loss_den = 1.0, info->num_blocks = mask_sum, info->upload_bytes = (int64_t)r->cap, info->N = T;
   if (!r->have_vocab) DF_TRY(df_eagle3_sync_vocab(r, err));
-  DF_TRY(teacher(r, &d, &sc, R, err));
+  DF_TRY(df_eagle3_teacher_pass(r, d.last, d.lm, R, &sc.t, err));
   teacher_views tv;
   teacher_of(r, &d, &sc, R, &tv);
 

@@ -139,7 +139,7 @@ df_status df_eagle3_prepare(df_strategy_run *base, const df_strategy_data *data,
       if (st == DF_OK && data->log) fprintf(data->log, "eagle3: vocabulary mapping cached at %s\n", path);
     }
   }
-  if (st == DF_OK) st = df_eagle3_vocab_write(r->m, d2t, t2d, err);
+  if (st == DF_OK) st = df_eagle3_run_vocab_write(r, d2t, t2d, err);
   if (st == DF_OK) st = df_eagle3_sync_vocab(r, err);
   free(d2t), free(t2d);
   return st;

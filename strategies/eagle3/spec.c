@@ -28,7 +28,7 @@ static df_status spec_buffers(eagle3_run *r, int64_t cap, df_error *err) {
     int64_t *d2t = malloc(sizeof *d2t * (size_t)r->D);
     uint8_t *t2d = malloc((size_t)r->V);
     r->sd_logits = malloc(sizeof(float) * (size_t)r->D);
-    df_status st = d2t && t2d && r->sd_logits ? df_eagle3_vocab_read(r->m, d2t, t2d, err)
+    df_status st = d2t && t2d && r->sd_logits ? df_eagle3_run_vocab_read(r, d2t, t2d, err)
                                               : DF_FAIL(err, DF_ERR_NOMEM, "spec decode", NULL, "out of memory");
     // sd_ids: [0, cap) the tokens of a decode call, then [cap, cap + D) the draft-to-target map
     r->sd_ids = st == DF_OK ? malloc(sizeof(int32_t) * (size_t)(cap + r->D)) : NULL;

@@ -17,13 +17,23 @@ static bool trains(const df_draft_config *cfg) { return cfg->kind == DF_DRAFT_EA
 
 // ---- the mapping on the device -----------------------------------------------------------------------------------
 
+df_status df_eagle3_run_vocab_read(eagle3_run *r, int64_t *d2t, uint8_t *t2d, df_error *err) {
+  df_draft_model *m = r->env.model;
+  return df_eagle_vocab_read(r->env.ctx, df_draft_model_params(m), df_draft_model_weights(m), d2t, t2d, err);
+}
+
+df_status df_eagle3_run_vocab_write(eagle3_run *r, const int64_t *d2t, const uint8_t *t2d, df_error *err) {
+  df_draft_model *m = r->env.model;
+  return df_eagle_vocab_write(r->env.ctx, df_draft_model_params(m), df_draft_model_weights(m), d2t, t2d, err);
+}
+
 df_status df_eagle3_sync_vocab(eagle3_run *r, df_error *err) {
   df_ctx *ctx = r->env.ctx;
   const df_device dev = df_ctx_device(ctx);
   int64_t *d2t = malloc(sizeof *d2t * (size_t)r->D);
   uint8_t *t2d = malloc((size_t)r->V);
   int32_t *i32 = malloc(sizeof *i32 * (size_t)r->D), *used = malloc(sizeof *used * (size_t)r->D);
-  df_status st = d2t && t2d && i32 && used ? df_eagle3_vocab_read(r->m, d2t, t2d, err)
+  df_status st = d2t && t2d && i32 && used ? df_eagle3_run_vocab_read(r, d2t, t2d, err)
                                            : DF_FAIL(err, DF_ERR_NOMEM, "t2d", NULL, "out of memory");
   // A measuring context reads back zeros (no mapping to check): the buffers and the gather are what it accounts.
   const bool measuring = df_ctx_measuring(ctx);
@@ -74,9 +84,7 @@ static df_status parse_lk(const df_strategy_env *e, df_lk_loss *out, df_error *e
   return DF_OK;
 }
 
-static void run_close(df_strategy_run *base) {
-  eagle3_run *r = (eagle3_run *)base;
-  if (!r) return;
+void df_eagle3_run_release(eagle3_run *r) {
   df_ctx *ctx = r->env.ctx;
   if (r->dev && r->dev != r->host) df_buffer_free(ctx, r->dev);
   if (r->host) df_host_free(ctx, r->host);
@@ -85,6 +93,12 @@ static void run_close(df_strategy_run *base) {
   if (r->dd2t) df_buffer_free(ctx, r->dd2t);
   if (r->head_d) df_buffer_free(ctx, r->head_d);
   df_eagle3_spec_free(r);
+}
+
+static void run_close(df_strategy_run *base) {
+  eagle3_run *r = (eagle3_run *)base;
+  if (!r) return;
+  df_eagle3_run_release(r);
   free(r);
 }
 

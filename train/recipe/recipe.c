@@ -340,6 +340,7 @@ static void build_public(recipe_impl *r, const char *name) {
   p->model.draft_model_config = str_or_null(val(r, "model", "draft_model_config"));
   p->model.draft_checkpoint_path = str_or_null(val(r, "model", "draft_checkpoint_path"));
   p->model.embedding_key = val(r, "model", "embedding_key")->s;
+  p->model.load_target_embedding = val(r, "model", "load_target_embedding")->b;
   p->model.lm_head_key = val(r, "model", "lm_head_key")->s;
   p->model.torch_dtype = val(r, "model", "torch_dtype")->choice == 2 ? DF_F32 : DF_BF16;
   const df_rvalue *mask = val(r, "model", "mask_token_id");

@@ -46,8 +46,9 @@ typedef struct df_recipe {
     const char *draft_checkpoint_path; // NULL: no warm start
     const char *embedding_key;
     const char *lm_head_key;
-    df_dtype torch_dtype;   // model.torch_dtype: DF_BF16 (default) or DF_F32 (the storage asked for on CUDA)
-    bool has_mask_token_id; // model.mask_token_id given (it overrides the draft config's)
+    df_dtype torch_dtype;       // model.torch_dtype: DF_BF16 (default) or DF_F32 (the storage asked for on CUDA)
+    bool has_mask_token_id;     // model.mask_token_id given (it overrides the draft config's)
+    bool load_target_embedding; // a cold P-EAGLE draft's own embedding starts as the target's (the others borrow it)
     int64_t mask_token_id;
     // EAGLE-3: model.aux_hidden_state_layer_ids (n 0: not given; they override the draft config's eagle_config) and
     // model.vocab_mapping_path (NULL: derive the mapping from the data; strategies/eagle3/prepare.c).

@@ -89,8 +89,9 @@ static const df_recipe_key SCHEMA[] = {
     K("model", "vocab_mapping_path", DF_RT_STRING, .def = "", USED,
       .note = "EAGLE-3: the draft vocabulary mapping (d2t / t2d); an existing file is read (safetensors, or torch .pt "
               "through tools/run/eagle3_vocab_pt.py), else the mapping derived from the training data is cached there"),
-    K("model", "load_target_embedding", DF_RT_BOOL, .def = "true",
-      TODO("drafts always embed with the target's table, frozen")),
+    K("model", "load_target_embedding", DF_RT_BOOL, .def = "true", USED,
+      .note = "P-EAGLE: a cold start's own (trained) embedding starts as the target's; false keeps the init draw. "
+              "The other drafts always embed with the target's table, frozen"),
     K("model", "aux_hidden_state_layer_ids", DF_RT_INT_LIST, .nullable = true, USED,
       .note = "EAGLE-3: the three captured target layers (id k = hidden_states[k + 1]); else the draft config's "
               "eagle_config, else [1, L/2 - 1, L - 4]. DFlash-family drafts set dflash_config.target_layer_ids"),
@@ -215,10 +216,14 @@ static const df_recipe_key SCHEMA[] = {
     K("training", "dspark_ce_loss_alpha", DF_RT_FLOAT, .def = "0.1", GE(0), USED),
     K("training", "dspark_l1_loss_alpha", DF_RT_FLOAT, .def = "0.9", GE(0), USED),
     K("training", "dspark_confidence_head_alpha", DF_RT_FLOAT, .def = "1.0", GE(0), USED),
-    K("training", "num_depths", DF_RT_INT, .def = "8", GT(0), INERT(OTHER_ALGO)),
-    K("training", "down_sample_ratio", DF_RT_FLOAT, .def = "0.8", GT(0), LE(1), INERT(OTHER_ALGO)),
-    K("training", "down_sample_ratio_min", DF_RT_FLOAT, .def = "0.2", GT(0), LE(1), INERT(OTHER_ALGO)),
-    K("training", "norm_before_residual", DF_RT_BOOL, .nullable = true, INERT(OTHER_ALGO)),
+    K("training", "num_depths", DF_RT_INT, .def = "8", GT(0), USED,
+      .note = "P-EAGLE: draft depths trained per anchor (the rows a parallel draft proposes)"),
+    K("training", "down_sample_ratio", DF_RT_FLOAT, .def = "0.8", GT(0), LE(1), USED,
+      .note = "P-EAGLE: COD sampling keeps max(r^d, down_sample_ratio_min) of the supervised positions at depth d"),
+    K("training", "down_sample_ratio_min", DF_RT_FLOAT, .def = "0.2", GT(0), LE(1), USED,
+      .note = "P-EAGLE: the floor of COD's keep ratio (<= down_sample_ratio)"),
+    K("training", "norm_before_residual", DF_RT_BOOL, .nullable = true, USED,
+      .note = "P-EAGLE: layer 0's residual is hidden_norm(hidden) (null: the draft config's norm_before_residual)"),
     K("training", "save_interval", DF_RT_INT, .def = "0", GE(0), USED),
     K("training", "save_interval_minutes", DF_RT_FLOAT, .def = "15", GE(0), USED,
       .note = EXT " (SpecForge saves by steps only): also checkpoint when this many minutes passed since the last "

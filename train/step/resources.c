@@ -53,7 +53,7 @@ static df_status load_pieces(const df_recipe *rc, df_run_resources *t, df_error 
 static df_status resolve_mask_token(const df_recipe *rc, const df_run_resources *t, int64_t *out, df_error *err) {
   const df_strategy *s = df_strategy_of(t->draft);
   *out = -1;
-  if (s && !s->blocks) return DF_OK;
+  if (s && !s->blocks && t->draft->kind != DF_DRAFT_PEAGLE) return DF_OK; // P-EAGLE's mask rows read one too
   int64_t id = rc->model.has_mask_token_id ? rc->model.mask_token_id : t->draft->dflash.mask_token_id;
   if (id < 0)
     return DF_FAIL(err, DF_ERR_INVALID, "model.mask_token_id",
@@ -105,6 +105,20 @@ static df_status resolve_capture(const df_recipe *rc, df_run_resources *t, df_er
   return DF_OK;
 }
 
+// P-EAGLE's training.norm_before_residual, when set, overrides the draft config's (SpecForge's build_peagle_draft): the
+// config checkpoints and exports write says what was trained.
+static df_status resolve_norm_before_residual(const df_recipe *rc, df_run_resources *t, df_error *err) {
+  const df_strategy_values v = df_recipe_strategy_values(rc);
+  double nbr = 0;
+  if (t->draft->kind != DF_DRAFT_PEAGLE || !v.number(v.self, "norm_before_residual", &nbr)) return DF_OK;
+  if ((nbr != 0) == t->draft->eagle3.norm_before_residual) return DF_OK;
+  const df_draft_config *set = NULL;
+  DF_TRY(df_draft_config_set_bool(t->draft, "norm_before_residual", nbr != 0, &set, err));
+  df_draft_config_free(t->draft);
+  t->draft = set;
+  return DF_OK;
+}
+
 df_status df_run_resources_load(const df_recipe *rc, df_run_resources *out, df_error *err) {
   return df_run_resources_load_ex(rc, NULL, out, err);
 }
@@ -118,6 +132,7 @@ static df_status load(const df_recipe *rc, const char *draft_config_path, bool s
                            : load_draft_config(rc, &out->draft, err);
   if (st == DF_OK) st = check_strategy(rc, out->draft, err);
   if (st == DF_OK) st = resolve_capture(rc, out, err);
+  if (st == DF_OK) st = resolve_norm_before_residual(rc, out, err);
   if (st == DF_OK) st = df_draft_config_check_target(out->draft, out->target, err);
   if (st == DF_OK) st = shapes ? size_pieces(out) : load_pieces(rc, out, err);
   if (st == DF_OK) st = resolve_mask_token(rc, out, &out->mask_token_id, err);

@@ -141,7 +141,12 @@ static df_status load_model(step_run *r, int threads, const df_device_choice *de
   DF_TRY(df_run_resources_place_as(&r->res, r->ctx, storage, err));
   DF_TRY(df_draft_model_create_as(r->res.draft, r->ctx, storage, &r->model, err));
   const df_recipe *rc = r->recipe;
-  if (!rc->model.draft_checkpoint_path) return df_draft_model_init(r->model, rc->training.seed, err);
+  if (!rc->model.draft_checkpoint_path) {
+    DF_TRY(df_draft_model_init(r->model, rc->training.seed, err));
+    if (!rc->model.load_target_embedding) return DF_OK;
+    const df_target_pieces *tp = &r->res.pieces;
+    return df_draft_model_init_from_target(r->model, tp->embed, tp->vocab, tp->hidden, err);
+  }
   // A warm start: the FFN kind's buffers (MoE centering) may be absent; they keep the init values.
   const df_ffn_set fs = df_draft_model_ffn_set(r->model);
   if (df_ffn_set_active(&fs)) DF_TRY(df_draft_model_init(r->model, rc->training.seed, err));

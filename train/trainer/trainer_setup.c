@@ -235,6 +235,9 @@ static df_status fresh_start(df_trainer *t, df_error *err) {
     DF_TRY(df_draft_model_load_ex(t->model, rc->model.draft_checkpoint_path, true, err));
   } else {
     DF_TRY(df_draft_model_init(t->model, rc->training.seed, err));
+    const df_target_pieces *tp = &t->res.pieces;
+    if (rc->model.load_target_embedding) // P-EAGLE's own embedding starts as the target's
+      DF_TRY(df_draft_model_init_from_target(t->model, tp->embed, tp->vocab, tp->hidden, err));
   }
   DF_TRY(prepare_strategy(t, err)); // after the weights: EAGLE-3's data-derived mapping replaces a warm start's
   df_dflash_sampler_init(&t->sampler, rc->training.seed);
