@@ -128,6 +128,7 @@ typedef struct df_draft_config {
     bool fc_norm;               // EAGLE 3.1: an RMSNorm per captured layer before fc
     bool norm_output;           // false: the logits read the un-normed layer output
     bool norm_before_residual;  // P-EAGLE: layer 0's residual is hidden_norm(hidden), not hidden
+    int64_t pad_token_id;       // P-EAGLE: its embedding's padding row (never trained, nn.Embedding's); -1: none
   } eagle3;
 } df_draft_config;
 

@@ -55,7 +55,17 @@ bool df_draft_is_eagle(const df_draft_config *cfg) {
 // P-EAGLE's own keys: its layers, norm_before_residual, the mask token; EAGLE-3-only keys at their defaults.
 static df_status parse_peagle(const df_cj *c, const json_t *root, df_draft_config *cfg) {
   DF_TRY(df_cj_opt_bool(c, root, "", "norm_before_residual", false, &cfg->eagle3.norm_before_residual));
+  // the mask token: the top level, else dflash_config.mask_token_id (where SpecForge's resolver looks)
   DF_TRY(df_cj_opt_int(c, root, "", "mask_token_id", -1, -1, cfg->vocab_size - 1, &cfg->dflash.mask_token_id));
+  const json_t *dc = df_cj_get(root, "dflash_config");
+  if (cfg->dflash.mask_token_id < 0 && json_is_object(dc))
+    DF_TRY(df_cj_opt_int(c, dc, "dflash_config", "mask_token_id", -1, -1, cfg->vocab_size - 1,
+                         &cfg->dflash.mask_token_id));
+  DF_TRY(df_cj_opt_int(c, root, "", "pad_token_id", -1, -1, cfg->vocab_size - 1, &cfg->eagle3.pad_token_id));
+  const json_t *rs = df_cj_get(root, "rope_scaling");
+  if (rs && !json_is_null(rs))
+    return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "rope_scaling", "set null: PEagleDraftModel rotates with rope_theta only",
+                      "SpecForge's P-EAGLE draft ignores rope_scaling; training it here would serve another model");
   if (cfg->eagle3.fc_norm)
     return DF_CJ_FAIL(c, DF_ERR_UNSUPPORTED, "fc_norm", "drop the key: PEagleDraftModel has no fc_norm",
                       "fc_norm is an EAGLE 3.1 key; SpecForge's P-EAGLE draft would ignore it");
@@ -78,7 +88,11 @@ static df_status parse_sizes(const df_cj *c, const json_t *root, df_draft_config
   DF_TRY(df_cj_opt_int(c, root, "", "head_dim", cfg->hidden_size / cfg->num_attention_heads, 1, EAGLE3_MAX_WIDTH,
                        &cfg->head_dim));
   DF_TRY(df_cj_req_int(c, root, "", "vocab_size", 1, INT32_MAX, &cfg->vocab_size));
-  DF_TRY(df_cj_req_int(c, root, "", "draft_vocab_size", 1, cfg->vocab_size, &cfg->eagle3.draft_vocab_size));
+  if (cfg->kind == DF_DRAFT_PEAGLE) // PEagleDraftModel defaults it to vocab_size; LlamaForCausalLMEagle3 requires it
+    DF_TRY(df_cj_opt_int(c, root, "", "draft_vocab_size", cfg->vocab_size, 1, cfg->vocab_size,
+                         &cfg->eagle3.draft_vocab_size));
+  else
+    DF_TRY(df_cj_req_int(c, root, "", "draft_vocab_size", 1, cfg->vocab_size, &cfg->eagle3.draft_vocab_size));
   DF_TRY(df_cj_opt_int(c, root, "", "max_position_embeddings", LLAMA_MAX_POSITIONS, 1, INT32_MAX,
                        &cfg->max_position_embeddings));
   DF_TRY(df_cj_opt_real(c, root, "", "rms_norm_eps", LLAMA_RMS_NORM_EPS, 0.0, true, 1.0, &cfg->rms_norm_eps));
@@ -139,7 +153,7 @@ static df_status parse_eagle_config(const df_cj *c, const json_t *root, df_draft
 
 df_status df_draft_parse_eagle3(const df_cj *c, const json_t *root, df_draft_config_owned *o) {
   df_draft_config *cfg = &o->pub;
-  cfg->dflash.mask_token_id = -1;
+  cfg->dflash.mask_token_id = -1, cfg->eagle3.pad_token_id = -1;
   DF_TRY(parse_fixed(c, root, cfg));
   DF_TRY(parse_sizes(c, root, cfg));
   if (cfg->kind == DF_DRAFT_PEAGLE) DF_TRY(parse_peagle(c, root, cfg));

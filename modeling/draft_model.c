@@ -325,6 +325,10 @@ df_status df_draft_model_init(df_draft_model *m, uint64_t seed, df_error *err) {
     init_entry(e, host, &rng, std > 0 ? std : m->cfg->initializer_range, df_domino_head_init_bound(m->cfg, e->name));
   }
   if (m->eagle3 || m->peagle) df_eagle3_init_buffers(m->params, host); // the identity vocabulary mapping
+  const df_param *emb = m->peagle ? df_params_find(m->params, "embed_tokens.weight") : NULL;
+  if (emb && m->cfg->eagle3.pad_token_id >= 0) // nn.Embedding zeroes its padding row
+    memset(host + emb->offset + m->cfg->eagle3.pad_token_id * m->cfg->hidden_size, 0,
+           sizeof(float) * (size_t)m->cfg->hidden_size);
   return host_flat_commit(m, host, DF_OK, err);
 }
 

@@ -100,7 +100,13 @@ df_status df_peagle_add_params(const df_draft_config *cfg, df_params *p, df_erro
   DF_TRY(df_params_add_f32(p, "embed_tokens.weight", DF_ROLE_EMBED, 2, cfg->vocab_size, H, err));
   DF_TRY(df_params_add_f32(p, "fc.weight", DF_ROLE_WEIGHT, 2, H, W, err));
   const int64_t mshape[3] = {1, 1, W};
-  const df_param_spec ms = {.name = "mask_hidden", .role = DF_ROLE_WEIGHT, .ndim = 3, .shape = mshape, .dtype = DF_F32};
+  const df_param_spec ms = {.name = "mask_hidden",
+                            .role = DF_ROLE_WEIGHT,
+                            .ndim = 3,
+                            .shape = mshape,
+                            .dtype = DF_F32,
+                            .trainable = true,
+                            .weight_decay = true};
   DF_TRY(df_params_add(p, &ms, err));
   for (int i = 0; i < cfg->num_hidden_layers; i++) DF_TRY(add_layer(cfg, i, p, err));
   DF_TRY(df_params_add_f32(p, "norm.weight", DF_ROLE_NORM, 1, H, 0, err));
@@ -466,6 +472,11 @@ static df_status layer_backward(df_peagle_model *m, int64_t l, const float *h_in
   DF_TRY(df_rmsnorm_backward(ctx, &t, &e, &w->in_norm.w, &ra, &de, false, &w->in_norm.g, err));
   df_tensor ids = ivec(m, m->b.ids, Rt);
   DF_TRY(df_embedding_backward(ctx, &de, &ids, &m->embed.g, err));
+  const int64_t pad = m->cfg->eagle3.pad_token_id;
+  if (pad >= 0) { // nn.Embedding's padding row takes no gradient
+    df_tensor row = fvec(m, (float *)m->embed.g.data + pad * H, H);
+    DF_TRY(df_fill(ctx, &row, 0.0, err));
+  }
   DF_TRY(cols_copy(m, Rt, H, m->dx, H, 2 * H, m->dtmp, 0, H, false, err));
   if (m->nbr) { // the residual read hidden_norm(h0): its gradient joins the norm's output gradient
     df_tensor dr = mat(m, m->dh, Rt, H);

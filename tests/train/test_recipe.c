@@ -188,9 +188,8 @@ Test(recipe, unsupported_non_default_value) {
                                "  attention_backend: sdpa\n"));
   df_error e = parse_fail(HEAD "training:\n  strategy: dflash\n  attention_backend: usp\n", DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "training.attention_backend");
-  e = parse_fail(HEAD "training:\n  strategy: peagle\n", DF_ERR_UNSUPPORTED);
-  cr_expect_str_eq(e.where, "training.strategy");
   df_recipe_free(parse_ok(HEAD "training:\n  strategy: domino\n")); // listed by the registry: supported
+  df_recipe_free(parse_ok(HEAD "training:\n  strategy: peagle\n  num_depths: 5\n"));
   e = parse_fail(HEAD "deployment:\n  disaggregated:\n    control_dir: /x\ntraining:\n  strategy: dflash\n",
                  DF_ERR_UNSUPPORTED);
   cr_expect_str_eq(e.where, "deployment.disaggregated");

@@ -252,13 +252,13 @@ static df_error refused(const char *text, const char *const *sets, int n) {
 }
 
 Test(recipe_paths, recipes_that_need_a_missing_feature_are_refused_naming_the_key) {
-  // P-EAGLE first, even though the recipe also sets an EAGLE-only key
+  // the deployment first, even though the recipe also sets a key of another strategy
   df_error e = refused("model:\n  target_model_path: data\n  vocab_mapping_path: x.pt\n"
-                       "data:\n  hidden_states_path: data/hs\ntraining:\n  strategy: peagle\n",
+                       "data:\n  hidden_states_path: data/hs\ntraining:\n  strategy: peagle\n  ttt_length: 3\n"
+                       "deployment:\n  mode: disaggregated\n",
                        NULL, 0);
-  cr_expect_str_eq(e.where, "training.strategy");
-  cr_expect(strstr(e.msg, "r.yaml:7:13: training.strategy = peagle asks for P-EAGLE drafts"), "%s", e.msg);
-  cr_expect(strstr(e.hint, "training.strategy: dflash | dspark"), "what to do instead: %s", e.hint);
+  cr_expect_str_eq(e.where, "deployment.mode");
+  cr_expect(strstr(e.msg, "r.yaml:10:9: deployment.mode = disaggregated asks for a disaggregated"), "%s", e.msg);
   e = refused("model:\n  target_model_path: data\ndata:\n  train_data_path: chats.jsonl\n"
               "training:\n  strategy: dflash\ndeployment:\n  mode: disaggregated\n",
               NULL, 0);
@@ -276,9 +276,9 @@ Test(recipe_paths, recipes_that_need_a_missing_feature_are_refused_naming_the_ke
   cr_expect_str_eq(e.where, "training.server_urls");
   e = refused(RECIPE("data") "  deployment_mode: disaggregated\n", NULL, 0);
   cr_expect_str_eq(e.where, "training.deployment_mode");
-  const char *sets[] = {"training.strategy=peagle"};
+  const char *sets[] = {"deployment.mode=disaggregated"};
   e = refused(RECIPE("data"), sets, 1);
-  cr_expect(strstr(e.msg, "--set training.strategy: training.strategy = peagle asks for P-EAGLE drafts"), "%s", e.msg);
+  cr_expect(strstr(e.msg, "--set deployment.mode: deployment.mode = disaggregated asks for"), "%s", e.msg);
 }
 
 Test(recipe_paths, inert_keys_are_accepted_and_listed_once) {

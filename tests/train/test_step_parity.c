@@ -343,6 +343,33 @@ Test(step_parity, every_domino_fixture_case, .timeout = 600) {
 
 // ---- EAGLE-3 (tests/fixtures/eagle3_step: tools/reference/make_eagle3_fixtures.py, docs/eagle3-step.md) ---------
 
+// The vocabulary mapping the step used (dump/vocab.safetensors) equals expected/vocab.safetensors: d2t and t2d as
+// SpecForge derives them from the case's data.
+static bool expect_vocab(const char *dir, const char *name, const char *dump) {
+  char p[1024], q[1024];
+  snprintf(p, sizeof p, "%s/%s/expected/vocab.safetensors", dir, name);
+  snprintf(q, sizeof q, "%s/vocab.safetensors", dump);
+  df_st_file *wf = NULL, *gf = NULL;
+  df_error err = {0};
+  DF_ASSERT_OK(df_st_open(p, &wf, &err), &err);
+  DF_ASSERT_OK(df_st_open(q, &gf, &err), &err);
+  const char *bufs[] = {"d2t", "t2d"};
+  bool ok = true;
+  for (int b = 0; b < 2; b++) {
+    const df_st_tensor *w = df_st_find(wf, bufs[b]), *g = df_st_find(gf, bufs[b]);
+    cr_assert(w && g, "%s: %s missing", name, bufs[b]);
+    cr_assert_eq(g->numel, w->numel, "%s: %s size", name, bufs[b]);
+    float *x = read_all(gf, g), *y = read_all(wf, w);
+    bool same = true;
+    for (int64_t i = 0; i < w->numel; i++) same = same && x[i] == y[i];
+    cr_expect(same, "%s: the %s the step used is not SpecForge's", name, bufs[b]);
+    ok = ok && same;
+    free(x), free(y);
+  }
+  df_st_close(wf), df_st_close(gf);
+  return ok;
+}
+
 // Every TTT step's terms (rel 1e-5 on the losses and rates; counts exact), the total loss, and the vocabulary mapping
 // the step used equal to expected/vocab.safetensors (SpecForge's, derived from the case's data).
 static bool expect_eagle3_terms(const char *name, const df_step_result *r, const char *dump) {
@@ -368,27 +395,7 @@ static bool expect_eagle3_terms(const char *name, const df_step_result *r, const
     }
   }
   json_decref(want);
-  // the mapping: d2t and t2d equal SpecForge's
-  char q[1024];
-  snprintf(p, sizeof p, "%s/%s/expected/vocab.safetensors", EAGLE3_DIR, name);
-  snprintf(q, sizeof q, "%s/vocab.safetensors", dump);
-  df_st_file *wf = NULL, *gf = NULL;
-  df_error err = {0};
-  DF_ASSERT_OK(df_st_open(p, &wf, &err), &err);
-  DF_ASSERT_OK(df_st_open(q, &gf, &err), &err);
-  const char *bufs[] = {"d2t", "t2d"};
-  for (int b = 0; b < 2; b++) {
-    const df_st_tensor *w = df_st_find(wf, bufs[b]), *g = df_st_find(gf, bufs[b]);
-    cr_assert(w && g, "%s: %s missing", name, bufs[b]);
-    cr_assert_eq(g->numel, w->numel, "%s: %s size", name, bufs[b]);
-    float *x = read_all(gf, g), *y = read_all(wf, w);
-    bool same = true;
-    for (int64_t i = 0; i < w->numel; i++) same = same && x[i] == y[i];
-    cr_expect(same, "%s: the %s the step used is not SpecForge's", name, bufs[b]);
-    ok = ok && same;
-    free(x), free(y);
-  }
-  df_st_close(wf), df_st_close(gf);
+  ok = expect_vocab(EAGLE3_DIR, name, dump) && ok;
   fprintf(stderr, "  %-26s loss %.9f, worst per-step rel err %.1e\n", name, r->loss, worst);
   return ok;
 }
@@ -422,6 +429,76 @@ Test(step_parity, every_eagle3_fixture_case, .timeout = 600) {
     free(names[i]);
   }
   fprintf(stderr, "eagle3 step parity: %d/%d cases pass\n", passed, n);
+}
+
+// ---- P-EAGLE (tests/fixtures/peagle_step: tools/reference/make_peagle_fixtures.py, docs/peagle.md) -------------
+
+#define PEAGLE_DIR DF_FIXTURE_DIR "/peagle_step"
+
+// The loss and its sums (rel 1e-5), the per-depth accuracy sums and the rows COD sampled per depth (exact: the same
+// draws as the Python twin of the sampler), and the mapping.
+static bool expect_peagle_terms(const char *name, const df_step_result *r, const char *dump) {
+  char p[1024];
+  snprintf(p, sizeof p, "%s/%s/expected/step.json", PEAGLE_DIR, name);
+  json_error_t je;
+  json_t *want = json_load_file(p, 0, &je);
+  cr_assert_not_null(want, "%s: %s", p, je.text);
+  cr_expect_str_eq(json_string_value(json_object_get(r->report, "strategy")), "peagle", "%s", name);
+  bool ok = expect_close_key(name, want, "loss", r->loss);
+  const char *keys[] = {"position_mask_sum", "kl_sum", "acc_correct", "acc_denom"};
+  for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+    const double w = json_number_value(json_object_get(want, keys[k]));
+    const double g = json_number_value(json_object_get(r->report, keys[k]));
+    const double e = w == 0 ? fabs(g) : rel_err(g, w);
+    cr_expect_leq(e, 1e-5, "%s: %s = %.10g, expected %.10g", name, keys[k], g, w);
+    ok = ok && e <= 1e-5;
+  }
+  const char *arrays[] = {"depth_rows", "depth_correct", "depth_denom"};
+  for (size_t k = 0; k < 3; k++) {
+    json_t *w = json_object_get(want, arrays[k]), *g = json_object_get(r->report, arrays[k]);
+    cr_expect_eq(json_array_size(g), json_array_size(w), "%s: %s has %zu depths", name, arrays[k], json_array_size(g));
+    for (size_t i = 0; i < json_array_size(w) && i < json_array_size(g); i++) {
+      const double wv = json_number_value(json_array_get(w, i)), gv = json_number_value(json_array_get(g, i));
+      cr_expect_eq(gv, wv, "%s: %s[%zu] = %g, expected %g", name, arrays[k], i, gv, wv);
+      ok = ok && gv == wv;
+    }
+  }
+  json_decref(want);
+  ok = expect_vocab(PEAGLE_DIR, name, dump) && ok;
+  fprintf(stderr, "  %-26s loss %.9f\n", name, r->loss);
+  return ok;
+}
+
+// Every case: 1 .. 3 layers, 3 .. 8 depths, COD ratios, cold (the target's embedding copied in) and warm starts,
+// norm_before_residual from the recipe, draft vocabularies 64 / 48 / the full one, the embedding's padding row
+// (pad 105, 83, the mask token itself, none), a sampling that stops at depth 2.
+Test(step_parity, every_peagle_fixture_case, .timeout = 600) {
+  char *names[MAX_CASES];
+  int n = list_cases_in(PEAGLE_DIR, names, MAX_CASES);
+  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_peagle_fixtures.py writes it)", PEAGLE_DIR);
+  cr_assert_geq(n, 4, "the P-EAGLE fixtures have four step cases");
+  int passed = 0;
+  for (int i = 0; i < n; i++) {
+    char recipe[1024], dump[64], p[1100];
+    snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", PEAGLE_DIR, names[i]);
+    tmpdir_make(dump, sizeof dump);
+    df_step_result r;
+    df_error err = {0};
+    df_status st = df_step_run(recipe, dump, 2, NULL, &r, &err);
+    cr_expect_eq(st, DF_OK, "%s: %s [%s]", names[i], err.msg, err.where);
+    if (st == DF_OK) {
+      bool ok = expect_peagle_terms(names[i], &r, dump);
+      ok = expect_grads(PEAGLE_DIR, names[i], dump) && ok;
+      passed += ok;
+      df_step_result_free(&r);
+    }
+    snprintf(p, sizeof p, "%s/vocab.safetensors", dump);
+    remove(p);
+    tmpdir_remove(dump);
+    free(names[i]);
+  }
+  fprintf(stderr, "peagle step parity: %d/%d cases pass\n", passed, n);
+  cr_expect_eq(passed, n);
 }
 
 // The CLI entry point: exit codes and the two files.
