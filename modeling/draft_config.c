@@ -54,8 +54,11 @@ static df_status parse_architecture(const df_cj *c, const json_t *root, df_draft
     return DF_OK;
   }
   // SpecForge's and SGLang's EAGLE-3 class; vLLM's name for the same checkpoint layout.
+  // With parallel_drafting true the same class is a P-EAGLE draft (vLLM serves it so; draftforge's P-EAGLE export).
   if (!strcmp(name, "LlamaForCausalLMEagle3") || !strcmp(name, "Eagle3LlamaForCausalLM")) {
-    cfg->kind = DF_DRAFT_EAGLE3;
+    bool parallel = false;
+    DF_TRY(df_cj_opt_bool(c, root, "", "parallel_drafting", false, &parallel));
+    cfg->kind = parallel ? DF_DRAFT_PEAGLE : DF_DRAFT_EAGLE3;
     return DF_OK;
   }
   if (!strcmp(name, "PEagleDraftModel")) { // SpecForge's P-EAGLE class (algorithms/peagle)

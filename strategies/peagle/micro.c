@@ -127,9 +127,14 @@ static df_status build(peagle_run *r, const df_micro_args *a, staged *s, row_pla
   int64_t *counts = malloc(sizeof(int64_t) * (size_t)T);
   df_status st =
       lm && anchors && work && counts ? DF_OK : DF_FAIL(err, DF_ERR_NOMEM, "micro-step", NULL, "out of memory");
-  // one draw of the run's stream per micro-step; each sample's rows from its own stream (its dataset index), so the
-  // batch it lands in, the padding and the data-parallel split change nothing
-  const uint64_t base = r->e.env.eval ? a->eval_seed : (a->anchor_rng ? df_rng_next_u64(a->anchor_rng) : 0);
+  // one draw of the run's stream per optimizer step (its first micro-step; every rank draws the same); each sample's
+  // rows from its own stream (that draw plus its dataset index), so the micro-batch it lands in, the padding, the
+  // accumulation and the data-parallel split change nothing
+  if (!r->e.env.eval && a->step != r->base_step) {
+    r->base = a->anchor_rng ? df_rng_next_u64(a->anchor_rng) : 0;
+    r->base_step = a->step;
+  }
+  const uint64_t base = r->e.env.eval ? a->eval_seed : r->base;
   *supervised = 0, plan->total = 0;
   memset(r->last_rows, 0, sizeof(int64_t) * (size_t)T);
   for (int64_t i = 0; i < T * R; i++) s->inv[i] = -1;
@@ -172,7 +177,7 @@ static df_status build(peagle_run *r, const df_micro_args *a, staged *s, row_pla
         s->rows[plan->total] = (int32_t)(b * S + p), s->trows[plan->total] = (int32_t)(b * S + p);
         s->inv[b * S + p] = (int32_t)plan->total++;
       }
-    r->last_rows[0] += S, *supervised += plan->total - plan->first[b];
+    r->last_rows[0] += L, *supervised += plan->total - plan->first[b];
     for (int64_t d = 1, k = 0; d < T; d++) {
       for (int64_t j = 0; j < counts[d]; j++, k++) {
         const int64_t p = anchors[k], dense = d * R + b * S + p;

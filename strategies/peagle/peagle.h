@@ -24,6 +24,8 @@ typedef struct {
   double ratio, ratio_min; // training.down_sample_ratio, down_sample_ratio_min
   int32_t mask_id;         // the mask token of the depth > 0 rows
   int64_t *last_rows;      // (T) rows per depth the last micro-step sampled, over its samples (step.json)
+  uint64_t base;           // this optimizer step's draw of the anchor stream (COD's per-sample streams start there)
+  int64_t base_step;       // the step (df_micro_args.step) it was drawn for; -1: none yet
   // parallel drafting
   df_peagle_cache *cache;
   int64_t cache_cap, cached;

@@ -104,9 +104,13 @@ static int64_t proposals(const df_strategy_run *r) {
   return n > 0 ? n : ((const peagle_run *)r)->T;
 }
 
-// SpecForge saves PEagleDraftModel with its config as trained; nothing of the block drafts' dflash_config stays.
+// What serves a P-EAGLE draft is vLLM's Eagle3LlamaForCausalLM with speculative_config.parallel_drafting: the same
+// tensor names (layers.N, mask_hidden, embed_tokens), the mask token from mask_token_id. The export names that class
+// and says parallel_drafting (vLLM ignores the key; draftforge reads the export back as a P-EAGLE draft by it).
+// SGLang's LlamaForCausalLMEagle3 has no parallel drafting, and that class name would have it load the export wrongly.
 static df_status export_normalize(json_t *cfg, const char *where, df_error *err) {
-  json_object_set_new(cfg, "architectures", json_pack("[s]", "PEagleDraftModel"));
+  json_object_set_new(cfg, "architectures", json_pack("[s]", "Eagle3LlamaForCausalLM"));
+  json_object_set_new(cfg, "parallel_drafting", json_true());
   json_object_del(cfg, "dflash_config");
   json_object_del(cfg, "block_size");
   return DF_OK;
@@ -155,7 +159,7 @@ static df_status run_open(const df_strategy_env *env, df_strategy_run **out, df_
   e->T = r->T, e->chunk_rows = 256;
   e->V = cfg->vocab_size, e->D = cfg->eagle3.draft_vocab_size, e->H = cfg->hidden_size;
   e->W = 3 * cfg->eagle3.target_hidden_size;
-  r->mask_id = (int32_t)env->mask_token_id;
+  r->mask_id = (int32_t)env->mask_token_id, r->base_step = -1;
   r->last_rows = calloc((size_t)(r->T > 0 ? r->T : 1), sizeof *r->last_rows);
   df_status st = r->last_rows ? DF_OK : DF_FAIL(err, DF_ERR_NOMEM, "strategy", NULL, "out of memory");
   if (st == DF_OK && !r->m)

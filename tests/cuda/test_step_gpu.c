@@ -179,6 +179,9 @@ static void bf16_step_matches(const char *sub, const char *name, double loss_tol
 //   GEMMs write them), the TTT attention an fp32 island (modeling/eagle3_model.c): 7.36585 vs 7.375 and 5.01286 vs
 //   5.03125 (float64: 7.36322 and 5.01289); 1.7e-2 and 1.6e-2 (PyTorch 1.6e-2 and 1.3e-2). ttt4_lk_alpha, not used,
 //   is the sensitive case: both bf16 steps are 9.4e-2 from float64 on gate_proj, 5.7e-2 from each other.
+// - P-EAGLE, every layer, fc, mask_hidden's row and the teacher's bf16 as EAGLE-3's, each depth's TTT attention an fp32
+//   island (modeling/peagle_model.c), the sampled rows' logits gathered: 5.80580 vs 5.78125 (float64 5.80247; PyTorch's
+//   loss is one bf16 scalar, whose rounding step near 5.8 is 3e-2 absolute); 2.2e-2.
 static const struct {
   const char *sub, *name;
   double loss_tol, grad_tol;
@@ -193,6 +196,7 @@ static const struct {
     {"domino_step", "noshift_start0_cold", 1e-2, 8e-2, false},
     {"eagle3_step", "ttt3_lk_lambda_trunc", 1e-2, 8e-2, false},
     {"eagle3_step", "ttt5_eagle31_fc_norm", 1e-2, 8e-2, false},
+    {"peagle_step", "d4_warm_2layers", 1e-2, 8e-2, false},
 };
 
 Test(cuda_step, bf16_steps_match_pytorch_bf16, .timeout = 600) {
@@ -217,6 +221,13 @@ Test(cuda_step, moe_fixtures_on_gpu_match_fp32, .timeout = 300) {
 Test(cuda_step, domino_fixtures_on_gpu_match_fp32, .timeout = 300) {
   CU_REQUIRE_GPU();
   step_cases("domino_step");
+}
+
+// P-EAGLE: the dense [depth, position] layers, the sampled rows' gathered logits and mapped teacher rows, the loss over
+// the position mask on the GPU (tests/fixtures/peagle_step, cold and warm, 1 .. 3 layers).
+Test(cuda_step, peagle_fixtures_on_gpu_match_fp32, .timeout = 300) {
+  CU_REQUIRE_GPU();
+  step_cases("peagle_step");
 }
 
 // The train lines' losses of a run's metrics.jsonl (n at most).
@@ -317,6 +328,16 @@ Test(cuda_step, demo_loss_curve_domino_moe_bf16_vs_cpu_fp32, .timeout = 300) {
 Test(cuda_step, eagle3_loss_curve_bf16_vs_cpu_fp32, .timeout = 300) {
   CU_REQUIRE_GPU();
   curves_agree_as("tests/fixtures/eagle3_step/ttt3_lk_lambda_trunc/recipe.yaml",
+                  "--set model.torch_dtype=bfloat16 --set training.num_epochs=100 --set training.learning_rate=1e-3",
+                  50, 10, 1e-2, 1e-2);
+}
+
+// P-EAGLE in bf16 over 50 steps against the CPU's fp32: the step fixture's warm two-layer recipe (four depths), six
+// samples seen again and again, learning rate 1e-3. Measured in the emulator: a mean gap of 3.4e-4 and 2.7e-4 on the
+// last 10 steps' mean; the same 1e-2.
+Test(cuda_step, peagle_loss_curve_bf16_vs_cpu_fp32, .timeout = 300) {
+  CU_REQUIRE_GPU();
+  curves_agree_as("tests/fixtures/peagle_step/d4_warm_2layers/recipe.yaml",
                   "--set model.torch_dtype=bfloat16 --set training.num_epochs=100 --set training.learning_rate=1e-3",
                   50, 10, 1e-2, 1e-2);
 }

@@ -385,16 +385,16 @@ Test(online, dspark_train_equals_capture_then_train) { online_vs_offline(true, D
 
 // EAGLE-3 online (SpecForge's default strategy): the target computes the three capture layers and the final state per
 // batch; the vocabulary mapping (128 of 264) is derived from the online source's tokens before step 1, the same as
-// from the capture's. Three TTT steps keep it short.
-Test(online, eagle3_train_equals_capture_then_train) {
+// from the capture's. Three TTT steps keep it short. P-EAGLE reads the same features (its config, three depths).
+static void eagle_online(const char *name, const char *config, const char *training) {
   odir d;
-  odir_open(&d, "train_eagle3", false);
-  json_t *c = df_test_config_doc("tiny-target-eagle3.json");
+  odir_open(&d, name, false);
+  json_t *c = df_test_config_doc(config);
   cr_assert_eq(json_dump_file(c, d.cfg, JSON_INDENT(1)), 0);
   json_decref(c);
   FILE *fp = fopen(d.recipe, "w");
   cr_assert(fp);
-  fprintf(fp, "%s  strategy: eagle3\n  ttt_length: 3\n", RECIPE);
+  fprintf(fp, "%s%s", RECIPE, training);
   fclose(fp);
   capture(&d, d.tokens, "cap_train", DF_BF16, 15);
   capture(&d, d.eval_tokens, "cap_eval", DF_BF16, 5);
@@ -413,6 +413,14 @@ Test(online, eagle3_train_equals_capture_then_train) {
   cr_expect_gt(sn.online_samples, 0);
   expect_same_run(&d, "offline", "online", 6, 6 + 2);
   odir_close(&d);
+}
+
+Test(online, eagle3_train_equals_capture_then_train) {
+  eagle_online("train_eagle3", "tiny-target-eagle3.json", "  strategy: eagle3\n  ttt_length: 3\n");
+}
+
+Test(online, peagle_train_equals_capture_then_train) {
+  eagle_online("train_peagle", "tiny-target-peagle.json", "  strategy: peagle\n  num_depths: 3\n");
 }
 
 static void sigterm_at(void *ctx, int64_t step, int64_t micro, float *grads, int64_t n) {

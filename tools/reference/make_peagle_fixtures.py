@@ -57,7 +57,7 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
 
 # name -> draft config, warm start, training overrides, what it covers. The seed picks the sample (the first of
 # draftforge's data order) and the COD draws: seed 2 -> sample 0 (L 37), 3 -> 2 (L 45), 7 -> 5 (L 28), 10 -> 1 (L 23,
-# 3 supervised positions).
+# 3 supervised positions); with batch_size 2, seed 5 -> samples 0 and 2 (L 37 and 45).
 CASES: List[Dict[str, Any]] = [
     dict(name="d4_warm_2layers", config="peagle.json", warm="draft_ckpt",
          training=dict(batch_size=1, num_depths=4, seed=2),
@@ -81,6 +81,12 @@ CASES: List[Dict[str, Any]] = [
          covers="draft_vocab_size = vocab_size (identity mapping, no derivation), pad_token_id null (every embedding "
                 "row trainable), num_depths 8 with ratios 0.5 / 0.1 on a sample with 3 supervised positions: depth 1 "
                 "draws 1 of 3, depth 2 gets int(1 · 0.25) = 0 rows and the sampling stops, cold"),
+    dict(name="d3_batch2_warm", config="peagle.json", warm="draft_ckpt",
+         training=dict(batch_size=2, num_depths=3, seed=5),
+         covers="training.batch_size 2 (draftforge's mean of the two samples' batch-1 losses; SpecForge runs batch 1 "
+                "only): samples 0 and 2 of different lengths (37, 45; S = 45), each with its own COD stream from the "
+                "one base draw, its own length and loss; otherwise d4_warm_2layers' draft and warm start with "
+                "num_depths 3"),
 ]
 
 TRAINING_KEYS = ("batch_size", "num_depths", "down_sample_ratio", "down_sample_ratio_min", "norm_before_residual",
@@ -144,7 +150,14 @@ def generate(out: str) -> Dict[str, Dict[str, Any]]:
 
     def run(case: Dict[str, Any], recipe: str) -> Dict[str, Any]:
         prep = ref.prepare(ref.load_recipe(recipe))
-        check_ratio_powers(prep)
+        T = prep.recipe.num_depths
+        samples = []
+        for one in prep.samples():
+            check_ratio_powers(one)
+            samples.append(dict(cod_anchors=one.cod.anchors[1:], cod_rng_draws=one.cod.draw_counts,
+                                sample=one.batch.sample_order[0], length=one.batch.lengths[0],
+                                supervised=int(one.batch.loss_mask[0].sum()),
+                                depth_rows=[len(a) for a in one.cod.anchors] + [0] * (T - len(one.cod.anchors))))
         gaps = ref.argmax_margins(prep)
         if min(gaps.values()) < 1e-4:
             raise AssertionError(f"{case['name']}: an argmax gap of {gaps} could flip in float32")
@@ -153,18 +166,20 @@ def generate(out: str) -> Dict[str, Dict[str, Any]]:
         if case["name"] in BF16_CASES:
             ref.dump(prep, ref.run_step(prep, torch.bfloat16), os.path.join(os.path.dirname(recipe), "expected_bf16"),
                      "bfloat16")
-        return dict(res.terms, cod_anchors=prep.cod.anchors[1:], cod_rng_draws=prep.cod.draw_counts,
-                    sample=prep.batch.sample_order[0], length=prep.batch.lengths[0],
-                    supervised=int(prep.batch.loss_mask[0].sum()), gaps=gaps)
+        if [sum(x["depth_rows"][d] for x in samples) for d in range(T)] != res.terms["depth_rows"]:
+            raise AssertionError(f"{case['name']}: the samples' rows do not add up to {res.terms['depth_rows']}")
+        return dict(res.terms, samples=samples, gaps=gaps)
 
     results = sf.write_cases(out, CASES, recipe_text, run)
     sf.write_readme(out, README_HEAD, CASES, results, readme_row)
     with open(os.path.join(out, "README.md"), "a", encoding="utf-8") as f:
         f.write(README_COD)
         for case in CASES:
-            r = results[case["name"]]
-            f.write(f"| `{case['name']}` | {r['sample']} / {r['length']} / {r['supervised']} | {r['depth_rows']} | "
-                    f"{r['cod_rng_draws']} | {'; '.join(str(a) for a in r['cod_anchors'])} |\n")
+            per = results[case["name"]]["samples"]
+            for b, r in enumerate(per):
+                name = f"`{case['name']}`" + (f" b = {b}" if len(per) > 1 else "")
+                f.write(f"| {name} | {r['sample']} / {r['length']} / {r['supervised']} | {r['depth_rows']} | "
+                        f"{r['cod_rng_draws']} | {'; '.join(str(a) for a in r['cod_anchors'])} |\n")
         f.write(README_TAIL)
         f.write(crosscheck_rows())
     return results
@@ -187,9 +202,10 @@ def check_ratio_powers(prep: ref.Prepared) -> None:
 README_HEAD = """# P-EAGLE step parity fixtures
 
 Expected outputs of one P-EAGLE training micro-step (SpecForge's `training.strategy: peagle`: `PEagleDraftModel` +
-`OnlinePEagleModel` + `PEagleTrainStrategy`, batch size 1) from the float64 PyTorch reference
-`tools/reference/peagle_step.py`, checked against SpecForge's own modules by
-`tools/reference/peagle_specforge_check.py` (maximum differences at the end). The C P-EAGLE step must match them.
+`OnlinePEagleModel` + `PEagleTrainStrategy`, batch size 1; one case with draftforge's batch of 2, the mean of two
+batch-1 steps) from the float64 PyTorch reference `tools/reference/peagle_step.py`, checked against SpecForge's own
+modules by `tools/reference/peagle_specforge_check.py` (maximum differences at the end). The C P-EAGLE step must match
+them.
 
 Generated (seeded, reproducible) by
 
@@ -220,7 +236,8 @@ in the last ulp); the committed tree comes from /usr/bin/python3, the CI's torch
 
 ## The step
 
-The batch is the first sample of draftforge's data order (batch size 1, S = L). TargetHead's shift as in EAGLE-3:
+The batch is the first sample of draftforge's data order (batch size 1, S = L; for training.batch_size B see the end
+of this section). TargetHead's shift as in EAGLE-3:
 the input id at p is token p + 1 (0 at L − 1), the teacher at p the target's logits of the final state p + 1 (zeros
 at L − 1); the loss mask is the sample's with position L − 1 zeroed. COD rows (a, d): depth 0 is every position,
 depth d >= 1 draftforge's sample (README section below; `batch.json` `cod_anchors`). A row reads the input id at a
@@ -229,6 +246,13 @@ position a + d, attention to depth-0 rows with anchor <= a and to its own rollou
 Σ_rows pm · CE(softmax of the target logits at a + d over the draft vocabulary, logits) / max(Σ pm, 1e-6), with
 pm = loss_mask[a + d] · t2d[full-vocabulary argmax of the target at a + d]. The embedding's padding_idx is the
 config's pad_token_id (nn.Embedding(V, H, pad_token_id)): that row is read but gets no gradient.
+
+training.batch_size B (`d3_batch2_warm`, B = 2; SpecForge's P-EAGLE requires 1): the batch is the first B samples of
+the data order (EAGLE-3's `first_batch`), S = the longest L. draftforge takes it as the MEAN of the samples' own
+SpecForge losses: each sample b is the batch-1 step above on its own positions 0 .. L_b − 1 (no padding), with its
+own COD rows from its own stream (the one base draw of the micro-step, + the sample's dataset index) and its own loss
+Σ pm · CE / max(Σ pm, 1e-6); the step's loss is the mean of the B losses and the gradient that of the mean (= the mean
+of the samples' gradients).
 
 ## Cases
 
@@ -239,6 +263,11 @@ max(`position_mask_sum`, 1e-6); `depth_rows` (rows per depth, num_depths entries
 rows), `acc_correct` / `acc_denom` / `acc`, `total_rows`, the settings), `vocab.safetensors` (the d2t I64 / t2d U8
 the step used) and `batch.json` (sample order, lengths, S, `cod_anchors`: the anchors of depths 1 .. num_depths − 1,
 empty past a break, `cod_rng_draws`: rng.below calls per depth 1 .. num_depths − 1, vocabulary padding tokens).
+With B = 2 (`d3_batch2_warm`): `loss` is the mean of the samples' losses (`sample_loss`, in sample order), not
+`kl_sum` / `position_mask_sum`; `kl_sum`, `position_mask_sum`, `acc_correct`, `acc_denom`, `total_rows` and the
+per-depth `depth_rows` / `depth_correct` / `depth_denom` are sums over the samples (`depth_rows[0]` = L_0 + L_1),
+`acc` = `acc_correct` / max(`acc_denom`, 1); `B` 2, `S` the longest length; `batch.json`'s `cod_anchors` and
+`cod_rng_draws` hold one list per sample (`cod_anchors[b][d − 1]`); `grads.safetensors` is d(mean loss) / d param.
 `d4_warm_2layers/expected_bf16/` holds the same step as PyTorch runs it in bf16 (`peagle_step.py --dtype bfloat16`:
 the draft, the target's head and every activation bf16).
 
@@ -259,8 +288,9 @@ sample's dataset index, STREAM_ANCHORS) (the sample's own stream: batching and d
 valid = the supervised positions; prev = valid, powr = 1; for
 d = 1 .. T − 1: powr *= r; elig = [t in prev, t >= d]; k = min(int(max(0, |valid| − d) · max(powr, r_min)),
 |elig|); stop when k <= 0; when |elig| > k a partial Fisher-Yates (for i < k: j = i + rng.below(|elig| − i), swap)
-picks idx[:k], sorted; else all of elig; prev = [(t + 1) % S for t sampled, != 0, supervised]; anchors t − d. Every
-case's sample sizes are the same with SpecForge's r ** d (the generator checks it).
+picks idx[:k], sorted; else all of elig; prev = [(t + 1) % S for t sampled, != 0, supervised]; anchors t − d (S
+here the sample's own length). Every case's sample sizes are the same with SpecForge's r ** d (the generator checks
+it). A batch has one row per sample (`b = 0, 1`: the same base, each sample's own stream).
 
 | case | sample / L / supervised | rows per depth | rng draws per depth 1.. | anchors of depths 1, 2, ... |
 |---|---|---|---|---|
@@ -269,6 +299,10 @@ case's sample sizes are the same with SpecForge's r ** d (the generator checks i
 # tools/reference/peagle_specforge_check.py against SpecForge a6b6b023 (torch 2.15, transformers 5.24): per case and
 # mode, the worst relative difference of the loss and the metrics, and the worst max|Δ| / max|ref| over the gradients.
 CROSSCHECK: List[tuple] = [
+    ("d3_batch2_warm", "fp32", 1.4e-07, 1.13e-06, "layers.0.mlp.up_proj.weight"),
+    ("d3_batch2_warm", "as-is", 5.44e-08, 2.18e-07, "layers.0.post_attention_layernorm.weight"),
+    ("d3_batch2_warm", "fp64", 1.52e-16, 6.99e-16, "layers.0.mlp.up_proj.weight"),
+    ("d3_batch2_warm", "files", 3.55e-12, 4.21e-08, "layers.0.mlp.down_proj.weight"),
     ("d3_cold_1layer", "fp32", 8.3e-08, 7.33e-07, "layers.0.self_attn.q_proj.weight"),
     ("d3_cold_1layer", "as-is", 5.56e-09, 4.84e-07, "layers.0.mlp.gate_proj.weight"),
     ("d3_cold_1layer", "fp64", 0.0, 7.12e-16, "layers.0.self_attn.k_proj.weight"),
@@ -294,10 +328,13 @@ README_TAIL = """
 PATH`; CPU, ~10 s) builds SpecForge's `PEagleDraftModel` from each case's config (norm_before_residual from the
 recipe, as `build_peagle_draft` passes it) with the reference's weights and vocabulary, wraps it in
 `OnlinePEagleModel`, loads SpecForge's `TargetHead` from the target and runs `PEagleTrainStrategy.forward_loss` and
-the backward on the case's collated batch. It also loads `draft_ckpt/` through SpecForge's own
-`warm_start_draft_model` (every tensor bit for bit; SpecForge's `PEagleDraftModel.from_pretrained` calls
-`_rebuild_rotary_embedding` on the `(model, loading_info)` tuple that warm start asks for and raises, so the check
-unpacks it) and asserts that the draft's embedding padding_idx is the config's pad_token_id.
+the backward on the case's collated batch; for `d3_batch2_warm` it runs that per sample (batch 1 each, as SpecForge
+requires: the sample's own positions and COD draws), averages the losses and the gradients (backward of loss / 2 per
+sample) and sums the accuracy counts (`accuracy` = Σ correct / max(Σ total, 1)) before comparing. It also loads
+`draft_ckpt/` through SpecForge's own `warm_start_draft_model` (every tensor bit for bit; SpecForge's
+`PEagleDraftModel.from_pretrained` calls `_rebuild_rotary_embedding` on the `(model, loading_info)` tuple that warm
+start asks for and raises, so the check unpacks it) and asserts that the draft's embedding padding_idx is the config's
+pad_token_id.
 
 Replaced, and only these: `LogSoftmaxLoss` (a Triton kernel) by its torch equivalent (the mean over all rows of
 mask.bool() · −Σ target · log_softmax(logits)); flex attention (`create_block_mask` and
@@ -338,7 +375,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures", NAME))
     a = ap.parse_args()
     for name, r in generate(os.path.abspath(a.out)).items():
-        print(f"{name:20s} loss={r['loss']:.10f} rows={r['depth_rows']} draws={r['cod_rng_draws']} "
+        print(f"{name:20s} loss={r['loss']:.10f} rows={r['depth_rows']} "
+              f"per sample={[(x['sample'], x['depth_rows'], x['cod_rng_draws']) for x in r['samples']]} "
               f"acc={[f'{c:g}/{d:g}' for c, d in zip(r['depth_correct'], r['depth_denom'])]} gaps={r['gaps']}")
     return 0
 

@@ -27,6 +27,11 @@ Replaced, and only these (CPU, no Triton kernels, no compiled flex attention):
   then reproduce the fixture's rows (batch.json cod_anchors; r ** d vs the running product included), which it
   returns.
 
+A case with training.batch_size B > 1 (draftforge's mean of B batch-1 steps; SpecForge's P-EAGLE requires batch 1)
+runs SpecForge once per sample, batch 1 each (the sample's own positions, no padding, its own COD draws), on one
+draft: the backward of loss / B per sample accumulates the gradient of the mean loss; the loss compared is the mean,
+the accuracy sums and totals add up and accuracy = Σ correct / max(Σ total, 1).
+
 Modes: `fp32` (the draft and the inputs float32, as SpecForge trains; against the fixture files), `as-is` (float64
 with SpecForge's float32 casts: RMSNorm and the teacher's softmax; against the fixture files), `fp64` (float64, the
 casts lifted by specforge_check_util.keep_float64 and the loss mask float64; against the reference rerun here in
@@ -220,38 +225,58 @@ def check_case(recipe: str, mode: str, fresh: ref.StepResult, prep: ref.Prepared
     head.freeze_weights()
     head = head.to(dtype).eval()
     strategy = PEagleTrainStrategy(model, target_head=head)
-    _DRAWS[:] = [(n, list(idx)) for n, idx in prep.cod.draws]
-    captured = {}
     import specforge.algorithms.peagle.model as pm
     real_metrics = pm.compute_peagle_metrics
-
-    def spy(*args, **kwargs):
-        captured["anchor"], captured["depth"] = kwargs["anchor_pos"].clone(), kwargs["depth"].clone()
-        return real_metrics(*args, **kwargs)
-
-    pm.compute_peagle_metrics = spy
-    try:
-        with util.keep_float64() if mode == "fp64" else contextlib.nullcontext():
-            out = strategy.forward_loss(batch_of(prep, dtype, torch.float64 if mode == "fp64" else torch.long))
-            out.loss.backward()
-    finally:
-        pm.compute_peagle_metrics = real_metrics
-    # the rows SpecForge's own sampler produced are the fixture's
-    anchor, depth = captured["anchor"].tolist(), captured["depth"].tolist()
     T = r.num_depths
-    per = [[a for a, d in zip(anchor, depth) if d == k] for k in range(T)]
-    if per[0] != list(range(batch["S"])) or per[1:] != batch["cod_anchors"]:
-        raise AssertionError(f"{recipe}: SpecForge's COD rows {per} differ from the fixture's {batch['cod_anchors']}")
-    if [len(p) for p in per] != step["depth_rows"]:
-        raise AssertionError(f"{recipe}: rows per depth {[len(p) for p in per]} != {step['depth_rows']}")
-    m = out.metrics
-    worst = util.rel_diff(float(out.loss), want_terms["loss"])
+    samples = prep.samples()  # batch 1: the case itself; a batch: each sample as its own batch-1 step
+    # batch.json: a batch-1 case holds the sample's lists, a batch one list per sample
+    want_anchors = [batch["cod_anchors"]] if len(samples) == 1 else batch["cod_anchors"]
+    losses: List[float] = []
+    sums: Dict[str, float] = {}
+    rows = [0] * T
+    for b, one in enumerate(samples):
+        _DRAWS[:] = [(n, list(idx)) for n, idx in one.cod.draws]
+        captured = {}
+
+        def spy(*args, **kwargs):
+            captured["anchor"], captured["depth"] = kwargs["anchor_pos"].clone(), kwargs["depth"].clone()
+            return real_metrics(*args, **kwargs)
+
+        pm.compute_peagle_metrics = spy
+        try:
+            with util.keep_float64() if mode == "fp64" else contextlib.nullcontext():
+                out = strategy.forward_loss(batch_of(one, dtype, torch.float64 if mode == "fp64" else torch.long))
+                (out.loss if len(samples) == 1 else out.loss / len(samples)).backward()
+        finally:
+            pm.compute_peagle_metrics = real_metrics
+        # the rows SpecForge's own sampler produced are the fixture's
+        anchor, depth = captured["anchor"].tolist(), captured["depth"].tolist()
+        per = [[a for a, d in zip(anchor, depth) if d == k] for k in range(T)]
+        if per[0] != list(range(one.batch.lengths[0])) or per[1:] != want_anchors[b]:
+            raise AssertionError(f"{recipe}: sample {b}: SpecForge's COD rows {per} differ from the fixture's "
+                                 f"{want_anchors[b]}")
+        rows = [x + len(p) for x, p in zip(rows, per)]
+        losses.append(float(out.loss))
+        for k, v in out.metrics.items():
+            if k.startswith("position_") or k.startswith("full_acc_"):
+                sums[k] = sums.get(k, 0.0) + float(v)
+        if len(samples) == 1:
+            sums["accuracy"] = float(out.metrics["accuracy"])
+    if len(samples) > 1:  # PEagleTrainStrategy's accuracy over the summed counts
+        sums["accuracy"] = sums["full_acc_sum"] / max(sums["full_acc_total"], 1.0)
+    if rows != step["depth_rows"]:
+        raise AssertionError(f"{recipe}: rows per depth {rows} != {step['depth_rows']}")
+    m = sums
+    worst = util.rel_diff(sum(losses) / len(losses), want_terms["loss"])
     for d in range(T):
         worst = max(worst, util.rel_diff(float(m[f"position_{d}_acc_sum"]), want_terms["depth_correct"][d]),
                     util.rel_diff(float(m[f"position_{d}_acc_total"]), want_terms["depth_denom"][d]))
     worst = max(worst, util.rel_diff(float(m["full_acc_sum"]), want_terms["acc_correct"]),
                 util.rel_diff(float(m["full_acc_total"]), want_terms["acc_denom"]),
                 util.rel_diff(float(m["accuracy"]), want_terms["acc"]))
+    if len(samples) > 1:
+        for b, loss in enumerate(losses):
+            worst = max(worst, util.rel_diff(loss, want_terms["sample_loss"][b]))
     g, where = util.grad_diff({n: p.grad for n, p in draft.named_parameters()},
                               {k: np.asarray(v, np.float64) for k, v in want_grads.items()})
     return worst, g, where
@@ -261,6 +286,8 @@ def check_fixture_vs_fresh(recipe: str, fresh: ref.StepResult) -> Tuple[float, f
     """The committed files (torch 1.13) against the reference rerun here (torch 2.x)."""
     step, _, grads = expected(recipe)
     worst = util.rel_diff(step["loss"], fresh.terms["loss"])
+    for got, want in zip(step.get("sample_loss", []), fresh.terms.get("sample_loss", [])):
+        worst = max(worst, util.rel_diff(got, want))
     for k in ("depth_rows", "depth_correct", "depth_denom"):
         if step[k] != fresh.terms[k]:
             worst = float("inf")

@@ -11,6 +11,12 @@ mask_hidden included), DIR/step.json (the loss, its numerator and denominator, t
 per-depth accuracy counts), DIR/batch.json (sample order, length, S, the COD anchors of every depth >= 1) and
 DIR/vocab.safetensors (the d2t / t2d the step used).
 
+Batch size: SpecForge's P-EAGLE runs batch 1 only (required_batch_size). draftforge takes a micro-batch of B samples
+(the first B of its data order) as the MEAN of the samples' own batch-1 losses: each sample is its own step (its own
+length L_b, no padding, its own COD rows from its own stream, its own loss Σ pm · CE / max(Σ pm, 1e-6)); the step's
+loss is their mean and the gradient that of the mean; step.json's sums (kl_sum, position_mask_sum, the accuracy
+counts, the rows per depth) add up over the samples. B = 1 is exactly the batch-1 step.
+
 What it follows (SpecForge a6b6b023): PEagleTrainStrategy.forward_loss (specforge/training/strategies/base.py) on the
 offline EAGLE-3 batch (TargetHead.preprocess's one-position shift of input ids and target, the EAGLE-3 normalizer's
 zeroed last loss-mask position: tools/reference/eagle3_step.py first_batch), OnlinePEagleModel.forward and
@@ -36,7 +42,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -83,8 +89,9 @@ class PEagleRecipe:
 def load_recipe(path: str) -> PEagleRecipe:
     """The recipe keys one P-EAGLE step reads, with SpecForge's defaults (config/schema.py: num_depths 8,
     down_sample_ratio 0.8, down_sample_ratio_min 0.2, norm_before_residual null); relative paths against the current
-    directory. P-EAGLE needs training.batch_size 1 and the flex_attention backend (SpecForge's capabilities);
-    model.vocab_mapping_path must be empty (the mapping is derived from the data, as for EAGLE-3)."""
+    directory. P-EAGLE needs the flex_attention backend (SpecForge's capabilities); training.batch_size B >= 1 is
+    draftforge's mean of B batch-1 steps (SpecForge itself requires 1); model.vocab_mapping_path must be empty (the
+    mapping is derived from the data, as for EAGLE-3)."""
     doc = dio.load_yaml(path)
     model, data, training = (doc.get(k) or {} for k in ("model", "data", "training"))
     if training.get("strategy") != "peagle":
@@ -115,8 +122,8 @@ def load_recipe(path: str) -> PEagleRecipe:
         down_sample_ratio=float(training.get("down_sample_ratio", 0.8)),
         down_sample_ratio_min=float(training.get("down_sample_ratio_min", 0.2)),
         norm_before_residual=None if nbr is None else bool(nbr), seed=int(training.get("seed", 42)))
-    if r.batch_size != 1:
-        raise ValueError("recipe: P-EAGLE needs training.batch_size 1 (SpecForge's required_batch_size)")
+    if r.batch_size < 1:
+        raise ValueError("recipe: training.batch_size must be >= 1")
     if r.num_depths < 1 or r.max_length < 1:
         raise ValueError("recipe: num_depths and max_length must be >= 1")
     if not 0.0 < r.down_sample_ratio <= 1.0 or not 0.0 < r.down_sample_ratio_min <= r.down_sample_ratio:
@@ -360,7 +367,27 @@ class Prepared:
     t2d: np.ndarray
     vocab_padding: List[int]
     params: Dict[str, np.ndarray]  # every trainable tensor, embed_tokens and mask_hidden included
-    cod: Cod
+    cods: List[Cod]  # per sample of the batch
+
+    @property
+    def cod(self) -> Cod:
+        """The COD rows of a batch-1 step (a sample's, from samples())."""
+        if len(self.cods) != 1:
+            raise ValueError(f"a batch of {len(self.cods)} samples has one Cod per sample: use samples() or cods")
+        return self.cods[0]
+
+    def samples(self) -> List["Prepared"]:
+        """Each sample of the batch as its own batch-1 step: its positions [0, L_b) (no padding), its own COD rows.
+        A batch of one is returned as is."""
+        if len(self.cods) == 1:
+            return [self]
+        b, out = self.batch, []
+        for i, (idx, L) in enumerate(zip(b.sample_order, b.lengths)):
+            cut = lambda x: np.ascontiguousarray(x[i:i + 1, :L])  # noqa: E731
+            one = e3.Batch([idx], [L], cut(b.input_ids), cut(b.loss_mask), cut(b.attention_mask), cut(b.aux),
+                           cut(b.last))
+            out.append(replace(self, batch=one, cods=[self.cods[i]]))
+        return out
 
 
 def prepare(recipe: PEagleRecipe) -> Prepared:
@@ -400,17 +427,18 @@ def prepare(recipe: PEagleRecipe) -> Prepared:
         d2t, t2d, padding = np.zeros(cfg.vocab_size, np.int64), np.ones(cfg.vocab_size, bool), []
         if buffers and (np.any(buffers["d2t"]) or not np.all(buffers["t2d"])):
             raise ValueError("a full draft vocabulary needs the identity mapping in the warm start")
-    batch = e3.first_batch(ds, 1, recipe.max_length, recipe.seed)
+    batch = e3.first_batch(ds, recipe.batch_size, recipe.max_length, recipe.seed)
     if batch.input_ids.max() >= cfg.vocab_size or batch.input_ids.min() < 0:
         raise ValueError("input_ids outside the target vocabulary")
-    L = batch.lengths[0]
-    assert batch.input_ids.shape[1] == L  # batch 1: S = L, no padding
-    # one u64 of the run's anchor stream per micro-step, then the sample's own stream from its dataset index
+    assert batch.input_ids.shape[1] == max(batch.lengths)  # S = the longest L; batch 1: S = L, no padding
+    # one u64 of the run's anchor stream per micro-step, then each sample's own stream from its dataset index
     base = Rng(recipe.seed, STREAM_ANCHORS).next_u64()
-    rng = Rng((base + batch.sample_order[0]) % (1 << 64), STREAM_ANCHORS)
-    cod = cod_rows(batch.loss_mask[0].tolist(), L, recipe.num_depths, recipe.down_sample_ratio,
-                   recipe.down_sample_ratio_min, rng)
-    return Prepared(recipe, cfg, table, ids, int(mask_token), head, batch, d2t, t2d, padding, params, cod)
+    cods = []
+    for i, (idx, L) in enumerate(zip(batch.sample_order, batch.lengths)):
+        rng = Rng((base + idx) % (1 << 64), STREAM_ANCHORS)
+        cods.append(cod_rows(batch.loss_mask[i, :L].tolist(), L, recipe.num_depths, recipe.down_sample_ratio,
+                             recipe.down_sample_ratio_min, rng))
+    return Prepared(recipe, cfg, table, ids, int(mask_token), head, batch, d2t, t2d, padding, params, cods)
 
 
 @dataclass
@@ -487,7 +515,11 @@ def loss_terms(P: Params, prep: Prepared, dtype: torch.dtype = torch.float64) ->
 def argmax_margins(prep: Prepared) -> Dict[str, float]:
     """The smallest top-1 − top-2 gaps (float64) behind the step's discrete decisions: the target's full-vocabulary
     argmax of every supervised row (t2d[argmax] gates pm), and the draft's and the teacher's draft-vocabulary argmax
-    of every row with pm > 0.5 (the accuracy counts). A fixture whose gap is tiny could flip in float32."""
+    of every row with pm > 0.5 (the accuracy counts). A fixture whose gap is tiny could flip in float32. A batch of
+    several samples: the smallest over its samples."""
+    if len(prep.cods) > 1:
+        each = [argmax_margins(s) for s in prep.samples()]
+        return {k: min(m[k] for m in each) for k in each[0]}
     with torch.no_grad():
         r = forward_rows(make_params(prep, torch.float64), prep)
     anchor, depth = prep.cod.rows()
@@ -508,9 +540,28 @@ def make_params(prep: Prepared, dtype: torch.dtype) -> Params:
     return {n: torch.from_numpy(a).to(dtype).requires_grad_(True) for n, a in prep.params.items()}
 
 
+def batch_terms(parts: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """step.json's sums over the samples of a batch: the rows, correct and denominators per depth, kl_sum,
+    position_mask_sum, the accuracy counts and total_rows."""
+    out: Dict[str, Any] = {}
+    for k, v in parts[0].items():
+        if isinstance(v, list):
+            out[k] = [type(v[0])(sum(p[k][d] for p in parts)) if v else 0 for d in range(len(v))]
+        else:
+            out[k] = type(v)(sum(p[k] for p in parts))
+    return out
+
+
 def run_step(prep: Prepared, dtype: torch.dtype = torch.float64) -> StepResult:
+    """One micro-step: the loss (a batch's: the mean of its samples' batch-1 losses), its backward and the terms."""
     P = make_params(prep, dtype)
-    loss, terms = loss_terms(P, prep, dtype)
+    subs = prep.samples()
+    if len(subs) == 1:
+        loss, terms = loss_terms(P, prep, dtype)
+    else:
+        each = [loss_terms(P, s, dtype) for s in subs]
+        loss = sum(l for l, _ in each) / len(each)
+        terms = dict(batch_terms([t for _, t in each]), sample_loss=[float(l.detach()) for l, _ in each])
     loss.backward()
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().numpy()
              for n, p in P.items()}
@@ -520,7 +571,7 @@ def run_step(prep: Prepared, dtype: torch.dtype = torch.float64) -> StepResult:
            "norm_before_residual": cfg.norm_before_residual, "num_hidden_layers": cfg.num_layers,
            "mask_token_id": prep.mask_token_id, "embed_padding_idx": cfg.pad_token_id,
            "draft_vocab_size": cfg.draft_vocab_size, "aux_layer_ids": prep.aux_layer_ids,
-           "B": 1, "S": int(prep.batch.input_ids.shape[1]), **terms}
+           "B": len(subs), "S": int(prep.batch.input_ids.shape[1]), **terms}
     out["acc"] = out["acc_correct"] / max(out["acc_denom"], 1.0)  # PEagleTrainStrategy's accuracy
     return StepResult(out, grads)
 
@@ -536,10 +587,12 @@ def dump(prep: Prepared, res: StepResult, out_dir: str, dtype_name: str) -> None
         json.dump(res.terms, f, indent=2)
         f.write("\n")
     b, T = prep.batch, prep.recipe.num_depths
-    deeper = prep.cod.anchors[1:] + [[] for _ in range(T - len(prep.cod.anchors))]
+    deeper = [c.anchors[1:] + [[] for _ in range(T - len(c.anchors))] for c in prep.cods]
+    draws = [c.draw_counts for c in prep.cods]
+    one = len(prep.cods) == 1  # batch 1: the sample's lists; a batch: one list per sample
     with open(os.path.join(out_dir, "batch.json"), "w", encoding="utf-8") as f:
         json.dump({"sample_order": b.sample_order, "lengths": b.lengths, "S": int(b.input_ids.shape[1]),
-                   "cod_anchors": deeper, "cod_rng_draws": prep.cod.draw_counts,
+                   "cod_anchors": deeper[0] if one else deeper, "cod_rng_draws": draws[0] if one else draws,
                    "vocab_padding_tokens": prep.vocab_padding}, f)
         f.write("\n")
 

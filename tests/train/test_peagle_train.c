@@ -1,0 +1,200 @@
+// P-EAGLE through the trainer on the P-EAGLE step fixtures' configs (tests/fixtures/peagle_step) and the EAGLE-3
+// fixtures' data: the first step's loss is the step-parity loss (warm start, batch 1; a batch of two, the mean of its
+// samples' own losses, is a step-parity case of its own); resume is bit exact with the contract's keys; the export is
+// what vLLM's parallel drafting loads (inspect finds no problem) and reads back as the same P-EAGLE draft; the offline
+// eval samples every row.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "modeling/draft_config.h"
+#include "modeling/safetensors.h"
+#include "tests/common/fixture.h"
+#include "train/export/export.h"
+#include "train/export/inspect_export.h"
+#include "train/observe/metrics_log.h"
+#include "train/trainer/trainer.h"
+
+#define EFX DF_FIXTURE_DIR "/eagle3_step"
+#define PFX DF_FIXTURE_DIR "/peagle_step"
+
+typedef struct {
+  char root[256], recipe[300];
+} tdir;
+
+static void tdir_open(tdir *d, const char *name, const char *training) {
+  snprintf(d->root, sizeof d->root, "/tmp/df_test_peagle_train_%s_%ld", name, (long)getpid());
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", d->root, d->root);
+  cr_assert_eq(system(cmd), 0);
+  snprintf(d->recipe, sizeof d->recipe, "%s/recipe.yaml", d->root);
+  FILE *fp = fopen(d->recipe, "w");
+  cr_assert(fp);
+  fprintf(fp,
+          "model:\n  target_model_path: " EFX "/target\n  draft_model_config: " PFX "/peagle.json\n"
+          "  mask_token_id: 250\n  vocab_mapping_path: %s/vocab.safetensors\n"
+          "data:\n  hidden_states_path: " EFX "/data\n  eval_hidden_states_path: " EFX "/data\n  max_length: 64\n"
+          "training:\n  strategy: peagle\n  learning_rate: 1e-3\n  max_grad_norm: 1.0\n  log_interval: 1\n%s"
+          "run_id: t\n",
+          d->root, training);
+  fclose(fp);
+}
+
+static void tdir_close(tdir *d) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", d->root);
+  cr_expect_eq(system(cmd), 0);
+}
+
+static void train_ok(const tdir *d, const char *run, const char *const *sets, const char *resume, df_train_summary *s) {
+  const char *all[16];
+  char out[400], res[400];
+  snprintf(out, sizeof out, "output_dir=%s/%s", d->root, run);
+  int n = 0;
+  all[n++] = out;
+  for (int i = 0; sets && sets[i]; i++) all[n++] = sets[i];
+  if (resume) snprintf(res, sizeof res, "%s/%s", d->root, resume);
+  df_train_options o = {.recipe_path = d->recipe,
+                        .overrides = all,
+                        .n_overrides = n,
+                        .resume = resume ? res : NULL,
+                        .threads = 1,
+                        .handle_signals = true};
+  omp_set_num_threads(1);
+  df_error err = {0};
+  DF_ASSERT_OK(df_train(&o, s, &err), &err);
+}
+
+static json_t *metrics(const tdir *d, const char *run) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s/metrics.jsonl", d->root, run);
+  FILE *fp = fopen(p, "r");
+  cr_assert(fp, "no %s", p);
+  json_t *rows = json_array();
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, fp) > 0) {
+    json_t *o = json_loads(line, 0, NULL);
+    cr_assert(o);
+    df_metrics_strip_timing(o);
+    json_array_append_new(rows, o);
+  }
+  free(line);
+  fclose(fp);
+  return rows;
+}
+
+Test(peagle_train, first_step_is_the_step_parity_loss) {
+  tdir d;
+  tdir_open(&d, "first", "  batch_size: 1\n  num_depths: 4\n  seed: 2\n  max_steps: 1\n");
+  df_train_summary s;
+  const char *warm[] = {"model.draft_checkpoint_path=" PFX "/draft_ckpt", NULL};
+  train_ok(&d, "a", warm, NULL, &s);
+  json_t *m = metrics(&d, "a");
+  const double loss = json_number_value(json_object_get(json_array_get(m, 0), "loss"));
+  cr_expect(fabs(loss - 5.802472226) < 1e-6 * 5.80, "step 1 loss %.9f, the d4_warm_2layers case's 5.802472226", loss);
+  json_decref(m);
+  tdir_close(&d);
+}
+
+Test(peagle_train, resume_is_bit_exact_and_the_contract_keeps_the_depths) {
+  tdir d;
+  tdir_open(&d, "resume",
+            "  batch_size: 2\n  accumulation_steps: 2\n  num_depths: 3\n  down_sample_ratio: 0.7\n"
+            "  num_epochs: 8\n  total_steps: 6\n  warmup_ratio: 0.25\n  seed: 7\n");
+  df_train_summary s;
+  const char *every3[] = {"training.save_interval=3", NULL};
+  train_ok(&d, "straight", every3, NULL, &s);
+  cr_expect_eq(s.last_step, 6);
+  const char *half[] = {"training.save_interval=3", "training.max_steps=3", NULL};
+  train_ok(&d, "split", half, NULL, &s);
+  const char *rest[] = {"training.save_interval=3", "training.max_steps=6", NULL};
+  train_ok(&d, "split", rest, "split", &s);
+  cr_expect_eq(s.start_step, 3);
+  char a[400], b[400], cmd[1000];
+  snprintf(a, sizeof a, "%s/straight/checkpoints/step-00000006/model.safetensors", d.root);
+  snprintf(b, sizeof b, "%s/split/checkpoints/step-00000006/model.safetensors", d.root);
+  snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+  cr_expect_eq(system(cmd), 0, "the resumed run's weights differ");
+  json_t *ma = metrics(&d, "straight"), *mb = metrics(&d, "split");
+  char *ta = json_dumps(ma, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+  char *tb = json_dumps(mb, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+  cr_expect_str_eq(ta, tb);
+  const json_t *last = json_array_get(ma, 5);
+  cr_expect_eq(json_array_size(json_object_get(last, "per_position_acc")), 3, "per depth");
+  cr_expect_eq(json_array_size(json_object_get(last, "depth_loss")), 3);
+  const double first = json_number_value(json_object_get(json_array_get(ma, 0), "loss"));
+  const double end = json_number_value(json_object_get(last, "loss"));
+  cr_expect(end < first, "six steps lower the loss: %.4f -> %.4f", first, end);
+  free(ta), free(tb);
+  json_decref(ma), json_decref(mb);
+  // the contract records the strategy's keys: other depths are refused on resume
+  const char *all[] = {NULL, "training.save_interval=3", "training.max_steps=6", "training.num_depths=4"};
+  char out[400], res[400];
+  snprintf(out, sizeof out, "output_dir=%s/split", d.root);
+  snprintf(res, sizeof res, "%s/split/checkpoints/step-00000003", d.root);
+  all[0] = out;
+  df_train_options o = {.recipe_path = d.recipe, .overrides = all, .n_overrides = 4, .resume = res, .threads = 1};
+  df_error err = {0};
+  cr_expect_neq(df_train(&o, &s, &err), DF_OK, "num_depths changed on resume");
+  cr_expect(strstr(err.msg, "num_depths") != NULL, "%s", err.msg);
+  tdir_close(&d);
+}
+
+Test(peagle_train, export_is_what_vllm_parallel_drafting_loads_and_eval_reads_every_row) {
+  tdir d;
+  tdir_open(&d, "export", "  batch_size: 3\n  num_depths: 3\n  max_steps: 2\n  seed: 3\n");
+  df_train_summary s;
+  train_ok(&d, "run", NULL, NULL, &s);
+  char run[400], out[400];
+  snprintf(run, sizeof run, "%s/run", d.root);
+  snprintf(out, sizeof out, "%s/export", d.root);
+  df_export_options eo = {.dtype = DF_ST_BF16, .threads = 1};
+  df_export_info info;
+  df_error err = {0};
+  DF_ASSERT_OK(df_export(run, out, &eo, &info, &err), &err);
+  cr_expect_str_eq(info.architecture, "Eagle3LlamaForCausalLM");
+  char log[8192] = {0};
+  FILE *fp = fmemopen(log, sizeof log - 1, "w");
+  int problems = -1;
+  DF_ASSERT_OK(df_inspect_export(out, fp, &problems, &err), &err);
+  fclose(fp);
+  cr_expect_eq(problems, 0, "%s", log);
+  cr_expect(strstr(log, "\"parallel_drafting\": true") != NULL, "%s", log);
+  char p[500];
+  snprintf(p, sizeof p, "%s/model.safetensors", out);
+  df_st_file *f = NULL;
+  DF_ASSERT_OK(df_st_open(p, &f, &err), &err);
+  cr_expect_eq(df_st_find(f, "fc.weight")->dtype, DF_ST_BF16);
+  cr_expect_eq(df_st_find(f, "d2t")->dtype, DF_ST_I64, "the mapping keeps its integer dtype");
+  const df_st_tensor *mh = df_st_find(f, "mask_hidden");
+  cr_assert_not_null(mh);
+  cr_expect(mh->ndim == 3 && mh->shape[2] == 192, "mask_hidden [1, 1, 3H] as SpecForge saves it");
+  cr_expect_not_null(df_st_find(f, "embed_tokens.weight"), "the trained embedding");
+  cr_expect_not_null(df_st_find(f, "layers.1.self_attn.q_proj.weight"));
+  df_st_close(f);
+  // the export reads back as the same P-EAGLE draft
+  snprintf(p, sizeof p, "%s/config.json", out);
+  const df_draft_config *cfg = NULL;
+  DF_ASSERT_OK(df_draft_config_from_file(p, &cfg, &err), &err);
+  cr_expect_eq(cfg->kind, DF_DRAFT_PEAGLE);
+  cr_expect_eq(cfg->num_hidden_layers, 2);
+  cr_expect_eq(cfg->dflash.mask_token_id, 250, "the run's mask token, where vLLM reads it");
+  df_draft_config_free(cfg);
+  // a broken export is reported: no mask token, parallel drafting of a one-layer claim
+  json_t *c = json_load_file(p, 0, NULL);
+  json_object_del(c, "mask_token_id");
+  json_object_set_new(c, "num_hidden_layers", json_integer(1));
+  cr_assert_eq(json_dump_file(c, p, 0), 0);
+  json_decref(c);
+  fp = fmemopen(log, sizeof log - 1, "w");
+  DF_ASSERT_OK(df_inspect_export(out, fp, &problems, &err), &err);
+  fclose(fp);
+  cr_expect_geq(problems, 1, "%s", log);
+  cr_expect(strstr(log, "mask_token_id") != NULL, "%s", log);
+  tdir_close(&d);
+}
