@@ -145,7 +145,7 @@ static const char *const WHAT[DF_MEM_TAGS] = {
     [DF_MEM_WORKSPACE] = "op workspace: LM-head chunk logits, attention, norms",
     [DF_MEM_STATS] = "metric sums + {norm, coef, ok}, f64",
     [DF_MEM_FFN_STATE] = "the FFN kind's state (MoE statistics, stashes)",
-    [DF_MEM_FROZEN] = "target embed_tokens + lm_head, draft's dtype (EAGLE-3: + vocab rows)",
+    [DF_MEM_FROZEN] = "target embed_tokens + lm_head, draft's dtype (EAGLE family: + vocab rows)",
     [DF_MEM_TARGET_WEIGHTS] = "online target's weights, fp32",
     [DF_MEM_KV_CACHE] = "online target's KV cache (data.max_length)",
     [DF_MEM_TARGET_ACTIVATIONS] = "online target's prefill scratch + output rows"};
@@ -156,8 +156,8 @@ static void print_header(const df_mem_plan *p, FILE *fp) {
   if (p->bs > 0)
     fprintf(fp, "%lld anchors x %lld (%lld block rows)", (long long)p->N, (long long)p->bs,
             (long long)(p->batch * p->N * p->bs));
-  else // a chain draft (EAGLE-3): N is the training-time-test length
-    fprintf(fp, "%lld training-time-test steps", (long long)p->N);
+  else // an EAGLE-family draft: N is the training-time-test length (EAGLE-3) or the depths (P-EAGLE)
+    fprintf(fp, "%lld training-time-test steps (P-EAGLE: depths)", (long long)p->N);
   fprintf(fp, ", %d rank%s%s\n", p->world, p->world > 1 ? "s" : "",
           p->world > 1 ? (p->zero ? " (ZeRO-1: rank 0's moment shard)" : " (replicated AdamW)") : "");
   fprintf(fp, "  draft %lld parameters, %s; %s%s\n", (long long)p->params,
