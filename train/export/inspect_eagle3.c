@@ -79,7 +79,11 @@ static void capture_keys(df_serve_log *log, const json_t *root, const df_draft_c
   free(t);
 }
 
-static bool is_parallel(const json_t *root) { return json_is_true(json_object_get(root, "parallel_drafting")); }
+// A P-EAGLE directory: draftforge's export (parallel_drafting) or a SpecForge checkpoint (PEagleDraftModel).
+static bool is_parallel(const json_t *root) {
+  const char *a = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
+  return json_is_true(json_object_get(root, "parallel_drafting")) || (a && !strcmp(a, "PEagleDraftModel"));
+}
 
 // P-EAGLE's own keys, as vLLM's parallel drafting reads them.
 static void parallel_keys(df_serve_log *log, const json_t *root, const df_draft_config *c) {

@@ -48,7 +48,8 @@ static int class_index(const json_t *root) {
 
 static bool is_eagle3(const json_t *root) {
   const char *a = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
-  return a && (!strcmp(a, "LlamaForCausalLMEagle3") || !strcmp(a, "Eagle3LlamaForCausalLM"));
+  return a && (!strcmp(a, "LlamaForCausalLMEagle3") || !strcmp(a, "Eagle3LlamaForCausalLM") ||
+               !strcmp(a, "PEagleDraftModel")); // SpecForge's P-EAGLE checkpoints (their layout is vLLM's)
 }
 
 bool df_inspect_is_draft_dir(const char *dir) {
