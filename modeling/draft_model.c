@@ -13,6 +13,7 @@
 #include "modeling/draft_layer.h"
 #include "modeling/dspark_heads.h"
 #include "modeling/eagle3_model.h"
+#include "modeling/model_util.h"
 #include "modeling/peagle_model.h"
 #include "modeling/strict_load.h"
 
@@ -167,14 +168,7 @@ static df_status alloc_state(df_draft_model *m, df_error *err) {
 }
 
 static df_status build_rope(df_draft_model *m, df_error *err) {
-  float *host = malloc(sizeof(float) * (size_t)(m->hd / 2));
-  if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "rope", NULL, "cannot allocate the RoPE table");
-  df_status st = dflash_rope_table(&m->cfg->rope, host, &m->mscale, err);
-  if (st == DF_OK) st = df_buffer_alloc(m->ctx, sizeof(float) * (size_t)(m->hd / 2), (void **)&m->inv_freq, err);
-  if (st == DF_OK)
-    st = df_copy(m->ctx, m->inv_freq, m->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)(m->hd / 2), err);
-  free(host);
-  return st;
+  return df_rope_upload(&m->cfg->rope, m->hd, m->ctx, &m->inv_freq, &m->mscale, err);
 }
 
 df_status df_draft_model_create(const df_draft_config *cfg, df_ctx *ctx, df_draft_model **out, df_error *err) {
@@ -376,17 +370,9 @@ df_status df_draft_model_load_ex(df_draft_model *m, const char *path, bool cente
 
 // ---- activation arena ----------------------------------------------------------------------------------
 
-// Hands out 64-byte aligned pieces of the arena; with base NULL it only measures.
-typedef struct {
-  char *base;
-  size_t off;
-} carver;
+typedef df_carver carver;
 
-static void *carve(carver *c, int64_t bytes) {
-  void *p = c->base ? c->base + c->off : NULL;
-  c->off += ((size_t)bytes + 63) & ~(size_t)63;
-  return p;
-}
+static void *carve(carver *c, int64_t bytes) { return df_carve(c, (size_t)bytes); }
 static float *carve_f(carver *c, int64_t n) { return carve(c, n * (int64_t)sizeof(float)); }
 // n elements of the storage dtype (activations and their gradients; statistics stay fp32: carve_f).
 static float *carve_s(carver *c, df_dtype dt, int64_t n) { return carve(c, n * (int64_t)df_dtype_size(dt)); }

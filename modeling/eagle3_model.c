@@ -10,25 +10,21 @@
 
 #include "kernels/causal_attn.h"
 #include "kernels/eagle3.h"
-#include "modeling/draft_layer.h"
+#include "modeling/model_util.h"
 
-typedef struct {
-  df_tensor w, g;
-} pview;
+typedef df_pview pview;
 
 // The activations of one TTT step (arena views).
 typedef struct {
-  float *emb;          // (R, H) embed(ids_i)
-  float *rstd_e;       // (R) input_layernorm
-  float *rstd_h;       // (R) hidden_norm
-  float *x;            // (R, 2H) [input_layernorm(emb) ; hidden_norm(h_in)]
-  float *q;            // (R, nH·hd) rotated
-  float *attn, *lse;   // (R, nH·hd), (R·nH)
-  float *h_mid;        // (R, H) h_in + o_proj(attn)
-  float *y, *rstd_p;   // (R, H) post_attention_layernorm(h_mid), (R)
-  float *g, *u, *a;    // (R, I) gate, up, silu(gate)·up
-  float *h_out;        // (R, H) the layer output: the next step's hidden input
-  float *out, *rstd_o; // (R, H) norm(h_out) (when norm_output), (R)
+  float *emb;           // (R, H) embed(ids_i)
+  float *rstd_e;        // (R) input_layernorm
+  float *rstd_h;        // (R) hidden_norm
+  float *x;             // (R, 2H) [input_layernorm(emb) ; hidden_norm(h_in)]
+  float *q;             // (R, nH·hd) rotated
+  float *lse;           // (R·nH)
+  df_llama_tail_acts t; // attn (R, nH·hd), h_mid = h_in + o_proj(attn), post_attention_layernorm's y and rstd_p,
+                        // gate, up, silu(gate)·up (R, I), h_out (R, H): the next step's hidden input
+  float *out, *rstd_o;  // (R, H) norm(h_out) (when norm_output), (R)
 } step_acts;
 // Activations and their gradients are held in the model's storage dtype dt (bf16 in mixed precision, their float
 // pointers then address bf16 elements); statistics (rstd, lse) are fp32. The TTT attention is an fp32 island: its
@@ -47,6 +43,7 @@ struct df_eagle3_model {
   size_t es;       // its element size
   float *inv_freq; // (hd/2) on the device
   pview q_w, k_w, v_w, o_w, gate_w, up_w, down_w, hidden_norm, in_norm, post_norm, fc, fc_norm[3], norm, lm_head;
+  df_llama_tail tail; // o_proj, the residual and the MLP of the midlayer (modeling/model_util.h)
   const df_param *t2d, *d2t;
   // the micro-batch
   df_eagle3_batch b;
@@ -66,11 +63,6 @@ struct df_eagle3_model {
 };
 
 // ---- parameters ----------------------------------------------------------------------------------------------
-
-static df_status add_buffer(df_params *p, const char *name, df_dtype dt, int64_t n, df_error *err) {
-  const df_param_spec s = {.name = name, .role = DF_ROLE_BUFFER, .ndim = 1, .shape = &n, .dtype = dt};
-  return df_params_add(p, &s, err);
-}
 
 df_status df_eagle3_add_params(const df_draft_config *cfg, df_params *p, df_error *err) {
   const int64_t H = cfg->hidden_size, Ht = cfg->eagle3.target_hidden_size, hd = cfg->head_dim;
@@ -93,8 +85,8 @@ df_status df_eagle3_add_params(const df_draft_config *cfg, df_params *p, df_erro
   }
   DF_TRY(df_params_add_f32(p, "norm.weight", DF_ROLE_NORM, 1, H, 0, err));
   DF_TRY(df_params_add_f32(p, "lm_head.weight", DF_ROLE_WEIGHT, 2, cfg->eagle3.draft_vocab_size, H, err));
-  DF_TRY(add_buffer(p, "t2d", DF_BOOL, cfg->vocab_size, err));
-  return add_buffer(p, "d2t", DF_I64, cfg->eagle3.draft_vocab_size, err);
+  DF_TRY(df_params_add_buffer(p, "t2d", DF_BOOL, cfg->vocab_size, err));
+  return df_params_add_buffer(p, "d2t", DF_I64, cfg->eagle3.draft_vocab_size, err);
 }
 
 void df_eagle3_init_buffers(const df_params *p, float *flat) {
@@ -136,17 +128,6 @@ static df_status bind_all(df_eagle3_model *m, float *grads, df_error *err) {
   return DF_OK;
 }
 
-static df_status build_rope(df_eagle3_model *m, df_error *err) {
-  float *host = malloc(sizeof(float) * (size_t)(m->hd / 2));
-  if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "rope", NULL, "cannot allocate the RoPE table");
-  df_status st = dflash_rope_table(&m->cfg->rope, host, &m->mscale, err);
-  if (st == DF_OK) st = df_buffer_alloc(m->ctx, sizeof(float) * (size_t)(m->hd / 2), (void **)&m->inv_freq, err);
-  if (st == DF_OK)
-    st = df_copy(m->ctx, m->inv_freq, m->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)(m->hd / 2), err);
-  free(host);
-  return st;
-}
-
 df_status df_eagle3_model_create(const df_draft_config *cfg, df_ctx *ctx, const df_params *p, float *weights,
                                  float *grads, df_eagle3_model **out, df_error *err) {
   *out = NULL;
@@ -159,7 +140,17 @@ df_status df_eagle3_model_create(const df_draft_config *cfg, df_ctx *ctx, const 
   m->eps = (float)cfg->rms_norm_eps;
   df_status st = bind_all(m, grads, err);
   m->dt = m->q_w.w.dtype, m->es = df_dtype_size(m->dt); // the forward's weights: bf16 views in mixed precision
-  if (st == DF_OK) st = build_rope(m, err);
+  m->tail = (df_llama_tail){.o = &m->o_w,
+                            .post_norm = &m->post_norm,
+                            .gate = &m->gate_w,
+                            .up = &m->up_w,
+                            .down = &m->down_w,
+                            .H = m->H,
+                            .I = m->I,
+                            .qd = m->qd,
+                            .eps = m->eps,
+                            .dt = m->dt};
+  if (st == DF_OK) st = df_rope_upload(&cfg->rope, m->hd, ctx, &m->inv_freq, &m->mscale, err);
   if (st != DF_OK) {
     df_eagle3_model_free(m);
     return st;
@@ -258,29 +249,15 @@ static df_tensor ivec(const df_eagle3_model *m, const int32_t *p, int64_t n) {
 static df_status cols_copy(const df_eagle3_model *m, int64_t rows, int64_t cols, const float *src, int64_t s_off,
                            int64_t s_ld, int64_t s_n, float *dst, int64_t d_off, int64_t d_ld, int64_t d_n, bool add,
                            df_error *err) {
-  const df_copy_2d_desc d = {.rows = rows,
-                             .cols = cols,
-                             .src_offset = s_off,
-                             .src_stride = s_ld,
-                             .dst_offset = d_off,
-                             .dst_stride = d_ld,
-                             .accumulate = add};
-  df_tensor s = vec(m, src, s_n), t = vec(m, dst, d_n);
-  return df_copy_2d(m->ctx, &d, &s, &t, err);
+  (void)s_n, (void)d_n; // the views' extents follow from rows and the leading dimensions
+  return df_cols_copy(m->ctx, m->dt, rows, cols, src, s_off, s_ld, dst, d_off, d_ld, add, err);
 }
 
 // ---- the activation arena -----------------------------------------------------------------------------------
 
-typedef struct {
-  char *base;
-  size_t off;
-} carver;
+typedef df_carver carver;
 
-static float *carve_b(carver *c, size_t bytes) {
-  float *p = c->base ? (float *)(c->base + c->off) : NULL;
-  c->off += (bytes + 63) & ~(size_t)63;
-  return p;
-}
+static float *carve_b(carver *c, size_t bytes) { return df_carve(c, bytes); }
 static float *carve(carver *c, int64_t floats) { return carve_b(c, (size_t)floats * sizeof(float)); }
 // n elements of the model's storage dtype.
 static float *carve_s(carver *c, const df_eagle3_model *m, int64_t n) { return carve_b(c, (size_t)n * m->es); }
@@ -295,11 +272,11 @@ static void layout(carver *c, df_eagle3_model *m, int64_t T) {
   for (int64_t i = 0; i < T; i++) {
     step_acts *a = &m->acts[i];
     a->emb = carve_s(c, m, R * H), a->rstd_e = carve(c, R), a->rstd_h = carve(c, R), a->x = carve_s(c, m, R * 2 * H);
-    a->q = carve_s(c, m, R * qd), a->attn = carve_s(c, m, R * qd), a->lse = carve(c, R * m->nH);
-    a->h_mid = carve_s(c, m, R * H), a->y = carve_s(c, m, R * H), a->rstd_p = carve(c, R);
-    a->g = carve_s(c, m, R * I), a->u = carve_s(c, m, R * I), a->a = carve_s(c, m, R * I);
-    a->h_out = carve_s(c, m, R * H);
-    a->out = m->cfg->eagle3.norm_output ? carve_s(c, m, R * H) : a->h_out;
+    a->q = carve_s(c, m, R * qd), a->t.attn = carve_s(c, m, R * qd), a->lse = carve(c, R * m->nH);
+    a->t.h_mid = carve_s(c, m, R * H), a->t.y = carve_s(c, m, R * H), a->t.rstd_p = carve(c, R);
+    a->t.g = carve_s(c, m, R * I), a->t.u = carve_s(c, m, R * I), a->t.a = carve_s(c, m, R * I);
+    a->t.h_out = carve_s(c, m, R * H);
+    a->out = m->cfg->eagle3.norm_output ? carve_s(c, m, R * H) : a->t.h_out;
     a->rstd_o = carve(c, R);
   }
   m->dh = carve_s(c, m, R * H), m->carry = carve_s(c, m, R * H), m->dtmp = carve_s(c, m, R * H);
@@ -388,18 +365,9 @@ static df_status qkv_forward(df_eagle3_model *m, int64_t R, const float *h_in, c
 }
 
 static df_status tail_forward(df_eagle3_model *m, int64_t R, const float *h_in, step_acts *a, df_error *err) {
-  const int64_t H = m->H, I = m->I;
-  df_tensor at = mat(m, a->attn, R, m->qd), hm = mat(m, a->h_mid, R, H), hi = mat(m, h_in, R, H);
-  DF_TRY(df_linear_forward(m->ctx, &at, &m->o_w.w, NULL, &hm, err));
-  DF_TRY(df_axpy(m->ctx, 1.0f, &hi, &hm, err));
-  df_tensor y = mat(m, a->y, R, H), rp = fvec(m, a->rstd_p, R), g = mat(m, a->g, R, I), u = mat(m, a->u, R, I);
-  df_tensor act = mat(m, a->a, R, I), ho = mat(m, a->h_out, R, H);
-  DF_TRY(df_rmsnorm_forward(m->ctx, &hm, &m->post_norm.w, m->eps, &y, &rp, err));
-  DF_TRY(df_linear_forward(m->ctx, &y, &m->gate_w.w, NULL, &g, err));
-  DF_TRY(df_linear_forward(m->ctx, &y, &m->up_w.w, NULL, &u, err));
-  DF_TRY(df_swiglu_forward(m->ctx, &g, &u, 0.0f, &act, err));
-  DF_TRY(df_linear_forward(m->ctx, &act, &m->down_w.w, NULL, &ho, err));
-  DF_TRY(df_axpy(m->ctx, 1.0f, &hm, &ho, err));
+  const int64_t H = m->H;
+  df_tensor ho = mat(m, a->t.h_out, R, H);
+  DF_TRY(df_llama_tail_forward(m->ctx, &m->tail, R, h_in, &a->t, err));
   if (!m->cfg->eagle3.norm_output) return DF_OK;
   df_tensor o = mat(m, a->out, R, H), ro = fvec(m, a->rstd_o, R);
   return df_rmsnorm_forward(m->ctx, &ho, &m->norm.w, m->eps, &o, &ro, err);
@@ -429,7 +397,7 @@ df_status df_eagle3_step_forward(df_eagle3_model *m, int64_t i, const float **ou
                    "TTT step %lld out of order (expected %lld)", (long long)i, (long long)m->next_fwd);
   const int64_t R = m->R;
   step_acts *a = &m->acts[i];
-  const float *h_in = i == 0 ? m->h0 : m->acts[i - 1].h_out;
+  const float *h_in = i == 0 ? m->h0 : m->acts[i - 1].t.h_out;
   df_tensor tab = mat(m, m->b.embed, m->b.vocab, m->H), ids = ivec(m, m->b.ids + i * R, R), e = mat(m, a->emb, R, m->H);
   DF_TRY(df_embedding_forward(m->ctx, &tab, &ids, &e, err));
   float *k = m->kc + i * R * m->kvd, *v = m->vc + i * R * m->kvd;
@@ -442,10 +410,10 @@ df_status df_eagle3_step_forward(df_eagle3_model *m, int64_t i, const float **ou
   }
   const df_ttt_attn_desc desc = {.step = i, .scale = (float)(1.0 / sqrt((double)m->hd))};
   df_tensor q = heads4(m, mixed ? m->q32 : a->q), kc = cache4(m, m->kc), vc = cache4(m, m->vc);
-  df_tensor o = heads4(m, mixed ? m->o32 : a->attn);
+  df_tensor o = heads4(m, mixed ? m->o32 : a->t.attn);
   df_tensor len = ivec(m, m->b.lengths, m->b.B), lse = fvec(m, a->lse, R * m->nH);
   DF_TRY(df_ttt_attn_forward(m->ctx, &desc, &q, &kc, &vc, &len, &o, &lse, err));
-  if (mixed) DF_TRY(cast_out(m, m->o32, a->attn, R * m->qd, err));
+  if (mixed) DF_TRY(cast_out(m, m->o32, a->t.attn, R * m->qd, err));
   DF_TRY(tail_forward(m, R, h_in, a, err));
   m->next_fwd = i + 1;
   if (i + 1 == m->b.T) m->next_bwd = i;
@@ -462,17 +430,7 @@ static df_status zero(df_eagle3_model *m, float *p, int64_t n, df_error *err) { 
 
 // dh (R, H) = ∂loss/∂h_out of step i → through the MLP and o_proj: dh becomes ∂/∂h_mid, dattn ∂/∂attn.
 static df_status tail_backward(df_eagle3_model *m, int64_t R, const step_acts *a, df_error *err) {
-  const int64_t H = m->H, I = m->I;
-  df_tensor dh = mat(m, m->dh, R, H), act = mat(m, a->a, R, I), da = mat(m, m->da, R, I);
-  df_tensor g = mat(m, a->g, R, I), u = mat(m, a->u, R, I), dg = mat(m, m->dg, R, I), du = mat(m, m->du, R, I);
-  df_tensor y = mat(m, a->y, R, H), dy = mat(m, m->dy, R, H), hm = mat(m, a->h_mid, R, H), rp = fvec(m, a->rstd_p, R);
-  DF_TRY(df_linear_backward(m->ctx, &dh, &act, &m->down_w.w, &da, false, &m->down_w.g, NULL, err));
-  DF_TRY(df_swiglu_backward(m->ctx, &da, &g, &u, 0.0f, &dg, &du, err));
-  DF_TRY(df_linear_backward(m->ctx, &dg, &y, &m->gate_w.w, &dy, false, &m->gate_w.g, NULL, err));
-  DF_TRY(df_linear_backward(m->ctx, &du, &y, &m->up_w.w, &dy, true, &m->up_w.g, NULL, err));
-  DF_TRY(df_rmsnorm_backward(m->ctx, &dy, &hm, &m->post_norm.w, &rp, &dh, true, &m->post_norm.g, err));
-  df_tensor at = mat(m, a->attn, R, m->qd), dat = mat(m, m->dattn, R, m->qd);
-  return df_linear_backward(m->ctx, &dh, &at, &m->o_w.w, &dat, false, &m->o_w.g, NULL, err);
+  return df_llama_tail_backward(m->ctx, &m->tail, R, &a->t, m->dh, m->dattn, m->da, m->dg, m->du, m->dy, err);
 }
 
 // From dq and this step's (now complete) key gradients to x, then to the two norms: the carry becomes ∂/∂h_in.
@@ -532,7 +490,7 @@ df_status df_eagle3_step_backward(df_eagle3_model *m, int64_t i, const float *d_
   }
   df_tensor dout = mat(m, d_out, R, H), dh = mat(m, m->dh, R, H), carry = mat(m, m->carry, R, H);
   if (m->cfg->eagle3.norm_output) {
-    df_tensor ho = mat(m, a->h_out, R, H), ro = fvec(m, a->rstd_o, R);
+    df_tensor ho = mat(m, a->t.h_out, R, H), ro = fvec(m, a->rstd_o, R);
     DF_TRY(df_rmsnorm_backward(m->ctx, &dout, &ho, &m->norm.w, &ro, &dh, false, &m->norm.g, err));
   } else {
     DF_TRY(df_copy(m->ctx, m->dh, m->dev, d_out, m->dev, m->es * (size_t)(R * H), err));
@@ -543,16 +501,16 @@ df_status df_eagle3_step_backward(df_eagle3_model *m, int64_t i, const float *d_
   const bool mixed = m->dt != DF_F32;
   if (mixed) { // into the island: the step's queries, outputs (as the forward rounded them) and their gradient
     DF_TRY(cast_in(m, a->q, m->q32, R * m->qd, err));
-    DF_TRY(cast_in(m, a->attn, m->o32, R * m->qd, err));
+    DF_TRY(cast_in(m, a->t.attn, m->o32, R * m->qd, err));
     DF_TRY(cast_in(m, m->dattn, m->do32, R * m->qd, err));
   }
   df_tensor q = heads4(m, mixed ? m->q32 : a->q), kc = cache4(m, m->kc), vc = cache4(m, m->vc);
-  df_tensor o = heads4(m, mixed ? m->o32 : a->attn), dat = heads4(m, mixed ? m->do32 : m->dattn);
+  df_tensor o = heads4(m, mixed ? m->o32 : a->t.attn), dat = heads4(m, mixed ? m->do32 : m->dattn);
   df_tensor len = ivec(m, m->b.lengths, m->b.B), lse = fvec(m, a->lse, R * m->nH);
   df_tensor dq = heads4(m, mixed ? m->dq32 : m->dq), dkc = cache4(m, m->dkc), dvc = cache4(m, m->dvc);
   DF_TRY(df_ttt_attn_backward(m->ctx, &desc, &q, &kc, &vc, &len, &o, &lse, &dat, &dq, &dkc, &dvc, err));
   if (mixed) DF_TRY(cast_out(m, m->dq32, m->dq, R * m->qd, err));
-  DF_TRY(qkv_backward(m, i, a, i == 0 ? m->h0 : m->acts[i - 1].h_out, err));
+  DF_TRY(qkv_backward(m, i, a, i == 0 ? m->h0 : m->acts[i - 1].t.h_out, err));
   m->next_bwd = i - 1;
   return i == 0 ? fc_backward(m, err) : DF_OK;
 }
@@ -604,9 +562,9 @@ static df_status cache_rows(df_eagle3_cache *c, int64_t n, df_error *err) {
     carver *k = pass ? &cv : &meas;
     step_acts *a = &c->a;
     a->emb = carve(k, n * H), a->rstd_e = carve(k, n), a->rstd_h = carve(k, n), a->x = carve(k, n * 2 * H);
-    a->q = carve(k, n * m->qd), a->attn = carve(k, n * m->qd), a->lse = carve(k, n * m->nH);
-    a->h_mid = carve(k, n * H), a->y = carve(k, n * H), a->rstd_p = carve(k, n);
-    a->g = carve(k, n * I), a->u = carve(k, n * I), a->a = carve(k, n * I), a->h_out = carve(k, n * H);
+    a->q = carve(k, n * m->qd), a->t.attn = carve(k, n * m->qd), a->lse = carve(k, n * m->nH);
+    a->t.h_mid = carve(k, n * H), a->t.y = carve(k, n * H), a->t.rstd_p = carve(k, n);
+    a->t.g = carve(k, n * I), a->t.u = carve(k, n * I), a->t.a = carve(k, n * I), a->t.h_out = carve(k, n * H);
     a->out = carve(k, n * H), a->rstd_o = carve(k, n);
     c->h_in = carve(k, n * H), c->fc_in = carve(k, n * 3 * m->Ht);
     c->pos = (int32_t *)carve(k, n);
@@ -660,11 +618,11 @@ df_status df_eagle3_decode(df_eagle3_model *m, df_eagle3_cache *c, int64_t start
   df_tensor q = df_view(a->q, DF_F32, m->dev, 4, (const int64_t[]){1, n, m->nH, m->hd});
   df_tensor k = df_view(c->k, DF_F32, m->dev, 4, (const int64_t[]){1, c->cap, m->nKV, m->hd});
   df_tensor v = df_view(c->v, DF_F32, m->dev, 4, (const int64_t[]){1, c->cap, m->nKV, m->hd});
-  df_tensor o = df_view(a->attn, DF_F32, m->dev, 4, (const int64_t[]){1, n, m->nH, m->hd});
+  df_tensor o = df_view(a->t.attn, DF_F32, m->dev, 4, (const int64_t[]){1, n, m->nH, m->hd});
   DF_TRY(df_causal_attn_forward(m->ctx, &desc, &q, &k, &v, &o, err));
   const bool norm_out = m->cfg->eagle3.norm_output;
-  if (!norm_out) a->out = a->h_out;
+  if (!norm_out) a->out = a->t.h_out;
   DF_TRY(tail_forward(m, n, h_in, a, err));
-  *h_out = a->h_out, *logits_in = norm_out ? a->out : a->h_out;
+  *h_out = a->t.h_out, *logits_in = norm_out ? a->out : a->t.h_out;
   return DF_OK;
 }

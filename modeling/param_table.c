@@ -176,6 +176,11 @@ void df_params_set_compute(df_params *p, const float *masters, void *compute, df
   p->masters = masters, p->compute = compute, p->compute_dt = dt;
 }
 
+df_status df_params_add_buffer(df_params *p, const char *name, df_dtype dt, int64_t n, df_error *err) {
+  const df_param_spec s = {.name = name, .role = DF_ROLE_BUFFER, .ndim = 1, .shape = &n, .dtype = dt};
+  return df_params_add(p, &s, err);
+}
+
 df_status df_params_add_f32(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
                             df_error *err) {
   const int64_t shape[2] = {d0, d1};

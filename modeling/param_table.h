@@ -95,6 +95,8 @@ void df_params_set_compute(df_params *p, const float *masters, void *compute, df
 // Adds a trainable fp32 parameter of shape [d0] (ndim 1) or [d0, d1]; weights and embeddings get weight decay.
 df_status df_params_add_f32(df_params *p, const char *name, df_param_role role, int ndim, int64_t d0, int64_t d1,
                             df_error *err);
+// Adds a 1-D buffer of n elements of dtype dt (checkpointed, not trained: the EAGLE family's t2d / d2t).
+df_status df_params_add_buffer(df_params *p, const char *name, df_dtype dt, int64_t n, df_error *err);
 
 #ifdef __cplusplus
 }

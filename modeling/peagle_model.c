@@ -11,16 +11,15 @@
 
 #include "kernels/causal_attn.h"
 #include "kernels/eagle3.h"
-#include "modeling/draft_layer.h"
+#include "modeling/model_util.h"
 
-typedef struct {
-  df_tensor w, g;
-} pview;
+typedef df_pview pview;
 
 // One decoder layer's weights; hidden_norm only in layer 0.
 typedef struct {
   pview in_norm, hidden_norm, q, k, v, o, post_norm, gate, up, down;
-  int64_t win; // q/k/v input width: 2H in layer 0, H after
+  int64_t win;        // q/k/v input width: 2H in layer 0, H after
+  df_llama_tail tail; // o_proj, the residual, the MLP (modeling/model_util.h)
 } layer_w;
 
 // One layer's activations over the Rt = T·R rows (storage dtype, statistics fp32).
@@ -29,11 +28,8 @@ typedef struct {
   float *rstd_a, *rstd_b; // (Rt) input_layernorm, and layer 0's hidden_norm
   float *q;               // (Rt, qd) rotated
   float *kc, *vc;         // (Rt, kvd) fp32 rotated keys and values: the attention island's cache, depth-major
-  float *attn, *lse;      // (Rt, qd), (Rt·nH)
-  float *h_mid;           // (Rt, H) residual + o_proj(attn)
-  float *y, *rstd_p;      // post_attention_layernorm(h_mid)
-  float *g, *u, *a;       // (Rt, I)
-  float *h_out;           // (Rt, H)
+  float *lse;             // (Rt·nH)
+  df_llama_tail_acts t;   // attn (Rt, qd), h_mid, y, g, u, a, h_out (storage dtype), rstd_p
 } layer_acts;
 
 struct df_peagle_model {
@@ -71,11 +67,6 @@ struct df_peagle_model {
 
 // ---- parameters ----------------------------------------------------------------------------------------------
 
-static df_status add_buffer(df_params *p, const char *name, df_dtype dt, int64_t n, df_error *err) {
-  const df_param_spec s = {.name = name, .role = DF_ROLE_BUFFER, .ndim = 1, .shape = &n, .dtype = dt};
-  return df_params_add(p, &s, err);
-}
-
 static df_status add_layer(const df_draft_config *cfg, int i, df_params *p, df_error *err) {
   const int64_t H = cfg->hidden_size, hd = cfg->head_dim, I = cfg->intermediate_size;
   const int64_t qd = cfg->num_attention_heads * hd, kvd = cfg->num_key_value_heads * hd, win = i == 0 ? 2 * H : H;
@@ -111,8 +102,8 @@ df_status df_peagle_add_params(const df_draft_config *cfg, df_params *p, df_erro
   for (int i = 0; i < cfg->num_hidden_layers; i++) DF_TRY(add_layer(cfg, i, p, err));
   DF_TRY(df_params_add_f32(p, "norm.weight", DF_ROLE_NORM, 1, H, 0, err));
   DF_TRY(df_params_add_f32(p, "lm_head.weight", DF_ROLE_WEIGHT, 2, cfg->eagle3.draft_vocab_size, H, err));
-  DF_TRY(add_buffer(p, "t2d", DF_BOOL, cfg->vocab_size, err));
-  return add_buffer(p, "d2t", DF_I64, cfg->eagle3.draft_vocab_size, err);
+  DF_TRY(df_params_add_buffer(p, "t2d", DF_BOOL, cfg->vocab_size, err));
+  return df_params_add_buffer(p, "d2t", DF_I64, cfg->eagle3.draft_vocab_size, err);
 }
 
 double df_peagle_init_std(const df_draft_config *cfg, const char *name) {
@@ -149,17 +140,6 @@ static df_status bind_all(df_peagle_model *m, float *grads, df_error *err) {
   return DF_OK;
 }
 
-static df_status build_rope(df_peagle_model *m, df_error *err) {
-  float *host = malloc(sizeof(float) * (size_t)(m->hd / 2));
-  if (!host) return DF_FAIL(err, DF_ERR_NOMEM, "rope", NULL, "cannot allocate the RoPE table");
-  df_status st = dflash_rope_table(&m->cfg->rope, host, &m->mscale, err);
-  if (st == DF_OK) st = df_buffer_alloc(m->ctx, sizeof(float) * (size_t)(m->hd / 2), (void **)&m->inv_freq, err);
-  if (st == DF_OK)
-    st = df_copy(m->ctx, m->inv_freq, m->dev, host, DF_DEV_CPU, sizeof(float) * (size_t)(m->hd / 2), err);
-  free(host);
-  return st;
-}
-
 df_status df_peagle_model_create(const df_draft_config *cfg, df_ctx *ctx, const df_params *p, float *weights,
                                  float *grads, df_peagle_model **out, df_error *err) {
   *out = NULL;
@@ -174,7 +154,20 @@ df_status df_peagle_model_create(const df_draft_config *cfg, df_ctx *ctx, const 
   m->lw = calloc((size_t)m->L, sizeof *m->lw);
   df_status st = m->lw ? bind_all(m, grads, err) : DF_FAIL(err, DF_ERR_NOMEM, cfg->source, NULL, "out of memory");
   if (st == DF_OK) m->dt = m->fc.w.dtype, m->es = df_dtype_size(m->dt);
-  if (st == DF_OK) st = build_rope(m, err);
+  for (int64_t l = 0; st == DF_OK && l < m->L; l++) {
+    layer_w *w = &m->lw[l];
+    w->tail = (df_llama_tail){.o = &w->o,
+                              .post_norm = &w->post_norm,
+                              .gate = &w->gate,
+                              .up = &w->up,
+                              .down = &w->down,
+                              .H = m->H,
+                              .I = m->I,
+                              .qd = m->qd,
+                              .eps = m->eps,
+                              .dt = m->dt};
+  }
+  if (st == DF_OK) st = df_rope_upload(&cfg->rope, m->hd, ctx, &m->inv_freq, &m->mscale, err);
   if (st != DF_OK) {
     df_peagle_model_free(m);
     return st;
@@ -223,16 +216,7 @@ static float *at(const df_peagle_model *m, const float *p, int64_t elems) {
 // Copies cols columns between two row-major matrices of the storage dtype (strides in elements), or adds them.
 static df_status cols_copy(const df_peagle_model *m, int64_t rows, int64_t cols, const float *src, int64_t s_off,
                            int64_t s_ld, float *dst, int64_t d_off, int64_t d_ld, bool add, df_error *err) {
-  const df_copy_2d_desc d = {.rows = rows,
-                             .cols = cols,
-                             .src_offset = s_off,
-                             .src_stride = s_ld,
-                             .dst_offset = d_off,
-                             .dst_stride = d_ld,
-                             .accumulate = add};
-  df_tensor s = df_view((void *)src, m->dt, m->dev, 1, (const int64_t[]){rows * s_ld});
-  df_tensor t = df_view(dst, m->dt, m->dev, 1, (const int64_t[]){rows * d_ld});
-  return df_copy_2d(m->ctx, &d, &s, &t, err);
+  return df_cols_copy(m->ctx, m->dt, rows, cols, src, s_off, s_ld, dst, d_off, d_ld, add, err);
 }
 
 static df_status cast(df_peagle_model *m, df_dtype from, const void *src, df_dtype to, void *dst, int64_t n,
@@ -244,16 +228,9 @@ static df_status cast(df_peagle_model *m, df_dtype from, const void *src, df_dty
 
 // ---- the activation arena -----------------------------------------------------------------------------------
 
-typedef struct {
-  char *base;
-  size_t off;
-} carver;
+typedef df_carver carver;
 
-static float *carve_b(carver *c, size_t bytes) {
-  float *p = c->base ? (float *)(c->base + c->off) : NULL;
-  c->off += (bytes + 63) & ~(size_t)63;
-  return p;
-}
+static float *carve_b(carver *c, size_t bytes) { return df_carve(c, bytes); }
 static float *carve(carver *c, int64_t floats) { return carve_b(c, (size_t)floats * sizeof(float)); }
 static float *carve_s(carver *c, const df_peagle_model *m, int64_t n) { return carve_b(c, (size_t)n * m->es); }
 
@@ -267,10 +244,10 @@ static void layout(carver *c, df_peagle_model *m) {
     layer_acts *a = &m->acts[l];
     a->x = carve_s(c, m, Rt * m->lw[l].win), a->rstd_a = carve(c, Rt), a->rstd_b = carve(c, Rt);
     a->q = carve_s(c, m, Rt * qd), a->kc = carve(c, Rt * kvd), a->vc = carve(c, Rt * kvd);
-    a->attn = carve_s(c, m, Rt * qd), a->lse = carve(c, Rt * m->nH);
-    a->h_mid = carve_s(c, m, Rt * H), a->y = carve_s(c, m, Rt * H), a->rstd_p = carve(c, Rt);
-    a->g = carve_s(c, m, Rt * I), a->u = carve_s(c, m, Rt * I), a->a = carve_s(c, m, Rt * I);
-    a->h_out = carve_s(c, m, Rt * H);
+    a->t.attn = carve_s(c, m, Rt * qd), a->lse = carve(c, Rt * m->nH);
+    a->t.h_mid = carve_s(c, m, Rt * H), a->t.y = carve_s(c, m, Rt * H), a->t.rstd_p = carve(c, Rt);
+    a->t.g = carve_s(c, m, Rt * I), a->t.u = carve_s(c, m, Rt * I), a->t.a = carve_s(c, m, Rt * I);
+    a->t.h_out = carve_s(c, m, Rt * H);
   }
   m->dh = carve_s(c, m, Rt * H), m->dtmp = carve_s(c, m, Rt * H);
   m->dy = carve_s(c, m, Rt * H);
@@ -330,7 +307,7 @@ static df_status input_forward(df_peagle_model *m, df_error *err) {
 
 // Layer l over every row: the q/k/v input, the projections, RoPE, each depth's attention, o_proj, the MLP.
 static df_status layer_forward(df_peagle_model *m, int64_t l, const float *h_in, df_error *err) {
-  const int64_t Rt = m->Rt, H = m->H, I = m->I, win = m->lw[l].win;
+  const int64_t Rt = m->Rt, H = m->H, win = m->lw[l].win;
   const layer_w *w = &m->lw[l];
   layer_acts *a = &m->acts[l];
   const float *res = h_in;
@@ -366,25 +343,15 @@ static df_status layer_forward(df_peagle_model *m, int64_t l, const float *h_in,
   }
   df_tensor kc = cache4(m, a->kc), vc = cache4(m, a->vc), len = ivec(m, m->b.lengths, m->b.B);
   const float *qs = mixed ? m->q32 : a->q;
-  float *os = mixed ? m->o32 : a->attn;
+  float *os = mixed ? m->o32 : a->t.attn;
   for (int64_t d = 0; d < m->b.T; d++) {
     const df_ttt_attn_desc desc = {.step = d, .scale = (float)(1.0 / sqrt((double)m->hd))};
     df_tensor qd4 = heads4(m, qs + d * m->R * m->qd), od4 = heads4(m, os + d * m->R * m->qd);
     df_tensor lse = fvec(m, a->lse + d * m->R * m->nH, m->R * m->nH);
     DF_TRY(df_ttt_attn_forward(m->ctx, &desc, &qd4, &kc, &vc, &len, &od4, &lse, err));
   }
-  if (mixed) DF_TRY(cast(m, DF_F32, m->o32, m->dt, a->attn, Rt * m->qd, err));
-  df_tensor at_ = mat(m, a->attn, Rt, m->qd), hm = mat(m, a->h_mid, Rt, H), rs = mat(m, res, Rt, H);
-  DF_TRY(df_linear_forward(m->ctx, &at_, &w->o.w, NULL, &hm, err));
-  DF_TRY(df_axpy(m->ctx, 1.0f, &rs, &hm, err));
-  df_tensor y = mat(m, a->y, Rt, H), rp = fvec(m, a->rstd_p, Rt), g = mat(m, a->g, Rt, I), u = mat(m, a->u, Rt, I);
-  df_tensor act = mat(m, a->a, Rt, I), ho = mat(m, a->h_out, Rt, H);
-  DF_TRY(df_rmsnorm_forward(m->ctx, &hm, &w->post_norm.w, m->eps, &y, &rp, err));
-  DF_TRY(df_linear_forward(m->ctx, &y, &w->gate.w, NULL, &g, err));
-  DF_TRY(df_linear_forward(m->ctx, &y, &w->up.w, NULL, &u, err));
-  DF_TRY(df_swiglu_forward(m->ctx, &g, &u, 0.0f, &act, err));
-  DF_TRY(df_linear_forward(m->ctx, &act, &w->down.w, NULL, &ho, err));
-  return df_axpy(m->ctx, 1.0f, &hm, &ho, err);
+  if (mixed) DF_TRY(cast(m, DF_F32, m->o32, m->dt, a->t.attn, Rt * m->qd, err));
+  return df_llama_tail_forward(m->ctx, &w->tail, Rt, res, &a->t, err);
 }
 
 df_status df_peagle_forward(df_peagle_model *m, const df_peagle_batch *b, const float **out, df_error *err) {
@@ -393,8 +360,8 @@ df_status df_peagle_forward(df_peagle_model *m, const df_peagle_batch *b, const 
   m->b = *b, m->R = b->B * b->S, m->Rt = b->T * m->R, m->have_forward = false;
   DF_TRY(ensure_arena(m, err));
   DF_TRY(input_forward(m, err));
-  for (int64_t l = 0; l < m->L; l++) DF_TRY(layer_forward(m, l, l == 0 ? m->h0 : m->acts[l - 1].h_out, err));
-  df_tensor h = mat(m, m->acts[m->L - 1].h_out, m->Rt, m->H), o = mat(m, m->out, m->Rt, m->H);
+  for (int64_t l = 0; l < m->L; l++) DF_TRY(layer_forward(m, l, l == 0 ? m->h0 : m->acts[l - 1].t.h_out, err));
+  df_tensor h = mat(m, m->acts[m->L - 1].t.h_out, m->Rt, m->H), o = mat(m, m->out, m->Rt, m->H);
   df_tensor ro = fvec(m, m->rstd_o, m->Rt);
   DF_TRY(df_rmsnorm_forward(m->ctx, &h, &m->norm.w, m->eps, &o, &ro, err));
   m->have_forward = true;
@@ -406,27 +373,18 @@ df_status df_peagle_forward(df_peagle_model *m, const df_peagle_batch *b, const 
 
 // Layer l: m->dh holds ∂loss/∂h_out on entry and ∂loss/∂h_in on return.
 static df_status layer_backward(df_peagle_model *m, int64_t l, const float *h_in, df_error *err) {
-  const int64_t Rt = m->Rt, H = m->H, I = m->I, win = m->lw[l].win, kvd = m->kvd;
+  const int64_t Rt = m->Rt, H = m->H, win = m->lw[l].win, kvd = m->kvd;
   layer_w *w = &m->lw[l];
   const layer_acts *a = &m->acts[l];
   df_ctx *ctx = m->ctx;
   // the MLP and o_proj: dh becomes ∂/∂h_mid, dattn ∂/∂attn
-  df_tensor dh = mat(m, m->dh, Rt, H), act = mat(m, a->a, Rt, I), da = mat(m, m->da, Rt, I);
-  df_tensor g = mat(m, a->g, Rt, I), u = mat(m, a->u, Rt, I), dg = mat(m, m->dg, Rt, I), du = mat(m, m->du, Rt, I);
-  df_tensor y = mat(m, a->y, Rt, H), dy = mat(m, m->dy, Rt, H), hm = mat(m, a->h_mid, Rt, H);
-  df_tensor rp = fvec(m, a->rstd_p, Rt);
-  DF_TRY(df_linear_backward(ctx, &dh, &act, &w->down.w, &da, false, &w->down.g, NULL, err));
-  DF_TRY(df_swiglu_backward(ctx, &da, &g, &u, 0.0f, &dg, &du, err));
-  DF_TRY(df_linear_backward(ctx, &dg, &y, &w->gate.w, &dy, false, &w->gate.g, NULL, err));
-  DF_TRY(df_linear_backward(ctx, &du, &y, &w->up.w, &dy, true, &w->up.g, NULL, err));
-  DF_TRY(df_rmsnorm_backward(ctx, &dy, &hm, &w->post_norm.w, &rp, &dh, true, &w->post_norm.g, err));
-  df_tensor at_ = mat(m, a->attn, Rt, m->qd), dat = mat(m, m->dattn, Rt, m->qd);
-  DF_TRY(df_linear_backward(ctx, &dh, &at_, &w->o.w, &dat, false, &w->o.g, NULL, err));
+  DF_TRY(df_llama_tail_backward(ctx, &w->tail, Rt, &a->t, m->dh, m->dattn, m->da, m->dg, m->du, m->dy, err));
+  df_tensor dh = mat(m, m->dh, Rt, H);
   // the attention, depth by depth; the key / value gradients sum over every depth that read them
   const bool mixed = m->dt != DF_F32;
   if (mixed) {
     DF_TRY(cast(m, m->dt, a->q, DF_F32, m->q32, Rt * m->qd, err));
-    DF_TRY(cast(m, m->dt, a->attn, DF_F32, m->o32, Rt * m->qd, err));
+    DF_TRY(cast(m, m->dt, a->t.attn, DF_F32, m->o32, Rt * m->qd, err));
     DF_TRY(cast(m, m->dt, m->dattn, DF_F32, m->do32, Rt * m->qd, err));
   }
   df_tensor dkc = fvec(m, m->dkc, Rt * kvd), dvc = fvec(m, m->dvc, Rt * kvd);
@@ -434,7 +392,7 @@ static df_status layer_backward(df_peagle_model *m, int64_t l, const float *h_in
   DF_TRY(df_fill(ctx, &dvc, 0.0, err));
   df_tensor kc = cache4(m, a->kc), vc = cache4(m, a->vc), len = ivec(m, m->b.lengths, m->b.B);
   dkc = cache4(m, m->dkc), dvc = cache4(m, m->dvc);
-  const float *qs = mixed ? m->q32 : a->q, *os = mixed ? m->o32 : a->attn, *dos = mixed ? m->do32 : m->dattn;
+  const float *qs = mixed ? m->q32 : a->q, *os = mixed ? m->o32 : a->t.attn, *dos = mixed ? m->do32 : m->dattn;
   float *dqs = mixed ? m->dq32 : m->dq;
   for (int64_t d = m->b.T - 1; d >= 0; d--) {
     const int64_t off = d * m->R * m->qd;
@@ -514,9 +472,9 @@ df_status df_peagle_backward(df_peagle_model *m, const float *d_out, df_error *e
     return DF_FAIL(err, DF_ERR_INVALID, "backward", "run df_peagle_forward first", "no forward to differentiate");
   const int64_t Rt = m->Rt, H = m->H;
   df_tensor dout = mat(m, d_out, Rt, H), dh = mat(m, m->dh, Rt, H), ro = fvec(m, m->rstd_o, Rt);
-  df_tensor h = mat(m, m->acts[m->L - 1].h_out, Rt, H);
+  df_tensor h = mat(m, m->acts[m->L - 1].t.h_out, Rt, H);
   DF_TRY(df_rmsnorm_backward(m->ctx, &dout, &h, &m->norm.w, &ro, &dh, false, &m->norm.g, err));
-  for (int64_t l = m->L - 1; l >= 0; l--) DF_TRY(layer_backward(m, l, l == 0 ? m->h0 : m->acts[l - 1].h_out, err));
+  for (int64_t l = m->L - 1; l >= 0; l--) DF_TRY(layer_backward(m, l, l == 0 ? m->h0 : m->acts[l - 1].t.h_out, err));
   m->have_forward = false;
   return input_backward(m, err);
 }
@@ -567,9 +525,9 @@ static df_status cache_rows(df_peagle_cache *c, int64_t n, df_error *err) {
   if (n <= c->rows_cap) return DF_OK;
   df_peagle_model *m = c->m;
   const int64_t H = m->H, I = m->I;
-  carver meas = {0}, cv;
+  df_carver meas = {0}, cv;
   for (int pass = 0; pass < 2; pass++) {
-    carver *k = pass ? &cv : &meas;
+    df_carver *k = pass ? &cv : &meas;
     c->emb = carve(k, n * H), c->h0 = carve(k, n * H), c->hn = carve(k, n * H), c->x = carve(k, n * 2 * H);
     c->q = carve(k, n * m->qd), c->attn = carve(k, n * m->qd), c->hmid = carve(k, n * H), c->y = carve(k, n * H);
     c->g = carve(k, n * I), c->u = carve(k, n * I), c->a = carve(k, n * I);
@@ -579,7 +537,7 @@ static df_status cache_rows(df_peagle_cache *c, int64_t n, df_error *err) {
     df_buffer_free(m->ctx, c->scratch);
     c->scratch = NULL;
     DF_TRY(df_buffer_alloc(m->ctx, meas.off, &c->scratch, err));
-    cv = (carver){.base = c->scratch};
+    cv = (df_carver){.base = c->scratch};
   }
   free(c->hpos);
   if (!(c->hpos = malloc(sizeof(int32_t) * (size_t)n))) return DF_FAIL(err, DF_ERR_NOMEM, "draft cache", NULL, "oom");
@@ -598,7 +556,7 @@ df_status df_peagle_decode(df_peagle_model *m, df_peagle_cache *c, int64_t start
                    "the P-EAGLE decode runs on fp32 storage, this draft stores %s", df_dtype_name(m->dt));
   DF_TRY(cache_rows(c, n, err));
   df_ctx *ctx = m->ctx;
-  const int64_t H = m->H, I = m->I, W = 3 * m->Ht;
+  const int64_t H = m->H, W = 3 * m->Ht;
   for (int64_t r = 0; r < n; r++) c->hpos[r] = (int32_t)(start + r);
   DF_TRY(df_copy(ctx, c->pos, m->dev, c->hpos, DF_DEV_CPU, sizeof(int32_t) * (size_t)n, err));
   df_tensor tab = fmat(m, m->embed.w.data, m->V, H), idv = ivec(m, ids, n), e = fmat(m, c->emb, n, H);
@@ -647,18 +605,16 @@ df_status df_peagle_decode(df_peagle_model *m, df_peagle_cache *c, int64_t start
     df_tensor v4 = df_view(c->v[l], DF_F32, m->dev, 4, (const int64_t[]){1, c->cap, m->nKV, m->hd});
     df_tensor o4 = df_view(c->attn, DF_F32, m->dev, 4, (const int64_t[]){1, n, m->nH, m->hd});
     DF_TRY(df_causal_attn_forward(ctx, &desc, &q4, &k4, &v4, &o4, err));
-    df_tensor at_ = fmat(m, c->attn, n, m->qd), hm = fmat(m, c->hmid, n, H), rs = fmat(m, res, n, H);
-    DF_TRY(df_linear_forward(ctx, &at_, &w->o.w, NULL, &hm, err));
-    DF_TRY(df_axpy(ctx, 1.0f, &rs, &hm, err));
     float *h_out = c->h[l % 2];
-    df_tensor y = fmat(m, c->y, n, H), rp = fvec(m, c->rstd, n), g = fmat(m, c->g, n, I), u = fmat(m, c->u, n, I);
-    df_tensor act = fmat(m, c->a, n, I), ho = fmat(m, h_out, n, H);
-    DF_TRY(df_rmsnorm_forward(ctx, &hm, &w->post_norm.w, m->eps, &y, &rp, err));
-    DF_TRY(df_linear_forward(ctx, &y, &w->gate.w, NULL, &g, err));
-    DF_TRY(df_linear_forward(ctx, &y, &w->up.w, NULL, &u, err));
-    DF_TRY(df_swiglu_forward(ctx, &g, &u, 0.0f, &act, err));
-    DF_TRY(df_linear_forward(ctx, &act, &w->down.w, NULL, &ho, err));
-    DF_TRY(df_axpy(ctx, 1.0f, &hm, &ho, err));
+    const df_llama_tail_acts ta = {.attn = c->attn,
+                                   .h_mid = c->hmid,
+                                   .y = c->y,
+                                   .g = c->g,
+                                   .u = c->u,
+                                   .a = c->a,
+                                   .h_out = h_out,
+                                   .rstd_p = c->rstd};
+    DF_TRY(df_llama_tail_forward(ctx, &w->tail, n, res, &ta, err));
     h_in = h_out;
   }
   df_tensor h = fmat(m, h_in, n, H), o = fmat(m, c->out, n, H), ro = fvec(m, c->rstd, n);

@@ -62,9 +62,13 @@ df_status df_eagle3_teacher_pass(eagle3_run *r, const float *last, const float *
 // rows. bf16 storage writes them through z16buf first, as PyTorch's bf16 lm_head does.
 df_status df_eagle3_chunk_logits(eagle3_run *r, const float *out, int64_t r0, int64_t c, float *zbuf, void *z16buf,
                                  const df_tensor *w, df_tensor *x, df_error *err);
+// The micro-batch's page-locked upload (and its device copy) and the device scratch, grown to at least these bytes.
+df_status df_eagle3_grow(eagle3_run *r, size_t upload, size_t work, df_error *err);
 // The draft's vocabulary buffers as host arrays (either model).
 df_status df_eagle3_run_vocab_read(eagle3_run *r, int64_t *d2t, uint8_t *t2d, df_error *err);
 df_status df_eagle3_run_vocab_write(eagle3_run *r, const int64_t *d2t, const uint8_t *t2d, df_error *err);
+// The shared metrics of a stats vector in this layout with T step (or depth) blocks.
+df_status df_eagle3_metrics_of(const double *st, int64_t T, df_strategy_metrics *out, df_error *err);
 // The table's close of the run's shared parts (P-EAGLE's close calls it too).
 void df_eagle3_run_release(eagle3_run *r);
 // The device copy of the vocabulary mapping, from the model's buffers (read once, and again after prepare).

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "modeling/model_util.h"
 #include "strategies/eagle3/eagle3.h"
 
 typedef struct {
@@ -24,16 +25,9 @@ typedef struct {
   void *aux16, *z16, *dz16;
 } scratch;
 
-typedef struct {
-  char *base;
-  size_t off;
-} carver;
+typedef df_carver carver;
 
-static void *carve(carver *c, size_t bytes) {
-  void *p = c->base ? c->base + c->off : NULL;
-  c->off += (bytes + 63) & ~(size_t)63;
-  return p;
-}
+static void *carve(carver *c, size_t bytes) { return df_carve(c, bytes); }
 
 static void layout_upload(carver *c, const eagle3_run *r, int64_t B, int64_t S, staged *s) {
   const int64_t R = B * S, T = r->T;
@@ -65,34 +59,37 @@ static void layout_scratch(carver *c, const eagle3_run *r, int64_t R, scratch *s
   if (!mixed) s->aux16 = s->t.last16 = s->t.tp16 = s->z16 = s->dz16 = NULL;
 }
 
-// Buffers for a (B, S) micro-batch: grown, never shrunk.
-static df_status ensure(eagle3_run *r, int64_t B, int64_t S, staged *up, staged *dev, scratch *sc, df_error *err) {
+df_status df_eagle3_grow(eagle3_run *r, size_t upload, size_t work, df_error *err) {
   df_ctx *ctx = r->env.ctx;
-  carver m = {0};
-  layout_upload(&m, r, B, S, up);
-  if (m.off > r->cap) {
+  if (upload > r->cap) {
     if (r->dev != r->host) df_buffer_free(ctx, r->dev);
     df_host_free(ctx, r->host);
     r->host = r->dev = NULL, r->cap = 0;
-    DF_TRY(df_host_alloc(ctx, m.off, &r->host, err));
+    DF_TRY(df_host_alloc(ctx, upload, &r->host, err));
     if (df_ctx_host_addressable(ctx))
       r->dev = r->host;
     else
-      DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STAGE, m.off, &r->dev, err));
-    r->cap = m.off;
+      DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STAGE, upload, &r->dev, err));
+    r->cap = upload;
   }
-  carver h = {.base = r->host}, d = {.base = r->dev};
-  layout_upload(&h, r, B, S, up);
-  layout_upload(&d, r, B, S, dev);
-  carver ms = {0};
-  layout_scratch(&ms, r, B * S, sc);
-  if (ms.off > r->scratch_cap) {
+  if (work > r->scratch_cap) {
     df_buffer_free(ctx, r->scratch);
     r->scratch = NULL, r->scratch_cap = 0;
-    DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STAGE, ms.off, &r->scratch, err));
-    r->scratch_cap = ms.off;
+    DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STAGE, work, &r->scratch, err));
+    r->scratch_cap = work;
   }
-  carver s = {.base = r->scratch};
+  return DF_OK;
+}
+
+// Buffers for a (B, S) micro-batch: grown, never shrunk.
+static df_status ensure(eagle3_run *r, int64_t B, int64_t S, staged *up, staged *dev, scratch *sc, df_error *err) {
+  carver m = {0}, ms = {0};
+  layout_upload(&m, r, B, S, up);
+  layout_scratch(&ms, r, B * S, sc);
+  DF_TRY(df_eagle3_grow(r, m.off, ms.off, err));
+  carver h = {.base = r->host}, d = {.base = r->dev}, s = {.base = r->scratch};
+  layout_upload(&h, r, B, S, up);
+  layout_upload(&d, r, B, S, dev);
   layout_scratch(&s, r, B * S, sc);
   return DF_OK;
 }

@@ -109,9 +109,7 @@ static int64_t stats_len(const df_strategy_run *r) { return DF_EAGLE3_STATS(((co
 
 static const double *step_block(const double *st, int64_t i) { return st + E3_STEPS + i * DF_EAGLE3_STEP_STATS; }
 
-static df_status metrics(const df_strategy_run *base, const double *st, double loss_den, df_strategy_metrics *out,
-                         df_error *err) {
-  const int64_t T = ((const eagle3_run *)base)->T;
+df_status df_eagle3_metrics_of(const double *st, int64_t T, df_strategy_metrics *out, df_error *err) {
   *out = (df_strategy_metrics){.loss_num = st[E3_LOSS_NUM],
                                .acc_num = st[E3_ACC_NUM],
                                .acc_den = st[E3_ACC_DEN],
@@ -128,8 +126,13 @@ static df_status metrics(const df_strategy_run *base, const double *st, double l
     out->pos_num[i] = step_block(st, i)[DF_EAGLE3_SUM_CORRECT];
     out->pos_den[i] = step_block(st, i)[DF_EAGLE3_SUM_MASK];
   }
-  (void)loss_den;
   return DF_OK;
+}
+
+static df_status metrics(const df_strategy_run *base, const double *st, double loss_den, df_strategy_metrics *out,
+                         df_error *err) {
+  (void)loss_den;
+  return df_eagle3_metrics_of(st, ((const eagle3_run *)base)->T, out, err);
 }
 
 // A per-step array of the step blocks' slot k, divided by div (the micro-batches' count) or by a denominator slot.

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "modeling/model_util.h"
 #include "strategies/peagle/peagle.h"
 
 typedef struct {
@@ -30,16 +31,9 @@ typedef struct {
   void *aux16, *z16, *dz16; // bf16 storage only
 } scratch;
 
-typedef struct {
-  char *base;
-  size_t off;
-} carver;
+typedef df_carver carver;
 
-static void *carve(carver *c, size_t bytes) {
-  void *p = c->base ? c->base + c->off : NULL;
-  c->off += (bytes + 63) & ~(size_t)63;
-  return p;
-}
+static void *carve(carver *c, size_t bytes) { return df_carve(c, bytes); }
 
 static df_dtype storage_of(const peagle_run *r) { return df_draft_model_storage(r->e.env.model); }
 
@@ -75,33 +69,13 @@ static void layout_scratch(carver *c, const peagle_run *r, int64_t B, int64_t R,
 
 // Buffers for a (B, S) micro-batch: grown, never shrunk (the family run's upload and scratch).
 static df_status ensure(peagle_run *r, int64_t B, int64_t S, staged *up, staged *dev, scratch *sc, df_error *err) {
-  eagle3_run *e = &r->e;
-  df_ctx *ctx = e->env.ctx;
-  carver m = {0};
+  carver m = {0}, ms = {0};
   layout_upload(&m, r, B, S, up);
-  if (m.off > e->cap) {
-    if (e->dev != e->host) df_buffer_free(ctx, e->dev);
-    df_host_free(ctx, e->host);
-    e->host = e->dev = NULL, e->cap = 0;
-    DF_TRY(df_host_alloc(ctx, m.off, &e->host, err));
-    if (df_ctx_host_addressable(ctx))
-      e->dev = e->host;
-    else
-      DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STAGE, m.off, &e->dev, err));
-    e->cap = m.off;
-  }
-  carver h = {.base = e->host}, d = {.base = e->dev};
+  layout_scratch(&ms, r, B, B * S, sc);
+  DF_TRY(df_eagle3_grow(&r->e, m.off, ms.off, err));
+  carver h = {.base = r->e.host}, d = {.base = r->e.dev}, s = {.base = r->e.scratch};
   layout_upload(&h, r, B, S, up);
   layout_upload(&d, r, B, S, dev);
-  carver ms = {0};
-  layout_scratch(&ms, r, B, B * S, sc);
-  if (ms.off > e->scratch_cap) {
-    df_buffer_free(ctx, e->scratch);
-    e->scratch = NULL, e->scratch_cap = 0;
-    DF_TRY(df_buffer_alloc_as(ctx, DF_MEM_STAGE, ms.off, &e->scratch, err));
-    e->scratch_cap = ms.off;
-  }
-  carver s = {.base = e->scratch};
   layout_scratch(&s, r, B, B * S, sc);
   return DF_OK;
 }
@@ -249,7 +223,7 @@ static df_eagle3_sums_desc sums_desc(int64_t R, int64_t block, double weight, in
                                .loss_num = loss,
                                .acc_num = an,
                                .acc_den = ad,
-                               .step_block = PE_DEPTHS + block * DF_EAGLE3_STEP_STATS,
+                               .step_block = E3_STEPS + block * DF_EAGLE3_STEP_STATS,
                                .pm_mean = true};
 }
 
@@ -275,12 +249,13 @@ static df_status sample_objective(peagle_run *r, int64_t b, const row_plan *plan
   for (int64_t dd = 0, j = j_first; dd < r->T; j += depth_n[dd], dd++) {
     if (depth_n[dd] == 0) continue;
     const df_eagle3_row_terms rows = terms_at(sc, j, depth_n[dd], dev, tv);
-    const df_eagle3_sums_desc sd = sums_desc(R, dd, 0.0, PE_SINK, PE_SINK, PE_SINK);
+    const int64_t sink = DF_PEAGLE_SINK(r->T);
+    const df_eagle3_sums_desc sd = sums_desc(R, dd, 0.0, sink, sink, sink);
     DF_TRY(df_eagle3_step_sums(ctx, &sd, &rows, &dl, stats, err));
   }
   df_tensor local = vec(dev, sc->local + b * DF_EAGLE3_STEP_LOCAL, DF_F64, DF_EAGLE3_STEP_LOCAL);
   const df_eagle3_row_terms rows = terms_at(sc, j_first, n, dev, tv);
-  const df_eagle3_sums_desc sd = sums_desc(R, r->T, 1.0, PE_LOSS_NUM, PE_ACC_NUM, PE_ACC_DEN);
+  const df_eagle3_sums_desc sd = sums_desc(R, r->T, 1.0, E3_LOSS_NUM, E3_ACC_NUM, E3_ACC_DEN);
   return df_eagle3_step_sums(ctx, &sd, &rows, &local, stats, err);
 }
 
@@ -321,7 +296,7 @@ static df_status accept(peagle_run *r, int64_t R, const staged *d, const scratch
   DF_TRY(df_gather_rows(ctx, &src, &idx, &dst, err));
   // every supervised position is an anchor (as EAGLE-3's), so the blocks are the host's count
   df_tensor correct = mat(dev, DF_F32, sc->dense, r->T, R), mask0 = vec(dev, d->lm, DF_F32, R);
-  return df_eagle3_accept(ctx, &correct, &mask0, PE_ACCEPT_SUM, PE_BLOCKS, stats, err);
+  return df_eagle3_accept(ctx, &correct, &mask0, E3_ACCEPT_SUM, E3_BLOCKS, stats, err);
 }
 
 df_status df_peagle_micro(df_strategy_run *base, const df_micro_args *a, df_micro_info *info, df_error *err) {

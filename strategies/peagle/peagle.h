@@ -12,10 +12,10 @@
 extern "C" {
 #endif
 
-// The stats vector: the shared sums, a sink slot (the per-depth sums add their loss and accuracy there), then one
-// DF_EAGLE3_STEP_STATS block per depth and one for the whole micro-batch (kernels/eagle3.h).
-enum { PE_LOSS_NUM = 0, PE_ACC_NUM, PE_ACC_DEN, PE_ACCEPT_SUM, PE_BLOCKS, PE_SINK, PE_DEPTHS };
-#define DF_PEAGLE_STATS(T) (PE_DEPTHS + ((T) + 1) * DF_EAGLE3_STEP_STATS)
+// The stats vector: EAGLE-3's layout (the shared sums, one DF_EAGLE3_STEP_STATS block per depth) plus a block for each
+// sample's whole sums (the loss) and a sink slot the per-depth sums add their loss and accuracy to.
+#define DF_PEAGLE_SINK(T)  DF_EAGLE3_STATS((T) + 1)
+#define DF_PEAGLE_STATS(T) (DF_PEAGLE_SINK(T) + 1)
 
 typedef struct {
   eagle3_run e; // the family's run (e.m is NULL; e.T is num_depths); must stay first

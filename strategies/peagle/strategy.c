@@ -27,29 +27,12 @@ static void run_close(df_strategy_run *base) {
 static bool needs_last_hidden(const df_strategy_run *r) { return true; }
 static int64_t stats_len(const df_strategy_run *r) { return DF_PEAGLE_STATS(((const peagle_run *)r)->T); }
 
-static const double *block(const double *st, int64_t i) { return st + PE_DEPTHS + i * DF_EAGLE3_STEP_STATS; }
+static const double *block(const double *st, int64_t i) { return st + E3_STEPS + i * DF_EAGLE3_STEP_STATS; }
 
 static df_status metrics(const df_strategy_run *base, const double *st, double loss_den, df_strategy_metrics *out,
                          df_error *err) {
-  const int64_t T = ((const peagle_run *)base)->T;
-  *out = (df_strategy_metrics){.loss_num = st[PE_LOSS_NUM],
-                               .acc_num = st[PE_ACC_NUM],
-                               .acc_den = st[PE_ACC_DEN],
-                               .accept_sum = st[PE_ACCEPT_SUM],
-                               .num_blocks = (int64_t)st[PE_BLOCKS],
-                               .positions = T,
-                               .pos_num = malloc(sizeof(double) * (size_t)T),
-                               .pos_den = malloc(sizeof(double) * (size_t)T)};
-  if (!out->pos_num || !out->pos_den) {
-    df_strategy_metrics_free(out);
-    return DF_FAIL(err, DF_ERR_NOMEM, "metrics", NULL, "out of memory");
-  }
-  for (int64_t i = 0; i < T; i++) {
-    out->pos_num[i] = block(st, i)[DF_EAGLE3_SUM_CORRECT];
-    out->pos_den[i] = block(st, i)[DF_EAGLE3_SUM_MASK];
-  }
   (void)loss_den;
-  return DF_OK;
+  return df_eagle3_metrics_of(st, ((const peagle_run *)base)->T, out, err);
 }
 
 // A per-depth array of the depth blocks' slot k.

@@ -538,28 +538,37 @@ Test(dp, killed_rank_ends_the_job_without_a_partial_latest, .timeout = 300) {
 // ranks, so the grouping of samples into micro-batches is part of the loss. With one sample per rank, two ranks are
 // one process accumulating two one-sample micro-batches (the feed hands rank r the global batch's slot r, the
 // single process its r-th micro-batch): the same curve and, up to the order of the gradient sum, the same weights.
-Test(dp, eagle3_two_ranks_equal_one_process_accumulating, .timeout = 300) {
+// One process accumulating two one-sample micro-batches (paths one) against two ranks of one sample each (two),
+// over 4 steps of the recipe text (written to recipe): the same curve within rtol, weights within wtol.
+static void two_ranks_equal_accumulating(const char *tag, const char *text, double rtol, double wtol, char *one,
+                                         size_t n_one, char *two, size_t n_two, char *recipe, size_t n_recipe) {
   need_mpirun();
-  char one[200], two[300], recipe[400];
-  tmpdir(one, sizeof one, "eagle3");
-  snprintf(two, sizeof two, "%s_w2", one);
+  tmpdir(one, n_one, tag);
+  snprintf(two, n_two, "%s_w2", one);
   rmdir_all(two);
-  snprintf(recipe, sizeof recipe, "%s.yaml", one);
+  snprintf(recipe, n_recipe, "%s.yaml", one);
   FILE *fp = fopen(recipe, "w");
   cr_assert_not_null(fp);
-  fputs("model:\n  target_model_path: " DF_FIXTURE_DIR "/eagle3_step/target\n"
-        "  draft_model_config: " DF_FIXTURE_DIR "/eagle3_step/eagle3.json\n"
-        "data:\n  hidden_states_path: " DF_FIXTURE_DIR "/eagle3_step/data\n  max_length: 64\n"
-        "training:\n  strategy: eagle3\n  ttt_length: 3\n  batch_size: 1\n  num_epochs: 4\n  learning_rate: 3e-3\n"
-        "  seed: 5\n",
-        fp);
+  fputs(text, fp);
   fclose(fp);
   train_ok(0, recipe, one, "--set training.max_steps=4 --set training.accumulation_steps=2");
   train_ok(2, recipe, two, "--set training.max_steps=4");
-  expect_same_curve(one, two, 4, 1e-6);
+  expect_same_curve(one, two, 4, rtol);
   char a[400], b[400];
   ckpt(a, sizeof a, one, 4), ckpt(b, sizeof b, two, 4);
-  expect_same_weights(a, b, 5e-5);
+  expect_same_weights(a, b, wtol);
+}
+
+Test(dp, eagle3_two_ranks_equal_one_process_accumulating, .timeout = 300) {
+  char one[200], two[300], recipe[400];
+  two_ranks_equal_accumulating(
+      "eagle3",
+      "model:\n  target_model_path: " DF_FIXTURE_DIR "/eagle3_step/target\n"
+      "  draft_model_config: " DF_FIXTURE_DIR "/eagle3_step/eagle3.json\n"
+      "data:\n  hidden_states_path: " DF_FIXTURE_DIR "/eagle3_step/data\n  max_length: 64\n"
+      "training:\n  strategy: eagle3\n  ttt_length: 3\n  batch_size: 1\n  num_epochs: 4\n  learning_rate: 3e-3\n"
+      "  seed: 5\n",
+      1e-6, 5e-5, one, sizeof one, two, sizeof two, recipe, sizeof recipe);
   rmdir_all(one), rmdir_all(two);
   remove(recipe);
 }
@@ -571,33 +580,21 @@ Test(dp, eagle3_two_ranks_equal_one_process_accumulating, .timeout = 300) {
 // equal, then losses within 1.1e-6 and grad norms within 2.3e-6 relative, weights after 4 steps within 1.6e-4 (AdamW
 // turns the round-off of near-zero gradient entries into up to lr-sized steps); tolerances 1e-5 and 3e-4.
 Test(dp, peagle_two_ranks_equal_one_process_accumulating, .timeout = 300) {
-  need_mpirun();
   char one[200], two[300], recipe[400];
-  tmpdir(one, sizeof one, "peagle");
-  snprintf(two, sizeof two, "%s_w2", one);
-  rmdir_all(two);
-  snprintf(recipe, sizeof recipe, "%s.yaml", one);
-  FILE *fp = fopen(recipe, "w");
-  cr_assert_not_null(fp);
-  fputs("model:\n  target_model_path: " DF_FIXTURE_DIR "/eagle3_step/target\n"
-        "  draft_model_config: " DF_FIXTURE_DIR "/peagle_step/peagle.json\n  mask_token_id: 250\n"
-        "data:\n  hidden_states_path: " DF_FIXTURE_DIR "/eagle3_step/data\n  max_length: 64\n"
-        "training:\n  strategy: peagle\n  num_depths: 3\n  batch_size: 1\n  num_epochs: 4\n  learning_rate: 3e-3\n"
-        "  seed: 5\n",
-        fp);
-  fclose(fp);
-  train_ok(0, recipe, one, "--set training.max_steps=4 --set training.accumulation_steps=2");
-  train_ok(2, recipe, two, "--set training.max_steps=4");
-  expect_same_curve(one, two, 4, 1e-5);
-  char a[400], b[400];
-  ckpt(a, sizeof a, one, 4), ckpt(b, sizeof b, two, 4);
-  expect_same_weights(a, b, 3e-4);
-  char three[300];
+  two_ranks_equal_accumulating(
+      "peagle",
+      "model:\n  target_model_path: " DF_FIXTURE_DIR "/eagle3_step/target\n"
+      "  draft_model_config: " DF_FIXTURE_DIR "/peagle_step/peagle.json\n  mask_token_id: 250\n"
+      "data:\n  hidden_states_path: " DF_FIXTURE_DIR "/eagle3_step/data\n  max_length: 64\n"
+      "training:\n  strategy: peagle\n  num_depths: 3\n  batch_size: 1\n  num_epochs: 4\n  learning_rate: 3e-3\n"
+      "  seed: 5\n",
+      1e-5, 3e-4, one, sizeof one, two, sizeof two, recipe, sizeof recipe);
+  char three[300], a[400], b[400];
   snprintf(three, sizeof three, "%s_b2", one);
   rmdir_all(three);
   train_ok(0, recipe, three, "--set training.max_steps=4 --set training.batch_size=2");
   expect_same_curve(three, two, 4, 1e-5);
-  ckpt(a, sizeof a, three, 4);
+  ckpt(a, sizeof a, three, 4), ckpt(b, sizeof b, two, 4);
   expect_same_weights(a, b, 3e-4);
   rmdir_all(one), rmdir_all(two), rmdir_all(three);
   remove(recipe);

@@ -224,7 +224,7 @@ Test(peagle_model, decode_rows_equal_the_dense_training_rows) {
     for (int j = 0; j < n0; j++) ids[j] = b.tok[from + j + 1];
     for (int j = n0; j < n; j++) ids[j] = MASK;
     DF_ASSERT_OK(df_peagle_decode(m, c, from, n, n0, b.aux + from * W, ids, &o, &err), &err);
-    char what[80];
+    char what[160];
     for (int j = 0; j < n0; j++) {
       snprintf(what, sizeof what, "round %d: decode row %d = training row (0, %d)", r, from + j, from + j);
       df_expect_close(what, o + j * H, dense + (from + j) * H, H, 1e-5, 1e-6);

@@ -5,7 +5,6 @@
 // eval samples every row.
 #include <criterion/criterion.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,26 +13,19 @@
 #include "modeling/draft_config.h"
 #include "modeling/safetensors.h"
 #include "tests/common/fixture.h"
+#include "tests/common/train_run.h"
 #include "train/export/export.h"
 #include "train/export/inspect_export.h"
-#include "train/observe/metrics_log.h"
-#include "train/trainer/trainer.h"
 
 #define EFX DF_FIXTURE_DIR "/eagle3_step"
 #define PFX DF_FIXTURE_DIR "/peagle_step"
 
-typedef struct {
-  char root[256], recipe[300];
-} tdir;
+typedef df_test_dir tdir;
 
 static void tdir_open(tdir *d, const char *name, const char *training) {
-  snprintf(d->root, sizeof d->root, "/tmp/df_test_peagle_train_%s_%ld", name, (long)getpid());
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", d->root, d->root);
-  cr_assert_eq(system(cmd), 0);
-  snprintf(d->recipe, sizeof d->recipe, "%s/recipe.yaml", d->root);
-  FILE *fp = fopen(d->recipe, "w");
-  cr_assert(fp);
+  char tag[64];
+  snprintf(tag, sizeof tag, "peagle_train_%s", name);
+  FILE *fp = df_test_dir_open(d, tag);
   fprintf(fp,
           "model:\n  target_model_path: " EFX "/target\n  draft_model_config: " PFX "/peagle.json\n"
           "  mask_token_id: 250\n  vocab_mapping_path: %s/vocab.safetensors\n"
@@ -44,61 +36,17 @@ static void tdir_open(tdir *d, const char *name, const char *training) {
   fclose(fp);
 }
 
-static void tdir_close(tdir *d) {
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", d->root);
-  cr_expect_eq(system(cmd), 0);
-}
-
-static void train_ok(const tdir *d, const char *run, const char *const *sets, const char *resume, df_train_summary *s) {
-  const char *all[16];
-  char out[400], res[400];
-  snprintf(out, sizeof out, "output_dir=%s/%s", d->root, run);
-  int n = 0;
-  all[n++] = out;
-  for (int i = 0; sets && sets[i]; i++) all[n++] = sets[i];
-  if (resume) snprintf(res, sizeof res, "%s/%s", d->root, resume);
-  df_train_options o = {.recipe_path = d->recipe,
-                        .overrides = all,
-                        .n_overrides = n,
-                        .resume = resume ? res : NULL,
-                        .threads = 1,
-                        .handle_signals = true};
-  omp_set_num_threads(1);
-  df_error err = {0};
-  DF_ASSERT_OK(df_train(&o, s, &err), &err);
-}
-
-static json_t *metrics(const tdir *d, const char *run) {
-  char p[400];
-  snprintf(p, sizeof p, "%s/%s/metrics.jsonl", d->root, run);
-  FILE *fp = fopen(p, "r");
-  cr_assert(fp, "no %s", p);
-  json_t *rows = json_array();
-  char *line = NULL;
-  size_t cap = 0;
-  while (getline(&line, &cap, fp) > 0) {
-    json_t *o = json_loads(line, 0, NULL);
-    cr_assert(o);
-    df_metrics_strip_timing(o);
-    json_array_append_new(rows, o);
-  }
-  free(line);
-  fclose(fp);
-  return rows;
-}
-
 Test(peagle_train, first_step_is_the_step_parity_loss) {
   tdir d;
   tdir_open(&d, "first", "  batch_size: 1\n  num_depths: 4\n  seed: 2\n  max_steps: 1\n");
   df_train_summary s;
   const char *warm[] = {"model.draft_checkpoint_path=" PFX "/draft_ckpt", NULL};
-  train_ok(&d, "a", warm, NULL, &s);
-  json_t *m = metrics(&d, "a");
+  df_test_train_ok(&d, "a", warm, NULL, &s);
+  json_t *m = df_test_metrics(&d, "a");
   const double loss = json_number_value(json_object_get(json_array_get(m, 0), "loss"));
   cr_expect(fabs(loss - 5.802472226) < 1e-6 * 5.80, "step 1 loss %.9f, the d4_warm_2layers case's 5.802472226", loss);
   json_decref(m);
-  tdir_close(&d);
+  df_test_dir_close(&d);
 }
 
 Test(peagle_train, resume_is_bit_exact_and_the_contract_keeps_the_depths) {
@@ -108,19 +56,19 @@ Test(peagle_train, resume_is_bit_exact_and_the_contract_keeps_the_depths) {
             "  num_epochs: 8\n  total_steps: 6\n  warmup_ratio: 0.25\n  seed: 7\n");
   df_train_summary s;
   const char *every3[] = {"training.save_interval=3", NULL};
-  train_ok(&d, "straight", every3, NULL, &s);
+  df_test_train_ok(&d, "straight", every3, NULL, &s);
   cr_expect_eq(s.last_step, 6);
   const char *half[] = {"training.save_interval=3", "training.max_steps=3", NULL};
-  train_ok(&d, "split", half, NULL, &s);
+  df_test_train_ok(&d, "split", half, NULL, &s);
   const char *rest[] = {"training.save_interval=3", "training.max_steps=6", NULL};
-  train_ok(&d, "split", rest, "split", &s);
+  df_test_train_ok(&d, "split", rest, "split", &s);
   cr_expect_eq(s.start_step, 3);
   char a[400], b[400], cmd[1000];
   snprintf(a, sizeof a, "%s/straight/checkpoints/step-00000006/model.safetensors", d.root);
   snprintf(b, sizeof b, "%s/split/checkpoints/step-00000006/model.safetensors", d.root);
   snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
   cr_expect_eq(system(cmd), 0, "the resumed run's weights differ");
-  json_t *ma = metrics(&d, "straight"), *mb = metrics(&d, "split");
+  json_t *ma = df_test_metrics(&d, "straight"), *mb = df_test_metrics(&d, "split");
   char *ta = json_dumps(ma, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
   char *tb = json_dumps(mb, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
   cr_expect_str_eq(ta, tb);
@@ -142,14 +90,14 @@ Test(peagle_train, resume_is_bit_exact_and_the_contract_keeps_the_depths) {
   df_error err = {0};
   cr_expect_neq(df_train(&o, &s, &err), DF_OK, "num_depths changed on resume");
   cr_expect(strstr(err.msg, "num_depths") != NULL, "%s", err.msg);
-  tdir_close(&d);
+  df_test_dir_close(&d);
 }
 
 Test(peagle_train, export_is_what_vllm_parallel_drafting_loads_and_eval_reads_every_row) {
   tdir d;
   tdir_open(&d, "export", "  batch_size: 3\n  num_depths: 3\n  max_steps: 2\n  seed: 3\n");
   df_train_summary s;
-  train_ok(&d, "run", NULL, NULL, &s);
+  df_test_train_ok(&d, "run", NULL, NULL, &s);
   char run[400], out[400];
   snprintf(run, sizeof run, "%s/run", d.root);
   snprintf(out, sizeof out, "%s/export", d.root);
@@ -196,5 +144,5 @@ Test(peagle_train, export_is_what_vllm_parallel_drafting_loads_and_eval_reads_ev
   fclose(fp);
   cr_expect_geq(problems, 1, "%s", log);
   cr_expect(strstr(log, "mask_token_id") != NULL, "%s", log);
-  tdir_close(&d);
+  df_test_dir_close(&d);
 }

@@ -403,23 +403,26 @@ static bool expect_eagle3_terms(const char *name, const df_step_result *r, const
 // Every case: TTT 1 .. 5, the forward KL, LK alpha and LK lambda, draft vocabularies 64 / 48 / the full one,
 // EAGLE 3.1's fc_norm, cold and warm starts (a warm start's stale mapping replaced by the data's), truncation,
 // compact_teacher.
-Test(step_parity, every_eagle3_fixture_case, .timeout = 600) {
+// Every case directory of dir (at least min_cases) through df_step_run, checked by terms (the strategy's step.json
+// keys and its mapping) and expect_grads; the dump also holds the mapping (vocab.safetensors).
+typedef bool (*terms_check)(const char *name, const df_step_result *r, const char *dump);
+static void eagle_family_cases(const char *dir, int min_cases, const char *label, terms_check terms) {
   char *names[MAX_CASES];
-  int n = list_cases_in(EAGLE3_DIR, names, MAX_CASES);
-  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_eagle3_fixtures.py writes it)", EAGLE3_DIR);
-  cr_assert_geq(n, 6, "the EAGLE-3 fixtures have six step cases");
+  int n = list_cases_in(dir, names, MAX_CASES);
+  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/ writes it)", dir);
+  cr_assert_geq(n, min_cases, "the %s fixtures have %d step cases", label, min_cases);
   int passed = 0;
   for (int i = 0; i < n; i++) {
     char recipe[1024], dump[64], p[1100];
-    snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", EAGLE3_DIR, names[i]);
+    snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", dir, names[i]);
     tmpdir_make(dump, sizeof dump);
     df_step_result r;
     df_error err = {0};
     df_status st = df_step_run(recipe, dump, 2, NULL, &r, &err);
     cr_expect_eq(st, DF_OK, "%s: %s [%s]", names[i], err.msg, err.where);
     if (st == DF_OK) {
-      bool ok = expect_eagle3_terms(names[i], &r, dump);
-      ok = expect_grads(EAGLE3_DIR, names[i], dump) && ok;
+      bool ok = terms(names[i], &r, dump);
+      ok = expect_grads(dir, names[i], dump) && ok;
       passed += ok;
       df_step_result_free(&r);
     }
@@ -428,7 +431,12 @@ Test(step_parity, every_eagle3_fixture_case, .timeout = 600) {
     tmpdir_remove(dump);
     free(names[i]);
   }
-  fprintf(stderr, "eagle3 step parity: %d/%d cases pass\n", passed, n);
+  fprintf(stderr, "%s step parity: %d/%d cases pass\n", label, passed, n);
+  cr_expect_eq(passed, n);
+}
+
+Test(step_parity, every_eagle3_fixture_case, .timeout = 600) {
+  eagle_family_cases(EAGLE3_DIR, 6, "eagle3", expect_eagle3_terms);
 }
 
 // ---- P-EAGLE (tests/fixtures/peagle_step: tools/reference/make_peagle_fixtures.py, docs/peagle.md) -------------
@@ -473,32 +481,7 @@ static bool expect_peagle_terms(const char *name, const df_step_result *r, const
 // norm_before_residual from the recipe, draft vocabularies 64 / 48 / the full one, the embedding's padding row
 // (pad 105, 83, the mask token itself, none), a sampling that stops at depth 2.
 Test(step_parity, every_peagle_fixture_case, .timeout = 600) {
-  char *names[MAX_CASES];
-  int n = list_cases_in(PEAGLE_DIR, names, MAX_CASES);
-  if (n < 0) cr_skip_test("%s does not exist yet (tools/reference/make_peagle_fixtures.py writes it)", PEAGLE_DIR);
-  cr_assert_geq(n, 4, "the P-EAGLE fixtures have four step cases");
-  int passed = 0;
-  for (int i = 0; i < n; i++) {
-    char recipe[1024], dump[64], p[1100];
-    snprintf(recipe, sizeof recipe, "%s/%s/recipe.yaml", PEAGLE_DIR, names[i]);
-    tmpdir_make(dump, sizeof dump);
-    df_step_result r;
-    df_error err = {0};
-    df_status st = df_step_run(recipe, dump, 2, NULL, &r, &err);
-    cr_expect_eq(st, DF_OK, "%s: %s [%s]", names[i], err.msg, err.where);
-    if (st == DF_OK) {
-      bool ok = expect_peagle_terms(names[i], &r, dump);
-      ok = expect_grads(PEAGLE_DIR, names[i], dump) && ok;
-      passed += ok;
-      df_step_result_free(&r);
-    }
-    snprintf(p, sizeof p, "%s/vocab.safetensors", dump);
-    remove(p);
-    tmpdir_remove(dump);
-    free(names[i]);
-  }
-  fprintf(stderr, "peagle step parity: %d/%d cases pass\n", passed, n);
-  cr_expect_eq(passed, n);
+  eagle_family_cases(PEAGLE_DIR, 5, "peagle", expect_peagle_terms);
 }
 
 // The CLI entry point: exit codes and the two files.
