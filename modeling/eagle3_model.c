@@ -140,16 +140,8 @@ df_status df_eagle3_model_create(const df_draft_config *cfg, df_ctx *ctx, const 
   m->eps = (float)cfg->rms_norm_eps;
   df_status st = bind_all(m, grads, err);
   m->dt = m->q_w.w.dtype, m->es = df_dtype_size(m->dt); // the forward's weights: bf16 views in mixed precision
-  m->tail = (df_llama_tail){.o = &m->o_w,
-                            .post_norm = &m->post_norm,
-                            .gate = &m->gate_w,
-                            .up = &m->up_w,
-                            .down = &m->down_w,
-                            .H = m->H,
-                            .I = m->I,
-                            .qd = m->qd,
-                            .eps = m->eps,
-                            .dt = m->dt};
+  m->tail =
+      df_llama_tail_of(&m->o_w, &m->post_norm, &m->gate_w, &m->up_w, &m->down_w, m->H, m->I, m->qd, m->eps, m->dt);
   if (st == DF_OK) st = df_rope_upload(&cfg->rope, m->hd, ctx, &m->inv_freq, &m->mscale, err);
   if (st != DF_OK) {
     df_eagle3_model_free(m);

@@ -56,6 +56,11 @@ typedef struct {
   float *rstd_p;                              // (R)
 } df_llama_tail_acts;
 
+static inline df_llama_tail df_llama_tail_of(df_pview *o, df_pview *post_norm, df_pview *gate, df_pview *up,
+                                             df_pview *down, int64_t H, int64_t I, int64_t qd, float eps, df_dtype dt) {
+  return (df_llama_tail){o, post_norm, gate, up, down, H, I, qd, eps, dt};
+}
+
 df_status df_llama_tail_forward(df_ctx *ctx, const df_llama_tail *t, int64_t R, const void *res,
                                 const df_llama_tail_acts *a, df_error *err);
 // dh (R, H) holds ∂loss/∂h_out on entry and ∂loss/∂h_mid on return (the residual's gradient included); dattn

@@ -156,16 +156,7 @@ df_status df_peagle_model_create(const df_draft_config *cfg, df_ctx *ctx, const 
   if (st == DF_OK) m->dt = m->fc.w.dtype, m->es = df_dtype_size(m->dt);
   for (int64_t l = 0; st == DF_OK && l < m->L; l++) {
     layer_w *w = &m->lw[l];
-    w->tail = (df_llama_tail){.o = &w->o,
-                              .post_norm = &w->post_norm,
-                              .gate = &w->gate,
-                              .up = &w->up,
-                              .down = &w->down,
-                              .H = m->H,
-                              .I = m->I,
-                              .qd = m->qd,
-                              .eps = m->eps,
-                              .dt = m->dt};
+    w->tail = df_llama_tail_of(&w->o, &w->post_norm, &w->gate, &w->up, &w->down, m->H, m->I, m->qd, m->eps, m->dt);
   }
   if (st == DF_OK) st = df_rope_upload(&cfg->rope, m->hd, ctx, &m->inv_freq, &m->mscale, err);
   if (st != DF_OK) {

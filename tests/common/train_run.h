@@ -4,6 +4,7 @@
 #define DF_TESTS_TRAIN_RUN_H
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "train/trainer/trainer.h"
@@ -21,5 +22,15 @@ void df_test_train_ok(const df_test_dir *d, const char *run, const char *const *
                       df_train_summary *s);
 // run's metrics.jsonl rows (timing keys stripped); the caller frees it.
 json_t *df_test_metrics(const df_test_dir *d, const char *run);
+// Runs "straight" to step last and "split" to half, then resumes "split" to last (checkpoints every half steps): the
+// final weights are byte-identical and the metrics lines equal. Returns the straight run's lines (caller frees).
+json_t *df_test_resume_is_bit_exact(const df_test_dir *d, int64_t half, int64_t last);
+// `draftforge export` of run (its latest checkpoint) into <root>/export in bf16, naming class arch, then inspect:
+// the report into log (n bytes), the problems it counts returned.
+int df_test_export_bf16(const df_test_dir *d, const char *run, const char *arch, char *log, size_t n);
+// `draftforge inspect` of an export directory into log; the problems it counts.
+int df_test_inspect(const char *dir, char *log, size_t n);
+// Resuming "split" from its checkpoint at step with the override set is refused, the error naming key.
+void df_test_resume_refuses(const df_test_dir *d, int64_t step, int64_t last, const char *set, const char *key);
 
 #endif

@@ -90,43 +90,13 @@ Test(eagle3_train, resume_is_bit_exact) {
   tdir_open(&d, "resume",
             "  batch_size: 2\n  accumulation_steps: 2\n  ttt_length: 3\n  lk_loss_type: lambda\n  kl_decay: 2.0\n"
             "  num_epochs: 8\n  total_steps: 8\n  warmup_ratio: 0.25\n  seed: 7\n");
-  df_train_summary s;
-  const char *every4[] = {"training.save_interval=4", NULL};
-  df_test_train_ok(&d, "straight", every4, NULL, &s);
-  cr_expect_eq(s.last_step, 8);
-  const char *half[] = {"training.save_interval=4", "training.max_steps=4", NULL};
-  df_test_train_ok(&d, "split", half, NULL, &s);
-  cr_expect_eq(s.last_step, 4);
-  const char *rest[] = {"training.save_interval=4", "training.max_steps=8", NULL};
-  df_test_train_ok(&d, "split", rest, "split", &s);
-  cr_expect_eq(s.start_step, 4);
-  char a[400], b[400], cmd[1000];
-  snprintf(a, sizeof a, "%s/straight/checkpoints/step-00000008/model.safetensors", d.root);
-  snprintf(b, sizeof b, "%s/split/checkpoints/step-00000008/model.safetensors", d.root);
-  snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
-  cr_expect_eq(system(cmd), 0, "the resumed run's weights differ");
-  json_t *ma = df_test_metrics(&d, "straight"), *mb = df_test_metrics(&d, "split");
-  char *ta = json_dumps(ma, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
-  char *tb = json_dumps(mb, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
-  cr_expect_str_eq(ta, tb);
+  json_t *ma = df_test_resume_is_bit_exact(&d, 4, 8);
   const json_t *last = json_array_get(ma, 7);
   cr_expect_eq(json_array_size(json_object_get(last, "step_loss")), 3, "per TTT step");
   cr_expect_eq(json_array_size(json_object_get(last, "per_position_acc")), 3);
-  free(ta), free(tb);
-  json_decref(ma), json_decref(mb);
+  json_decref(ma);
   // the contract records the strategy's keys: another ttt_length is refused on resume
-  const char *other[] = {"training.save_interval=4", "training.max_steps=8", "training.ttt_length=4", NULL};
-  const char *all[8];
-  char out[400], res[400];
-  snprintf(out, sizeof out, "output_dir=%s/split", d.root);
-  snprintf(res, sizeof res, "%s/split/checkpoints/step-00000004", d.root);
-  int n = 0;
-  all[n++] = out;
-  for (int i = 0; other[i]; i++) all[n++] = other[i];
-  df_train_options o = {.recipe_path = d.recipe, .overrides = all, .n_overrides = n, .resume = res, .threads = 1};
-  df_error err = {0};
-  cr_expect_neq(df_train(&o, &s, &err), DF_OK, "ttt_length changed on resume");
-  cr_expect(strstr(err.msg, "ttt_length") != NULL, "%s", err.msg);
+  df_test_resume_refuses(&d, 4, 8, "training.ttt_length=4", "ttt_length");
   df_test_dir_close(&d);
 }
 
@@ -135,19 +105,10 @@ Test(eagle3_train, export_is_what_sglang_and_vllm_load) {
   tdir_open(&d, "export", "  batch_size: 3\n  ttt_length: 2\n  max_steps: 2\n  seed: 3\n");
   df_train_summary s;
   df_test_train_ok(&d, "run", NULL, NULL, &s);
-  char run[400], out[400];
-  snprintf(run, sizeof run, "%s/run", d.root);
+  char out[400], log[8192];
   snprintf(out, sizeof out, "%s/export", d.root);
-  df_export_options eo = {.dtype = DF_ST_BF16, .threads = 1};
-  df_export_info info;
+  int problems = df_test_export_bf16(&d, "run", "LlamaForCausalLMEagle3", log, sizeof log);
   df_error err = {0};
-  DF_ASSERT_OK(df_export(run, out, &eo, &info, &err), &err);
-  cr_expect_str_eq(info.architecture, "LlamaForCausalLMEagle3");
-  char log[8192] = {0};
-  FILE *fp = fmemopen(log, sizeof log - 1, "w");
-  int problems = -1;
-  DF_ASSERT_OK(df_inspect_export(out, fp, &problems, &err), &err);
-  fclose(fp);
   cr_expect_eq(problems, 0, "%s", log);
   cr_expect(strstr(log, "--speculative-algorithm EAGLE3") != NULL, "%s", log);
   char p[500];
@@ -166,9 +127,7 @@ Test(eagle3_train, export_is_what_sglang_and_vllm_load) {
   json_object_del(cfg, "draft_vocab_size");
   cr_assert_eq(json_dump_file(cfg, p, 0), 0);
   json_decref(cfg);
-  fp = fmemopen(log, sizeof log - 1, "w");
-  DF_ASSERT_OK(df_inspect_export(out, fp, &problems, &err), &err);
-  fclose(fp);
+  problems = df_test_inspect(out, log, sizeof log);
   cr_expect_geq(problems, 2, "%s", log);
   cr_expect(strstr(log, "tie_word_embeddings") != NULL && strstr(log, "draft_vocab_size") != NULL, "%s", log);
   df_test_dir_close(&d);

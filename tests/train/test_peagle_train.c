@@ -54,42 +54,16 @@ Test(peagle_train, resume_is_bit_exact_and_the_contract_keeps_the_depths) {
   tdir_open(&d, "resume",
             "  batch_size: 2\n  accumulation_steps: 2\n  num_depths: 3\n  down_sample_ratio: 0.7\n"
             "  num_epochs: 8\n  total_steps: 6\n  warmup_ratio: 0.25\n  seed: 7\n");
-  df_train_summary s;
-  const char *every3[] = {"training.save_interval=3", NULL};
-  df_test_train_ok(&d, "straight", every3, NULL, &s);
-  cr_expect_eq(s.last_step, 6);
-  const char *half[] = {"training.save_interval=3", "training.max_steps=3", NULL};
-  df_test_train_ok(&d, "split", half, NULL, &s);
-  const char *rest[] = {"training.save_interval=3", "training.max_steps=6", NULL};
-  df_test_train_ok(&d, "split", rest, "split", &s);
-  cr_expect_eq(s.start_step, 3);
-  char a[400], b[400], cmd[1000];
-  snprintf(a, sizeof a, "%s/straight/checkpoints/step-00000006/model.safetensors", d.root);
-  snprintf(b, sizeof b, "%s/split/checkpoints/step-00000006/model.safetensors", d.root);
-  snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
-  cr_expect_eq(system(cmd), 0, "the resumed run's weights differ");
-  json_t *ma = df_test_metrics(&d, "straight"), *mb = df_test_metrics(&d, "split");
-  char *ta = json_dumps(ma, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
-  char *tb = json_dumps(mb, JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
-  cr_expect_str_eq(ta, tb);
+  json_t *ma = df_test_resume_is_bit_exact(&d, 3, 6);
   const json_t *last = json_array_get(ma, 5);
   cr_expect_eq(json_array_size(json_object_get(last, "per_position_acc")), 3, "per depth");
   cr_expect_eq(json_array_size(json_object_get(last, "depth_loss")), 3);
   const double first = json_number_value(json_object_get(json_array_get(ma, 0), "loss"));
   const double end = json_number_value(json_object_get(last, "loss"));
   cr_expect(end < first, "six steps lower the loss: %.4f -> %.4f", first, end);
-  free(ta), free(tb);
-  json_decref(ma), json_decref(mb);
+  json_decref(ma);
   // the contract records the strategy's keys: other depths are refused on resume
-  const char *all[] = {NULL, "training.save_interval=3", "training.max_steps=6", "training.num_depths=4"};
-  char out[400], res[400];
-  snprintf(out, sizeof out, "output_dir=%s/split", d.root);
-  snprintf(res, sizeof res, "%s/split/checkpoints/step-00000003", d.root);
-  all[0] = out;
-  df_train_options o = {.recipe_path = d.recipe, .overrides = all, .n_overrides = 4, .resume = res, .threads = 1};
-  df_error err = {0};
-  cr_expect_neq(df_train(&o, &s, &err), DF_OK, "num_depths changed on resume");
-  cr_expect(strstr(err.msg, "num_depths") != NULL, "%s", err.msg);
+  df_test_resume_refuses(&d, 3, 6, "training.num_depths=4", "num_depths");
   df_test_dir_close(&d);
 }
 
@@ -98,19 +72,10 @@ Test(peagle_train, export_is_what_vllm_parallel_drafting_loads_and_eval_reads_ev
   tdir_open(&d, "export", "  batch_size: 3\n  num_depths: 3\n  max_steps: 2\n  seed: 3\n");
   df_train_summary s;
   df_test_train_ok(&d, "run", NULL, NULL, &s);
-  char run[400], out[400];
-  snprintf(run, sizeof run, "%s/run", d.root);
+  char out[400], log[8192];
   snprintf(out, sizeof out, "%s/export", d.root);
-  df_export_options eo = {.dtype = DF_ST_BF16, .threads = 1};
-  df_export_info info;
+  int problems = df_test_export_bf16(&d, "run", "Eagle3LlamaForCausalLM", log, sizeof log);
   df_error err = {0};
-  DF_ASSERT_OK(df_export(run, out, &eo, &info, &err), &err);
-  cr_expect_str_eq(info.architecture, "Eagle3LlamaForCausalLM");
-  char log[8192] = {0};
-  FILE *fp = fmemopen(log, sizeof log - 1, "w");
-  int problems = -1;
-  DF_ASSERT_OK(df_inspect_export(out, fp, &problems, &err), &err);
-  fclose(fp);
   cr_expect_eq(problems, 0, "%s", log);
   cr_expect(strstr(log, "\"parallel_drafting\": true") != NULL, "%s", log);
   char p[500];
@@ -139,9 +104,7 @@ Test(peagle_train, export_is_what_vllm_parallel_drafting_loads_and_eval_reads_ev
   json_object_set_new(c, "num_hidden_layers", json_integer(1));
   cr_assert_eq(json_dump_file(c, p, 0), 0);
   json_decref(c);
-  fp = fmemopen(log, sizeof log - 1, "w");
-  DF_ASSERT_OK(df_inspect_export(out, fp, &problems, &err), &err);
-  fclose(fp);
+  problems = df_test_inspect(out, log, sizeof log);
   cr_expect_geq(problems, 1, "%s", log);
   cr_expect(strstr(log, "mask_token_id") != NULL, "%s", log);
   df_test_dir_close(&d);

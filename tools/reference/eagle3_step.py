@@ -489,16 +489,22 @@ def run_step(prep: Prepared, dtype: torch.dtype = torch.float64) -> StepResult:
     return StepResult(terms, grads)
 
 
-def dump(prep: Prepared, res: StepResult, out_dir: str, dtype_name: str) -> None:
+def write_step_files(prep, res, out_dir: str, what: str, dtype_name: str) -> None:
+    """grads.safetensors (every entry of prep.table, fp32), vocab.safetensors (the mapping) and step.json: the files
+    an EAGLE-family step fixture shares (P-EAGLE's reference writes them too)."""
     os.makedirs(out_dir, exist_ok=True)
     grads = {n: res.grads[n].astype(np.float32) for n, _, _ in prep.table}
     dio.write_safetensors(os.path.join(out_dir, "grads.safetensors"), grads,
-                          {"what": "d(sum_i 0.8^i loss_i)/d(param)", "reference_dtype": dtype_name})
+                          {"what": what, "reference_dtype": dtype_name})
     dio.write_safetensors(os.path.join(out_dir, "vocab.safetensors"),
                           {"d2t": prep.d2t, "t2d": prep.t2d.astype(np.uint8)})
     with open(os.path.join(out_dir, "step.json"), "w", encoding="utf-8") as f:
         json.dump(res.terms, f, indent=2)
         f.write("\n")
+
+
+def dump(prep: Prepared, res: StepResult, out_dir: str, dtype_name: str) -> None:
+    write_step_files(prep, res, out_dir, "d(sum_i 0.8^i loss_i)/d(param)", dtype_name)
     b = prep.batch
     with open(os.path.join(out_dir, "batch.json"), "w", encoding="utf-8") as f:
         json.dump({"sample_order": b.sample_order, "lengths": b.lengths, "S": int(b.input_ids.shape[1]),

@@ -577,15 +577,7 @@ def run_step(prep: Prepared, dtype: torch.dtype = torch.float64) -> StepResult:
 
 
 def dump(prep: Prepared, res: StepResult, out_dir: str, dtype_name: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    grads = {n: res.grads[n].astype(np.float32) for n, _, _ in prep.table}
-    dio.write_safetensors(os.path.join(out_dir, "grads.safetensors"), grads,
-                          {"what": "d(loss)/d(param), P-EAGLE micro-step", "reference_dtype": dtype_name})
-    dio.write_safetensors(os.path.join(out_dir, "vocab.safetensors"),
-                          {"d2t": prep.d2t, "t2d": prep.t2d.astype(np.uint8)})
-    with open(os.path.join(out_dir, "step.json"), "w", encoding="utf-8") as f:
-        json.dump(res.terms, f, indent=2)
-        f.write("\n")
+    e3.write_step_files(prep, res, out_dir, "d(loss)/d(param), P-EAGLE micro-step", dtype_name)
     b, T = prep.batch, prep.recipe.num_depths
     deeper = [c.anchors[1:] + [[] for _ in range(T - len(c.anchors))] for c in prep.cods]
     draws = [c.draw_counts for c in prep.cods]
