@@ -67,7 +67,7 @@ Test(peagle_train, resume_is_bit_exact_and_the_contract_keeps_the_depths) {
   df_test_dir_close(&d);
 }
 
-Test(peagle_train, export_is_what_vllm_parallel_drafting_loads_and_eval_reads_every_row) {
+Test(peagle_train, export_is_what_vllm_parallel_drafting_loads) {
   tdir d;
   tdir_open(&d, "export", "  batch_size: 3\n  num_depths: 3\n  max_steps: 2\n  seed: 3\n");
   df_train_summary s;
