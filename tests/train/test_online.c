@@ -385,42 +385,44 @@ Test(online, dspark_train_equals_capture_then_train) { online_vs_offline(true, D
 
 // EAGLE-3 online (SpecForge's default strategy): the target computes the three capture layers and the final state per
 // batch; the vocabulary mapping (128 of 264) is derived from the online source's tokens before step 1, the same as
-// from the capture's. Three TTT steps keep it short. P-EAGLE reads the same features (its config, three depths).
-static void eagle_online(const char *name, const char *config, const char *training) {
-  odir d;
-  odir_open(&d, name, false);
+// from the capture's. Three TTT steps keep it short. P-EAGLE reads the same features: the same captures (taken once,
+// for the EAGLE-3 config) train it with its own config and three depths, offline and online alike.
+static void eagle_runs(odir *d, const char *config, const char *training, const char *offline_run,
+                       const char *online_run) {
   json_t *c = df_test_config_doc(config);
-  cr_assert_eq(json_dump_file(c, d.cfg, JSON_INDENT(1)), 0);
+  cr_assert_eq(json_dump_file(c, d->cfg, JSON_INDENT(1)), 0);
   json_decref(c);
-  FILE *fp = fopen(d.recipe, "w");
+  FILE *fp = fopen(d->recipe, "w");
   cr_assert(fp);
   fprintf(fp, "%s%s", RECIPE, training);
   fclose(fp);
-  capture(&d, d.tokens, "cap_train", DF_BF16, 15);
-  capture(&d, d.eval_tokens, "cap_eval", DF_BF16, 5);
   char hs[400], ehs[400], td[400], ed[400];
-  snprintf(hs, sizeof hs, "data.hidden_states_path=%s/cap_train", d.root);
-  snprintf(ehs, sizeof ehs, "data.eval_hidden_states_path=%s/cap_eval", d.root);
-  snprintf(td, sizeof td, "data.train_data_path=%s", d.tokens);
-  snprintf(ed, sizeof ed, "data.eval_data_path=%s", d.eval_tokens);
+  snprintf(hs, sizeof hs, "data.hidden_states_path=%s/cap_train", d->root);
+  snprintf(ehs, sizeof ehs, "data.eval_hidden_states_path=%s/cap_eval", d->root);
+  snprintf(td, sizeof td, "data.train_data_path=%s", d->tokens);
+  snprintf(ed, sizeof ed, "data.eval_data_path=%s", d->eval_tokens);
   const char *offline[] = {hs, ehs, "training.eval_interval=3", NULL};
   const char *online[] = {td, ed, "data.online_feature_dtype=bfloat16", "training.eval_interval=3", NULL};
   df_train_summary so, sn;
-  train_ok(&d, "offline", offline, false, &so);
-  train_ok(&d, "online", online, false, &sn);
+  train_ok(d, offline_run, offline, false, &so);
+  train_ok(d, online_run, online, false, &sn);
   cr_expect_eq(so.last_step, 6);
   cr_expect_eq(sn.last_step, 6);
   cr_expect_gt(sn.online_samples, 0);
-  expect_same_run(&d, "offline", "online", 6, 6 + 2);
+  expect_same_run(d, offline_run, online_run, 6, 6 + 2);
+}
+
+Test(online, eagle3_and_peagle_train_equal_capture_then_train) {
+  odir d;
+  odir_open(&d, "train_eagle", false);
+  json_t *c = df_test_config_doc("tiny-target-eagle3.json");
+  cr_assert_eq(json_dump_file(c, d.cfg, JSON_INDENT(1)), 0);
+  json_decref(c);
+  capture(&d, d.tokens, "cap_train", DF_BF16, 15);
+  capture(&d, d.eval_tokens, "cap_eval", DF_BF16, 5);
+  eagle_runs(&d, "tiny-target-eagle3.json", "  strategy: eagle3\n  ttt_length: 3\n", "offline", "online");
+  eagle_runs(&d, "tiny-target-peagle.json", "  strategy: peagle\n  num_depths: 3\n", "offline_peagle", "online_peagle");
   odir_close(&d);
-}
-
-Test(online, eagle3_train_equals_capture_then_train) {
-  eagle_online("train_eagle3", "tiny-target-eagle3.json", "  strategy: eagle3\n  ttt_length: 3\n");
-}
-
-Test(online, peagle_train_equals_capture_then_train) {
-  eagle_online("train_peagle", "tiny-target-peagle.json", "  strategy: peagle\n  num_depths: 3\n");
 }
 
 static void sigterm_at(void *ctx, int64_t step, int64_t micro, float *grads, int64_t n) {

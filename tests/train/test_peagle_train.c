@@ -1,8 +1,7 @@
 // P-EAGLE through the trainer on the P-EAGLE step fixtures' configs (tests/fixtures/peagle_step) and the EAGLE-3
 // fixtures' data: the first step's loss is the step-parity loss (warm start, batch 1; a batch of two, the mean of its
 // samples' own losses, is a step-parity case of its own); resume is bit exact with the contract's keys; the export is
-// what vLLM's parallel drafting loads (inspect finds no problem) and reads back as the same P-EAGLE draft; the offline
-// eval samples every row.
+// what vLLM's parallel drafting loads (inspect finds no problem) and reads back as the same P-EAGLE draft.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
